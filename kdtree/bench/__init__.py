@@ -1,0 +1,1 @@
+"""Benchmarks: timers, roofline, result schema, kernel and decode suites."""
