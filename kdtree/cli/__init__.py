@@ -1,0 +1,1 @@
+"""The ``kdtree`` command line (Typer). ``main.py`` assembles the sub-apps."""
