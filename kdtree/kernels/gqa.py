@@ -1,0 +1,302 @@
+"""Triton tree-verify attention for GQA / MHA (head dim 64 or 128).
+
+Grid ``(M tiles, splits, batch × kv heads)``: the M tile packs ``G·T`` query rows (all tree
+tokens × all query heads of one KV head), so each KV tile is loaded once per M tile; M tiles
+are the fastest grid axis, so tiles of the same split run together and share the KV through
+L2. Split ``s`` streams its chunk of the prefix with no mask; the last split then attends to
+the ``T`` tree keys (logical positions ``L .. L+T-1``) through the ancestor bitmask. Partials
+are merged by :func:`kdtree.kernels._common.launch_merge` (skipped with one split).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kdtree.kernels._common import kv_slots, online_update, store_result, tree_bits
+
+# Runtime values that change with T, batch or the split count: no recompiles for them.
+_DYNAMIC = (
+    "T",
+    "G",
+    "num_kv_heads",
+    "NUM_SPLITS",
+    "max_pages",
+    "stride_ptb",
+    "stride_mb",
+    "stride_mt",
+)
+
+
+@triton.jit
+def _gqa_scores(
+    q,
+    pos,
+    pos_valid,
+    pt_row_ptr,
+    max_pages,
+    k_base,
+    stride_ks,
+    d_offs,
+    qk_scale,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Base-2 scores of the packed rows ``q`` against the keys at logical ``pos``; also
+    returns the keys' physical slots (for the matching V load) and their validity."""
+    slot, ok = kv_slots(pt_row_ptr, pos, pos_valid, max_pages, PAGE_SIZE)
+    if MASKED:
+        k = tl.load(
+            k_base + slot[:, None] * stride_ks + d_offs[None, :], mask=ok[:, None], other=0.0
+        )
+    else:
+        k = tl.load(k_base + slot[:, None] * stride_ks + d_offs[None, :])
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(ok[None, :], s, float("-inf"))
+    return s, slot, ok
+
+
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _gqa_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pt_ptr,
+    plen_ptr,
+    mask_ptr,
+    out_ptr,
+    part_ptr,
+    lse_ptr,
+    qk_scale,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_ptb,
+    max_pages,
+    stride_mb,
+    stride_mt,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_pr,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    T,
+    G,
+    num_kv_heads,
+    NUM_SPLITS,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DIRECT_OUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // num_kv_heads
+    kvh = pid_bh % num_kv_heads
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_valid = rows < T * G
+    t_idx = rows // G
+    h_idx = rows % G
+    d_offs = tl.arange(0, HEAD_DIM)
+    q_ptrs = (
+        q_ptr
+        + b.to(tl.int64) * stride_qb
+        + t_idx[:, None].to(tl.int64) * stride_qt
+        + (kvh * G + h_idx)[:, None] * stride_qh
+        + d_offs[None, :]
+    )
+    q = tl.load(q_ptrs, mask=row_valid[:, None], other=0.0)
+
+    length = tl.load(plen_ptr + b)
+    pt_row = pt_ptr + b.to(tl.int64) * stride_ptb
+    k_base = k_ptr + kvh.to(tl.int64) * stride_kh
+    v_base = v_ptr + kvh.to(tl.int64) * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    # This split's chunk of the prefix: whole BLOCK_N tiles, no mask, then one masked tail.
+    chunk = tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, length)
+    n_full = tl.maximum(end - start, 0) // BLOCK_N
+    for i in range(n_full):
+        pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        s, slot, ok = _gqa_scores(
+            q,
+            pos,
+            pos < end,
+            pt_row,
+            max_pages,
+            k_base,
+            stride_ks,
+            d_offs,
+            qk_scale,
+            PAGE_SIZE,
+            False,
+            DOT_PRECISION,
+        )
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
+        v = tl.load(v_base + slot[:, None] * stride_vs + d_offs[None, :])
+        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    tail = start + n_full * BLOCK_N
+    if tail < end:
+        pos = tail + tl.arange(0, BLOCK_N)
+        s, slot, ok = _gqa_scores(
+            q,
+            pos,
+            pos < end,
+            pt_row,
+            max_pages,
+            k_base,
+            stride_ks,
+            d_offs,
+            qk_scale,
+            PAGE_SIZE,
+            True,
+            DOT_PRECISION,
+        )
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, True)
+        v = tl.load(
+            v_base + slot[:, None] * stride_vs + d_offs[None, :], mask=ok[:, None], other=0.0
+        )
+        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+
+    # The tree block (last split only): keys L .. L+T-1 through the ancestor bitmask.
+    if pid_s == NUM_SPLITS - 1:
+        mask_row = mask_ptr + b.to(tl.int64) * stride_mb
+        for j0 in range(0, T, BLOCK_N):
+            j = j0 + tl.arange(0, BLOCK_N)
+            j_valid = j < T
+            s, slot, ok = _gqa_scores(
+                q,
+                length + j,
+                j_valid,
+                pt_row,
+                max_pages,
+                k_base,
+                stride_ks,
+                d_offs,
+                qk_scale,
+                PAGE_SIZE,
+                True,
+                DOT_PRECISION,
+            )
+            s = tl.where(
+                tree_bits(mask_row, stride_mt, t_idx, row_valid, j, j_valid), s, float("-inf")
+            )
+            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, True)
+            v = tl.load(
+                v_base + slot[:, None] * stride_vs + d_offs[None, :], mask=ok[:, None], other=0.0
+            )
+            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+
+    store_result(
+        acc,
+        m_i,
+        l_i,
+        rows,
+        row_valid,
+        G,
+        d_offs,
+        out_ptr + b.to(tl.int64) * stride_ob,
+        stride_ot,
+        stride_oh,
+        kvh * G,
+        part_ptr
+        + b.to(tl.int64) * stride_pb
+        + kvh.to(tl.int64) * stride_ph
+        + pid_s.to(tl.int64) * stride_ps,
+        stride_pr,
+        lse_ptr + b.to(tl.int64) * stride_lb + kvh * stride_lh + pid_s * stride_ls,
+        DIRECT_OUT,
+    )
+
+
+def launch_gqa_split(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    out,
+    part,
+    lse,
+    *,
+    qk_scale: float,
+    num_splits: int,
+    cfg,
+    dot_precision: str,
+):
+    """Launch the split kernel. ``part``/``lse`` are views ``[B, Hkv, S, R, D]`` /
+    ``[B, Hkv, S, R]`` (unused when ``num_splits == 1``: the kernel writes ``out``)."""
+    b, t, hq, d = q.shape
+    page_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    g = hq // hkv
+    rows = g * t
+    grid = (triton.cdiv(rows, cfg.block_m), num_splits, b * hkv)
+    direct = num_splits == 1
+    if direct:
+        part, lse = out, out  # placeholders: never touched with DIRECT_OUT
+    _gqa_split_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        prefix_lens,
+        tree_mask,
+        out,
+        part,
+        lse,
+        qk_scale,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        page_table.stride(0),
+        page_table.shape[1],
+        tree_mask.stride(0),
+        tree_mask.stride(1),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        0 if direct else part.stride(0),
+        0 if direct else part.stride(1),
+        0 if direct else part.stride(2),
+        0 if direct else part.stride(3),
+        0 if direct else lse.stride(0),
+        0 if direct else lse.stride(1),
+        0 if direct else lse.stride(2),
+        t,
+        g,
+        hkv,
+        num_splits,
+        HEAD_DIM=d,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        PAGE_SIZE=page_size,
+        DIRECT_OUT=direct,
+        DOT_PRECISION=dot_precision,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )

@@ -1,0 +1,295 @@
+"""Triton tree-verify attention for absorbed MLA (one latent KV head: ``c`` then ``k_pe``).
+
+Same schedule as :mod:`kdtree.kernels.gqa` with ``G = H`` query heads on the single latent
+head: the M tile packs ``H·T`` rows, the score is the split dot ``q_nope·cᵀ + q_pe·k_peᵀ``
+(512 + 64) and the latent tile ``c`` is loaded once and used as both K and V. Grid
+``(M tiles, splits, batch)``; the last split also attends to the tree keys through the
+ancestor bitmask.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kdtree.kernels._common import kv_slots, online_update, store_result, tree_bits
+
+# Runtime values that change with T, batch or the split count: no recompiles for them.
+_DYNAMIC = ("T", "H", "NUM_SPLITS", "max_pages", "stride_ptb", "stride_mb", "stride_mt")
+
+
+@triton.jit
+def _mla_tile(
+    qn,
+    qp,
+    pos,
+    pos_valid,
+    pt_row_ptr,
+    max_pages,
+    kv_ptr,
+    stride_ks,
+    r_offs,
+    p_offs,
+    qk_scale,
+    RANK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Latent tile ``c [BLOCK_N, RANK]`` at logical ``pos`` and the base-2 scores against it."""
+    slot, ok = kv_slots(pt_row_ptr, pos, pos_valid, max_pages, PAGE_SIZE)
+    base = kv_ptr + slot[:, None] * stride_ks
+    if MASKED:
+        c = tl.load(base + r_offs[None, :], mask=ok[:, None], other=0.0)
+        kp = tl.load(base + RANK + p_offs[None, :], mask=ok[:, None], other=0.0)
+    else:
+        c = tl.load(base + r_offs[None, :])
+        kp = tl.load(base + RANK + p_offs[None, :])
+    s = tl.dot(qn, tl.trans(c), input_precision=DOT_PRECISION)
+    s = tl.dot(qp, tl.trans(kp), s, input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(ok[None, :], s, float("-inf"))
+    return s, c
+
+
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _mla_split_kernel(
+    qn_ptr,
+    qp_ptr,
+    kv_ptr,
+    pt_ptr,
+    plen_ptr,
+    mask_ptr,
+    out_ptr,
+    part_ptr,
+    lse_ptr,
+    qk_scale,
+    stride_qnb,
+    stride_qnt,
+    stride_qnh,
+    stride_qpb,
+    stride_qpt,
+    stride_qph,
+    stride_ks,
+    stride_ptb,
+    max_pages,
+    stride_mb,
+    stride_mt,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    stride_pb,
+    stride_ps,
+    stride_pr,
+    stride_lb,
+    stride_ls,
+    T,
+    H,
+    NUM_SPLITS,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DIRECT_OUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = tl.program_id(2)
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_valid = rows < T * H
+    t_idx = rows // H
+    h_idx = rows % H
+    r_offs = tl.arange(0, RANK)
+    p_offs = tl.arange(0, ROPE)
+    qn = tl.load(
+        qn_ptr
+        + b.to(tl.int64) * stride_qnb
+        + t_idx[:, None].to(tl.int64) * stride_qnt
+        + h_idx[:, None] * stride_qnh
+        + r_offs[None, :],
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+    qp = tl.load(
+        qp_ptr
+        + b.to(tl.int64) * stride_qpb
+        + t_idx[:, None].to(tl.int64) * stride_qpt
+        + h_idx[:, None] * stride_qph
+        + p_offs[None, :],
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+
+    length = tl.load(plen_ptr + b)
+    pt_row = pt_ptr + b.to(tl.int64) * stride_ptb
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, RANK], tl.float32)
+
+    chunk = tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, length)
+    n_full = tl.maximum(end - start, 0) // BLOCK_N
+    for i in range(n_full):
+        pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        s, c = _mla_tile(
+            qn,
+            qp,
+            pos,
+            pos < end,
+            pt_row,
+            max_pages,
+            kv_ptr,
+            stride_ks,
+            r_offs,
+            p_offs,
+            qk_scale,
+            RANK,
+            PAGE_SIZE,
+            False,
+            DOT_PRECISION,
+        )
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
+        acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+    tail = start + n_full * BLOCK_N
+    if tail < end:
+        pos = tail + tl.arange(0, BLOCK_N)
+        s, c = _mla_tile(
+            qn,
+            qp,
+            pos,
+            pos < end,
+            pt_row,
+            max_pages,
+            kv_ptr,
+            stride_ks,
+            r_offs,
+            p_offs,
+            qk_scale,
+            RANK,
+            PAGE_SIZE,
+            True,
+            DOT_PRECISION,
+        )
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, True)
+        acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+
+    if pid_s == NUM_SPLITS - 1:
+        mask_row = mask_ptr + b.to(tl.int64) * stride_mb
+        for j0 in range(0, T, BLOCK_N):
+            j = j0 + tl.arange(0, BLOCK_N)
+            j_valid = j < T
+            s, c = _mla_tile(
+                qn,
+                qp,
+                length + j,
+                j_valid,
+                pt_row,
+                max_pages,
+                kv_ptr,
+                stride_ks,
+                r_offs,
+                p_offs,
+                qk_scale,
+                RANK,
+                PAGE_SIZE,
+                True,
+                DOT_PRECISION,
+            )
+            s = tl.where(
+                tree_bits(mask_row, stride_mt, t_idx, row_valid, j, j_valid), s, float("-inf")
+            )
+            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, True)
+            acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+
+    store_result(
+        acc,
+        m_i,
+        l_i,
+        rows,
+        row_valid,
+        H,
+        r_offs,
+        out_ptr + b.to(tl.int64) * stride_ob,
+        stride_ot,
+        stride_oh,
+        0,
+        part_ptr + b.to(tl.int64) * stride_pb + pid_s.to(tl.int64) * stride_ps,
+        stride_pr,
+        lse_ptr + b.to(tl.int64) * stride_lb + pid_s * stride_ls,
+        DIRECT_OUT,
+    )
+
+
+def launch_mla_split(
+    q_nope,
+    q_pe,
+    kv_cache,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    out,
+    part,
+    lse,
+    *,
+    qk_scale: float,
+    num_splits: int,
+    cfg,
+    dot_precision: str,
+):
+    """Launch the MLA split kernel; ``part [B, 1, S, R, RANK]``, ``lse [B, 1, S, R]``."""
+    b, t, h, rank = q_nope.shape
+    rope = q_pe.shape[3]
+    page_size = kv_cache.shape[1]
+    rows = h * t
+    grid = (triton.cdiv(rows, cfg.block_m), num_splits, b)
+    direct = num_splits == 1
+    if direct:
+        part, lse = out, out  # placeholders: never touched with DIRECT_OUT
+    _mla_split_kernel[grid](
+        q_nope,
+        q_pe,
+        kv_cache,
+        page_table,
+        prefix_lens,
+        tree_mask,
+        out,
+        part,
+        lse,
+        qk_scale,
+        q_nope.stride(0),
+        q_nope.stride(1),
+        q_nope.stride(2),
+        q_pe.stride(0),
+        q_pe.stride(1),
+        q_pe.stride(2),
+        kv_cache.stride(1),
+        page_table.stride(0),
+        page_table.shape[1],
+        tree_mask.stride(0),
+        tree_mask.stride(1),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        0 if direct else part.stride(0),
+        0 if direct else part.stride(2),
+        0 if direct else part.stride(3),
+        0 if direct else lse.stride(0),
+        0 if direct else lse.stride(2),
+        t,
+        h,
+        num_splits,
+        RANK=rank,
+        ROPE=rope,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        PAGE_SIZE=page_size,
+        DIRECT_OUT=direct,
+        DOT_PRECISION=dot_precision,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )

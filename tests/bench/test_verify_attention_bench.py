@@ -1,0 +1,64 @@
+"""The verify-attention benchmark's plumbing on the CPU (interpreter, tiny shapes)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from kdtree.bench import verify_attention as va
+from kdtree.bench.roofline import Ceilings, floor_ms, gqa_cost, mla_cost
+
+
+def test_costs_match_the_design_formulas():
+    nbytes, flops = gqa_cost(1, 131072, 0, 32, 8, 128)
+    assert nbytes == 131072 * 8 * 128 * 2 * 2
+    assert flops == 0
+    _, flops = gqa_cost(1, 131072 - 17, 17, 32, 8, 128)
+    assert flops == 4 * 17 * 131072 * 128 * 32
+    nbytes, flops = mla_cost(1, 131072 - 65, 65, 16)
+    assert flops == 2 * 16 * 65 * 131072 * (576 + 512)
+    assert nbytes > 131072 * 576 * 2
+
+
+def test_floor_is_the_max_of_both_ceilings():
+    c = Ceilings(copy_TBps=4.0, matmul_TFLOPs=800.0)
+    assert math.isclose(floor_ms(4e9, 0, c), 1.0)
+    assert math.isclose(floor_ms(0, 8e14, c), 1000.0)
+
+
+def test_block_mask_layout():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    vis = torch.eye(5, dtype=torch.bool)[None].expand(2, 5, 5).contiguous()
+    bm = va.build_tree_block_mask(torch.tensor([300, 300], dtype=torch.int32), vis, 300)
+    assert bm.full_kv_num_blocks[0, 0, 0] == 2  # keys 0..255 are whole prefix blocks
+    assert bm.kv_num_blocks[0, 0, 0] == 1  # 256..304: prefix tail + tree
+    assert bm.kv_indices[0, 0, 0, 0] == 2
+
+
+def test_smoke_run_writes_rows(tmp_path):
+    opts = va.Options(
+        providers=("ours", "ref", "sdpa_dense", "fi_mask"),
+        layouts=("gqa_4q2kv_d32",),
+        lengths=(40,),
+        trees=(3,),
+        batches=(2,),
+        dtype=torch.float32,
+        smoke=True,
+    )
+    res = va.run_suite(opts, torch.device("cpu"), log=lambda _m: None)
+    by = {(r.provider, r.metric): r for r in res.rows}
+    assert by[("ours", "time")].p50 > 0
+    assert by[("ours", "bandwidth")].unit == "GB/s"
+    diff = by[("ref", "time")].config["max_abs_diff_vs_ours"]
+    assert diff < 1e-4
+    assert "FlashInfer needs a GPU" in by[("fi_mask", "error")].config["reason"]
+    path = tmp_path / "rows.csv"
+    from kdtree.bench.schema import append_rows, read_rows
+
+    append_rows(path, res.rows, command="test")
+    df = read_rows(path)
+    assert set(df.provider) == {"ours", "ref", "sdpa_dense", "fi_mask"}
+    assert json.loads(df.config_json.iloc[0])["layout"] == "gqa_4q2kv_d32"

@@ -1,0 +1,78 @@
+"""Split-count and tile-config heuristics (pure functions of static shapes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdtree.kernels.heuristics import (
+    MAX_SPLITS,
+    choose_num_splits,
+    gqa_configs,
+    length_bucket,
+    mla_configs,
+    splits_for,
+)
+
+
+def test_single_request_long_context_splits_wide():
+    s = choose_num_splits(units=8, max_len=131072, block_n=64, slots=264, partial_tokens=256)
+    assert 16 <= s <= MAX_SPLITS
+    assert 8 * s <= 264  # one wave
+
+
+def test_large_batch_does_not_split():
+    assert (
+        choose_num_splits(units=2048, max_len=4096, block_n=64, slots=264, partial_tokens=256) == 1
+    )
+
+
+def test_short_context_bounded_by_tiles():
+    assert choose_num_splits(units=1, max_len=100, block_n=64, slots=264, partial_tokens=0) <= 2
+
+
+def test_avoids_a_nearly_empty_second_wave():
+    s = choose_num_splits(units=17, max_len=131072, block_n=64, slots=132, partial_tokens=64)
+    waves = -(-17 * s // 132)
+    assert 17 * s / (waves * 132) > 0.85
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="units"):
+        choose_num_splits(units=0, max_len=10, block_n=64, slots=1, partial_tokens=0)
+
+
+def test_length_bucket_is_pow2_and_covers():
+    for n in (1, 255, 256, 1000, 131072, 131073):
+        b = length_bucket(n)
+        assert b >= n and b & (b - 1) == 0
+
+
+@pytest.mark.parametrize("rows", [1, 4, 9, 17, 68, 128, 129, 260, 1028])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gqa_configs_are_valid(rows, d):
+    for cfg in gqa_configs(rows, d):
+        assert cfg.block_m in (16, 32, 64, 128) and cfg.block_n in (32, 64, 128)
+        assert cfg.num_warps in (4, 8) and cfg.num_stages >= 1
+        assert cfg.smem_bytes(d, d) <= 227 * 1024
+
+
+@pytest.mark.parametrize("rows", [8, 16, 136, 520, 2176])
+def test_mla_configs_fit_shared_memory(rows):
+    for cfg in mla_configs(rows):
+        assert cfg.smem_bytes(576, 512, shared_kv=True) <= 227 * 1024
+
+
+def test_splits_for_mla_compute_bound_stays_low():
+    cfg = mla_configs(1040)[0]
+    s = splits_for(
+        "mla",
+        cfg,
+        batch=1,
+        rows=1040,
+        num_kv_heads=1,
+        head_dim_k=576,
+        head_dim_v=512,
+        max_len=131072,
+        num_sms=132,
+    )
+    assert 1 <= s <= 16

@@ -1,0 +1,137 @@
+"""Triton tree-verify attention (GQA and absorbed MLA) against an fp64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _kernel_inputs import gqa_inputs, mla_inputs
+from _kernel_reference import assert_close_to_truth, gqa_dense, mla_dense
+
+from kdtree.kernels import TreeAttentionPlan, tree_attention_mla_triton, tree_attention_triton
+
+ATOL = {torch.float32: 1e-5, torch.float16: 2e-4, torch.bfloat16: 2e-3}
+
+# (prefix lengths, T, Hq, Hkv, D, page size, forced splits or None)
+GQA_CASES = [
+    ([97], 7, 4, 2, 64, 16, None),
+    ([1], 1, 4, 4, 64, 1, None),
+    ([257], 17, 4, 1, 64, 64, 4),
+    ([1, 257, 97], 7, 2, 1, 64, 16, 3),
+    ([97, 1], 17, 8, 2, 32, 1, 5),
+    ([257], 1, 8, 1, 128, 16, 2),
+    ([5, 97], 65, 2, 2, 32, 64, None),
+]
+
+
+def _run_gqa(case, dtype, gen, pad_from=None):
+    lens, t, hq, hkv, d, ps, splits = case
+    q, k, v, pt, pl, m = gqa_inputs(lens, t, hq, hkv, d, ps, dtype, gen, pad_from)
+    out = torch.full_like(q, float("nan"))  # poison: every element must be written
+    got = tree_attention_triton(q, k, v, pt, pl, m, sm_scale=d**-0.5, out=out, num_splits=splits)
+    assert got is out
+    truth = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float64)
+    base = gqa_dense(q, k, v, pt, pl, m, d**-0.5, dtype)
+    assert_close_to_truth(got, truth, base, ATOL[dtype], f"gqa {case} {dtype}")
+
+
+@pytest.mark.parametrize(
+    "case", GQA_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-g{c[2]}x{c[3]}-d{c[4]}-ps{c[5]}"
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_gqa_matches_fp64(case, dtype, gen):
+    _run_gqa(case, dtype, gen)
+
+
+def test_gqa_padded_rows(gen):
+    _run_gqa(([97, 20], 17, 4, 2, 64, 16, 2), torch.float32, gen, pad_from=[9, 17])
+
+
+# (prefix lengths, T, H, rank, rope, page size, forced splits or None)
+MLA_CASES = [
+    ([97], 7, 2, 64, 16, 16, None),
+    ([1, 257], 1, 4, 64, 16, 1, 3),
+    ([257, 1], 17, 1, 64, 16, 64, 2),
+    ([33], 3, 2, 512, 64, 64, None),
+]
+
+
+@pytest.mark.parametrize(
+    "case", MLA_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}-r{c[3]}-ps{c[5]}"
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_mla_matches_fp64(case, dtype, gen):
+    lens, t, h, rank, rope, ps, splits = case
+    qn, qp, kv, pt, pl, m = mla_inputs(lens, t, h, rank, rope, ps, dtype, gen)
+    out = torch.full((len(lens), t, h, rank), float("nan"), dtype=dtype)
+    got = tree_attention_mla_triton(
+        qn, qp, kv, pt, pl, m, sm_scale=0.1, out=out, num_splits=splits
+    )
+    truth = mla_dense(qn, qp, kv, pt, pl, m, 0.1, torch.float64)
+    base = mla_dense(qn, qp, kv, pt, pl, m, 0.1, dtype)
+    assert_close_to_truth(got, truth, base, ATOL[dtype], f"mla {case} {dtype}")
+
+
+def test_plan_workspace_is_reused_and_poison_proof(gen):
+    lens, t, hq, hkv, d = [200, 3], 9, 4, 2, 32
+    q, k, v, pt, pl, m = gqa_inputs(lens, t, hq, hkv, d, 16, torch.float32, gen)
+    plan = TreeAttentionPlan(
+        "gqa",
+        max_batch=4,
+        max_tree=16,
+        num_kv_heads=hkv,
+        group=hq // hkv,
+        head_dim_k=d,
+        head_dim_v=d,
+        max_prefix_len=256,
+        device="cpu",
+        min_capacity_rows=4 * hkv * 3 * 64,  # room for the forced 3 splits
+    )
+    plan.part.fill_(float("nan"))
+    plan.lse.fill_(float("nan"))
+    ptr = plan.part.data_ptr()
+    first = tree_attention_triton(q, k, v, pt, pl, m, sm_scale=0.2, plan=plan, num_splits=3)
+    second = tree_attention_triton(q, k, v, pt, pl, m, sm_scale=0.2, plan=plan, num_splits=3)
+    assert plan.part.data_ptr() == ptr
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    truth = gqa_dense(q, k, v, pt, pl, m, 0.2, torch.float64)
+    assert (first.double() - truth).abs().max() < 1e-5
+
+
+def test_entry_point_dispatches_to_triton(gen):
+    from kdtree.attention import tree_attention, tree_attention_mla
+
+    q, k, v, pt, pl, m = gqa_inputs([40, 7], 5, 4, 2, 32, 16, torch.float32, gen)
+    got = tree_attention(q, k, v, pt, pl, m, sm_scale=0.3, backend="triton")
+    ref = tree_attention(q, k, v, pt, pl, m, sm_scale=0.3, backend="ref")
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    qn, qp, kv, pt, pl, m = mla_inputs([40], 5, 2, 64, 16, 16, torch.float32, gen)
+    got = tree_attention_mla(qn, qp, kv, pt, pl, m, sm_scale=0.1, backend="triton")
+    ref = tree_attention_mla(qn, qp, kv, pt, pl, m, sm_scale=0.1, backend="ref")
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 17, 65])
+@pytest.mark.parametrize("shape", [(32, 8, 128), (8, 1, 128), (16, 2, 64)], ids=str)
+def test_gqa_bf16_gpu(t, shape, gen):
+    hq, hkv, d = shape
+    q, k, v, pt, pl, m = gqa_inputs([3000, 1, 517], t, hq, hkv, d, 16, torch.bfloat16, gen)
+    dev = [x.cuda() for x in (q, k, v, pt, pl, m)]
+    got = tree_attention_triton(*dev, sm_scale=d**-0.5).cpu()
+    truth = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float64)
+    base = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.bfloat16)
+    assert_close_to_truth(got, truth, base, ATOL[torch.bfloat16], f"gqa bf16 {shape} T={t}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 17, 65])
+@pytest.mark.parametrize("h", [8, 16, 128])
+def test_mla_bf16_gpu(t, h, gen):
+    if h * t > 4096:
+        pytest.skip("keeps the fp64 reference small")
+    qn, qp, kv, pt, pl, m = mla_inputs([2000, 9], t, h, 512, 64, 64, torch.bfloat16, gen)
+    dev = [x.cuda() for x in (qn, qp, kv, pt, pl, m)]
+    got = tree_attention_mla_triton(*dev, sm_scale=576**-0.5).cpu()
+    truth = mla_dense(qn, qp, kv, pt, pl, m, 576**-0.5, torch.float64)
+    base = mla_dense(qn, qp, kv, pt, pl, m, 576**-0.5, torch.bfloat16)
+    assert_close_to_truth(got, truth, base, ATOL[torch.bfloat16], f"mla bf16 h={h} T={t}")

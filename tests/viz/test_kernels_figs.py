@@ -1,0 +1,70 @@
+"""Verify-attention figures from a synthetic long-format CSV."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from kdtree.viz.kernels import (
+    load_verify_rows,
+    make_floor_fraction_fig,
+    make_verify_speedup_table,
+    make_verify_time_fig,
+)
+
+
+def _rows():
+    rows = []
+    for provider, mode, scale in (
+        ("ours", "eager", 1.0),
+        ("ours_graph", "graph", 0.9),
+        ("fi_mask", "eager", 4.0),
+    ):
+        for length in (1024, 16384, 131072):
+            cfg = {
+                "layout": "gqa_32q8kv_d128",
+                "batch": 1,
+                "L": length,
+                "T": 17,
+                "floor_ms": length * 1e-6,
+            }
+            ms = scale * (0.01 + length * 2e-6)
+            for metric, value in (("time", ms), ("frac_of_floor", cfg["floor_ms"] / ms)):
+                rows.append(
+                    {
+                        "suite": "verify_attention",
+                        "name": f"p/L{length}",
+                        "provider": provider,
+                        "mode": mode,
+                        "metric": metric,
+                        "unit": "",
+                        "p50": value,
+                        "p20": value * 0.95,
+                        "p80": value * 1.05,
+                        "config_json": json.dumps(cfg),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def test_time_and_fraction_figures():
+    df = load_verify_rows(_rows())
+    fig = make_verify_time_fig(df, "gqa_32q8kv_d128", 1, 17)
+    names = [tr.name for tr in fig.data]
+    assert names == ["ours", "ours_graph (graph)", "fi_mask", "floor"]
+    assert list(fig.data[0].x) == [1024, 16384, 131072]
+    frac = make_floor_fraction_fig(df, "gqa_32q8kv_d128", 1, providers=("ours",))
+    assert len(frac.data) == 1 and max(frac.data[0].y) < 1
+
+
+def test_speedup_table():
+    table = make_verify_speedup_table(load_verify_rows(_rows()))
+    assert (table["best_peer"] == "fi_mask").all()
+    assert table["speedup"].round(6).eq(4.0).all()
+
+
+def test_missing_selection_raises():
+    with pytest.raises(ValueError, match="no time rows"):
+        make_verify_time_fig(load_verify_rows(_rows()), "mla_h8", 1, 17)
