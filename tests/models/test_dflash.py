@@ -1,0 +1,108 @@
+"""DFlash drafter: tap rule, sharing with the target, context cache, inference == training form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdtree.models import DFlashDrafter, dflash_config_for, get_config, target_layer_ids
+
+
+def test_tap_rule_matches_the_spec():
+    assert target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert target_layer_ids(8, 3) == [1, 3, 5]
+    assert target_layer_ids(6, 3) == [1, 2, 3]
+    assert target_layer_ids(10, 1) == [5]
+    with pytest.raises(ValueError):
+        target_layer_ids(0, 3)
+
+
+def make_pair(target_name, gen, random_model, randomize, block_size=8):
+    target = random_model(target_name, gen)
+    cfg = dflash_config_for(target.config, num_layers=2, n_taps=3, block_size=block_size)
+    drafter = DFlashDrafter(cfg, target).eval()
+    randomize(drafter, gen)
+    return target, drafter
+
+
+def test_shares_target_embedding_and_head(gen, random_model, randomize):
+    target, drafter = make_pair("tiny-llama", gen, random_model, randomize)
+    assert drafter.embed_tokens is target.model.embed_tokens
+    assert drafter.lm_head is target.lm_head
+    own = {id(p) for p in drafter.parameters()}
+    assert id(target.lm_head.weight) not in own and id(target.embed_tokens.weight) not in own
+    assert not any(k.startswith(("model.", "lm_head", "embed")) for k in drafter.state_dict())
+    assert target.tap_layer_ids == drafter.config.target_layer_ids
+    tiny = get_config("tiny-dflash")
+    assert tiny.block_size == 16 and tiny.num_hidden_layers == 1 and tiny.n_taps == 3
+    assert tiny.mask_token_id == tiny.vocab_size - 1
+
+
+@pytest.mark.parametrize("target_name", ["tiny-qwen3", "tiny-mla"])
+def test_draft_equals_training_forward(target_name, gen, random_model, randomize):
+    target, drafter = make_pair(target_name, gen, random_model, randomize)
+    s, bs = 24, drafter.block_size
+    seqs = torch.randint(0, target.config.vocab_size, (2, s), generator=gen)
+    starts = [13, 7]
+    with torch.no_grad():
+        taps = target.forward_dense(seqs, return_taps=True).taps  # [2, S, 3d]
+        ctx = drafter.new_context(2, max_len=32)
+        # append in two uneven chunks with padding rows
+        first = torch.tensor([5, 3])
+        drafter.append_context(ctx, taps[:, :5], torch.arange(5).expand(2, 5), first)
+        rest = torch.tensor(starts) - first
+        idx = (first[:, None] + torch.arange(int(rest.max()))).clamp_max(s - 1)
+        chunk = torch.stack([taps[b, idx[b]] for b in range(2)])
+        drafter.append_context(ctx, chunk, idx, rest)
+        assert ctx.lengths.tolist() == starts
+        bonus = seqs[torch.arange(2), torch.tensor(starts)]
+        logits = drafter.draft(ctx, bonus, torch.tensor(starts))
+        assert logits.shape == (2, bs - 1, target.config.vocab_size)
+        assert logits.dtype == torch.float32
+        # the packed training form with the same anchors (plus an invalid one) agrees
+        anchors = torch.tensor([[starts[0], 2], [starts[1], 20]])
+        valid = torch.tensor([[True, True], [True, False]])
+        train = drafter.forward_train(taps, seqs, anchors, valid)
+    assert train.logits.shape == (2, 2, bs, target.config.vocab_size)
+    for b in range(2):
+        torch.testing.assert_close(train.logits[b, 0, 1:], logits[b], atol=1e-4, rtol=0)
+    assert torch.isfinite(train.logits).all()
+
+
+def test_training_blocks_do_not_see_each_other_or_the_anchor_feature(gen, random_model, randomize):
+    target, drafter = make_pair("tiny-llama", gen, random_model, randomize)
+    s = 20
+    seqs = torch.randint(0, target.config.vocab_size, (1, s), generator=gen)
+    taps = torch.randn(1, s, drafter.fc.in_features, generator=gen)
+    anchors = torch.tensor([[4, 11]])
+    f = lambda t, x: drafter.forward_train(t, x, anchors).logits[0]  # noqa: E731
+    with torch.no_grad():
+        base = f(taps, seqs)
+        late = taps.clone()
+        late[:, 11:] += 5.0  # features at and after the second anchor: nobody sees them
+        mid = taps.clone()
+        mid[:, 4:11] += 5.0  # seen by the second block only (the first anchor is 4)
+        tok = seqs.clone()
+        tok[0, 4] = (seqs[0, 4] + 1) % target.config.vocab_size  # the first block's anchor token
+        out_late, out_mid, out_tok = f(late, seqs), f(mid, seqs), f(taps, tok)
+    torch.testing.assert_close(out_late, base, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out_mid[0], base[0], atol=1e-6, rtol=0)
+    assert not torch.allclose(out_mid[1], base[1], atol=1e-3)
+    torch.testing.assert_close(out_tok[1], base[1], atol=1e-6, rtol=0)
+    assert not torch.allclose(out_tok[0], base[0], atol=1e-3)
+
+
+def test_drafter_bad_inputs(gen, random_model, randomize):
+    target, drafter = make_pair("tiny-llama", gen, random_model, randomize)
+    ctx = drafter.new_context(1, max_len=4)
+    taps = torch.randn(1, 5, drafter.fc.in_features, generator=gen)
+    with pytest.raises(ValueError, match="overflow"):
+        drafter.append_context(ctx, taps, torch.arange(5)[None])
+    with pytest.raises(ValueError, match="taps"):
+        drafter.append_context(ctx, taps[:, :3, :-1], torch.arange(3)[None])
+    with pytest.raises(ValueError, match="layers"):
+        DFlashDrafter(get_config("tiny-dflash").replace(num_target_layers=4), target)
+    with pytest.raises(ValueError, match="hidden"):
+        DFlashDrafter(get_config("tiny-dflash").replace(hidden_size=32), target)
+    with pytest.raises(ValueError, match="mask_token_id"):
+        get_config("tiny-dflash").replace(mask_token_id=10**6)
