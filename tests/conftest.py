@@ -25,6 +25,10 @@ if not _has_cuda():
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# The test models are tiny: one intra-op thread is faster than two on a 2-core machine and keeps
+# parallel test processes from oversubscribing it.
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

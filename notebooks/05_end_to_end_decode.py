@@ -1,0 +1,193 @@
+# %% [markdown]
+# # 05 · End-to-end decode: what each fix buys
+# **Question:** with everything in place, how fast does decoding run in `ar`, `chain` and
+# `tree` mode — TTFT, prefill and decode tokens/s, acceptance τ, where each step's time goes —
+# and what did each fix change?
+#
+# Headless: `kdtree notebooks run 05`. Live on this machine with the tiny (or shipped trained)
+# pair; on a CPU the GPU-only parts (CUDA graphs, GPU idle fraction) come from shipped rows.
+
+# %%
+import ipywidgets as widgets
+
+from kdtree import nb, nb_live
+from kdtree.bench.tree_build import run_tree_build
+from kdtree.viz import decode as vd
+from kdtree.viz import notebook_figs as nf
+
+# %% tags=["parameters"]
+DEVICE: str = "auto"  # "auto", "cpu" or "cuda[:N]"
+SEED: int = 0  # seed for every RNG
+INTERACTIVE: bool = True  # show widgets (headless runs set False)
+OUT_DIR: str = "runs/05_end_to_end_decode"  # summary.json and figures go here
+PROMPT: str = "def quicksort(xs):\n    "  # prompt text (random ids when no tokenizer is shipped)
+MODES: list = ["ar", "chain", "tree"]  # decode modes to compare
+BUDGET: int = 16  # tree budget B
+TOP_K: int = 4  # per-depth top-K of the drafter
+NEW_TOKENS: int = 12  # tokens generated per mode
+CONTEXT: int = 2048  # prefix length for the before/after step timing (tokens)
+STEPS: int = 2  # measured steps per before/after configuration
+
+# %%
+ctx = nb.setup(device=DEVICE, seed=SEED, out_dir=OUT_DIR)
+pair = nb_live.load_pair(ctx.device, seed=SEED)
+prompt = nb_live.prompt_ids(pair, PROMPT, seed=SEED)
+decode_rows = nb.load_bench("decode", gpu_only=True)
+step_rows = nb.load_bench("step", gpu_only=True)
+print(pair.describe(), f"· prompt of {len(prompt)} tokens")
+if decode_rows is None and not ctx.live_gpu:
+    nb.note(
+        "GPU decode rows are not shipped yet (data/bench/decode.csv): every number below "
+        "is a live CPU measurement of the tiny pair"
+        + ("" if pair.trained else " with random weights (τ near 1, so no speedup)")
+        + "."
+    )
+
+# %% [markdown]
+# ## 1. The three modes side by side
+# Greedy decoding of the same prompt; TTFT is the prefill, decode tokens/s counts the
+# generated tokens over the decode loop's wall time.
+
+# %%
+table, phase_ms = nb_live.decode_modes(
+    pair, prompt, MODES, budget=BUDGET, top_k=TOP_K, new_tokens=NEW_TOKENS
+)
+nb.show(
+    nf.make_bar_compare_fig(
+        table.assign(metric="decode tok/s"),
+        "mode",
+        "decode_tok_s",
+        "metric",
+        f"Decode tokens/s on {ctx.device} (live)",
+        "tokens/s",
+    ),
+    "decode_tok_s",
+)
+table
+
+# %% [markdown]
+# ## 2. Where each step's time goes
+# Mean ms per step of every engine phase (device-synchronised timings), stacked per mode.
+
+# %%
+nb.show(
+    nf.make_stacked_phase_fig(phase_ms, f"Per-phase time per step on {ctx.device}"),
+    "phase_breakdown",
+)
+phase_ms.round(3)
+
+# %% [markdown]
+# ## 3. Before and after each fix, on one page
+# Measured here: the generic O(context) `dense_mask` verify path vs the reference path at
+# the same context, and the heap tree build vs the device builder. Verify kernel and CUDA
+# graphs: GPU rows (`data/bench/step.csv`, `verify_attention.csv`) when shipped.
+
+# %%
+generic = nb_live.profile_steps(
+    pair, contexts=[CONTEXT], steps=STEPS, budget=BUDGET, top_k=TOP_K, dense_mask=True
+)
+fixed = nb_live.profile_steps(
+    pair, contexts=[CONTEXT], steps=STEPS, budget=BUDGET, top_k=TOP_K, dense_mask=False
+)
+builds = nb_live.bench_frame(
+    run_tree_build([1], [BUDGET], device=ctx.device, fast=True, providers=("heap", "device_torch"))
+)
+fixes = nb_live.before_after(generic, fixed, builds, step_rows)
+nb.show(
+    nf.make_bar_compare_fig(
+        fixes.melt(
+            id_vars=["fix"], value_vars=["before_ms", "after_ms"], var_name="when", value_name="ms"
+        ),
+        "fix",
+        "ms",
+        "when",
+        "Before / after each fix",
+        "ms",
+        log_y=True,
+    ),
+    "before_after",
+)
+fixes
+
+# %% [markdown]
+# ## 4. Shipped GPU decode rows (when present)
+# Acceptance histograms, the budget trade-off and tokens/s against context, measured on the
+# GPU by `kdtree bench decode`.
+
+# %%
+if decode_rows is not None:
+    nb.show(vd.make_acceptance_fig(decode_rows), "gpu_acceptance")
+    nb.show(vd.make_budget_fig(decode_rows), "gpu_budget")
+    nb.show(vd.make_context_fig(decode_rows), "gpu_context")
+
+# %% [markdown]
+# ## 5. Budget and mode (interactive only)
+
+# %%
+if INTERACTIVE:
+
+    def render(budget, new_tokens):
+        t, p = nb_live.decode_modes(
+            pair, prompt, MODES, budget=budget, top_k=TOP_K, new_tokens=new_tokens
+        )
+        return nf.make_stacked_phase_fig(
+            p,
+            f"B={budget}: decode tok/s "
+            + ", ".join(f"{r.mode} {r.decode_tok_s:.1f}" for r in t.itertuples()),
+        )
+
+    nb.interact(
+        render,
+        budget=widgets.IntSlider(value=BUDGET, min=1, max=128),
+        new_tokens=widgets.IntSlider(value=NEW_TOKENS, min=4, max=64),
+    )
+
+# %% [markdown]
+# ## Conclusions
+
+# %%
+by = table.set_index("mode")
+speedup = (by["decode_tok_s"] / by.loc["ar", "decode_tok_s"]) if "ar" in by.index else None
+share = phase_ms.div(phase_ms.sum(axis=1), axis=0)
+top = {m: share.loc[m].idxmax() for m in share.index}
+nb.markdown(
+    "- Decode tokens/s on "
+    + ctx.device
+    + ": "
+    + ", ".join(f"`{m}` {r.decode_tok_s:.2f} (τ {r.tau:.2f})" for m, r in by.iterrows())
+    + (
+        f"; `tree` runs at **{speedup['tree']:.2f}×** `ar`."
+        if speedup is not None and "tree" in speedup
+        else "."
+    )
+    + "\n"
+    + "- The largest share of a step: "
+    + ", ".join(f"`{m}` → {p} ({share.loc[m, p]:.0%})" for m, p in top.items())
+    + ".\n"
+    + "".join(
+        f"- {r.fix}: {r.before_ms:.3g} ms → {r.after_ms:.3g} ms "
+        f"({r.before_ms / r.after_ms:.2g}×, {r.where}).\n"
+        for r in fixes.itertuples()
+    )
+)
+
+# %%
+nb.write_summary(
+    {
+        "source": f"live {ctx.device}"
+        + (" + shipped GPU rows" if decode_rows is not None else ""),
+        "gpu_data_shipped": decode_rows is not None,
+        "models": pair.source,
+        "modes": MODES,
+        "decode_tok_s": by["decode_tok_s"].to_dict(),
+        "ttft_s": by["TTFT_s"].to_dict(),
+        "tau": by["tau"].to_dict(),
+        "speedup_vs_ar": None if speedup is None else speedup.to_dict(),
+        "phase_share": {m: share.loc[m].to_dict() for m in share.index},
+        "fixes": fixes.to_dict("records"),
+    }
+)
+nb.check((table["gen_tok"] == NEW_TOKENS).all(), "every mode generated NEW_TOKENS tokens")
+nb.check((table["tau"] >= 1).all(), "τ counts the bonus token, so it is at least 1")
+nb.check(float(by.loc["ar", "tau"]) == 1.0 if "ar" in by.index else True, "ar accepts one token")
+nb.check((fixes[["before_ms", "after_ms"]] > 0).all().all(), "before/after times are positive")
