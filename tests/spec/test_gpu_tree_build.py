@@ -1,0 +1,161 @@
+"""The device tree builder reproduces the heap reference node for node (order included)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdtree.spec.gpu.tree_build import DeviceTree, build_trees_device, score_key
+from kdtree.spec.tree import build_tree_ref, pad_trees
+
+
+def _sorted_lp(B, D, K, gen, quant=None, zeros=False, neg_inf=False):
+    lp = torch.log_softmax(torch.randn(B, D, max(K, 4) * 3, generator=gen) * 2.5, dim=-1)
+    lp = lp.topk(K, dim=-1).values
+    if quant is not None:  # coarse grid: many exact ties between nodes
+        lp = torch.round(lp / quant) * quant
+    if zeros:  # log-prob 0: a child ties its parent
+        lp[:, :, 0] = 0.0
+    if neg_inf:
+        lp[:, :, K // 2 :] = float("-inf")
+    lp = lp.clamp(max=0.0).sort(dim=-1, descending=True).values.contiguous()
+    tok = torch.stack(
+        [
+            torch.stack([torch.randperm(1000, generator=gen)[:K] for _ in range(D)])
+            for _ in range(B)
+        ]
+    )
+    return lp.float(), tok
+
+
+def _assert_same(dt, lp, tok, budget, bonus):
+    trees = [build_tree_ref(lp[b], tok[b], budget, int(bonus[b])) for b in range(lp.shape[0])]
+    ref = pad_trees(trees, budget + 1)
+    assert dt.n_nodes.tolist() == ref.sizes
+    torch.testing.assert_close(dt.tokens, ref.tokens, rtol=0, atol=0)
+    torch.testing.assert_close(dt.parents, ref.parents, rtol=0, atol=0)
+    torch.testing.assert_close(dt.depths, ref.depths, rtol=0, atol=0)
+    torch.testing.assert_close(dt.mask, ref.mask, rtol=0, atol=0)
+    for b, tree in enumerate(trees):
+        n = tree.size
+        assert torch.equal(dt.scores[b, :n], tree.scores)
+        assert dt.ranks[b, 1:n].tolist() == [rt[-1] for rt in tree.ranks[1:]]
+
+
+FIELDS = ("tokens", "parents", "depths", "mask", "scores", "ranks", "n_nodes")
+
+CASES = [
+    # (B, D, K, budget, quant, zeros, neg_inf)
+    (1, 7, 8, 16, None, False, False),
+    (3, 15, 16, 64, None, False, False),
+    (2, 6, 4, 33, 0.5, False, False),  # K < B, heavy ties
+    (2, 9, 3, 97, 1.0, True, False),  # lp = 0 ties parent and child
+    (2, 5, 32, 7, 0.25, False, False),  # K > B
+    (2, 3, 2, 40, None, False, False),  # heap runs dry: 2 + 4 + 8 = 14 nodes
+    (2, 4, 6, 20, None, False, True),  # -inf log-probs
+    (4, 1, 8, 5, 0.5, False, False),  # depth 1
+    (1, 16, 1, 8, None, False, False),  # K = 1: a chain
+    (2, 8, 8, 0, None, False, False),  # budget 0: root only
+    (2, 12, 12, 130, 0.75, False, False),  # W = 3 words, bit 63 crosses the sign
+]
+
+
+@pytest.mark.parametrize("B,D,K,budget,quant,zeros,neg_inf", CASES)
+def test_device_tree_equals_heap(B, D, K, budget, quant, zeros, neg_inf, gen):
+    lp, tok = _sorted_lp(B, D, K, gen, quant, zeros, neg_inf)
+    bonus = torch.randint(0, 1000, (B,), generator=gen)
+    dt = build_trees_device(lp, tok, budget, bonus, backend="torch")
+    _assert_same(dt, lp, tok, budget, bonus)
+
+
+TRITON_CASES = [
+    (2, 6, 4, 20, 0.5, True, False),
+    (2, 5, 8, 7, 0.25, False, True),
+    (1, 12, 12, 130, 0.75, False, False),
+    (2, 3, 2, 40, None, False, False),
+]
+
+
+@pytest.mark.parametrize("B,D,K,budget,quant,zeros,neg_inf", TRITON_CASES)
+def test_triton_tree_equals_heap(B, D, K, budget, quant, zeros, neg_inf, gen):
+    lp, tok = _sorted_lp(B, D, K, gen, quant, zeros, neg_inf)
+    bonus = torch.randint(0, 1000, (B,), generator=gen)
+    dt = build_trees_device(lp, tok, budget, bonus, backend="triton")
+    _assert_same(dt, lp, tok, budget, bonus)
+
+
+def test_triton_rejects_unsupported_shapes():
+    from kdtree.spec.gpu.tree_build_triton import MAX_BUDGET, supports
+
+    lp = torch.zeros(1, 3, 4)
+    tok = torch.zeros(1, 3, 4, dtype=torch.int64)
+    assert not supports(lp, MAX_BUDGET + 1) and not supports(lp, 0) and supports(lp, 8)
+    with pytest.raises(ValueError, match="backend='torch'"):
+        build_trees_device(
+            lp, tok, MAX_BUDGET + 1, torch.zeros(1, dtype=torch.int64), backend="triton"
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,budget,K", [(1, 16, 16), (8, 64, 32), (32, 256, 32), (3, 255, 7)])
+def test_triton_and_torch_match_heap_on_gpu(batch, budget, K, gen):
+    lp, tok = _sorted_lp(batch, 15, K, gen, quant=0.5)
+    bonus = torch.randint(0, 1000, (batch,), generator=gen)
+    for backend in ("triton", "torch"):
+        dt = build_trees_device(lp.cuda(), tok.cuda(), budget, bonus.cuda(), backend=backend)
+        _assert_same(
+            DeviceTree(**{k: getattr(dt, k).cpu() for k in FIELDS}), lp, tok, budget, bonus
+        )
+
+
+def test_many_random_tie_heavy(gen):
+    for trial in range(12):
+        B, D, K = 2, 1 + trial % 6, 1 + (trial * 5) % 9
+        budget = [1, 3, 10, 25, 64][trial % 5]
+        lp, tok = _sorted_lp(B, D, K, gen, quant=[None, 0.5, 2.0][trial % 3], zeros=trial % 4 == 0)
+        bonus = torch.randint(0, 1000, (B,), generator=gen)
+        _assert_same(
+            build_trees_device(lp, tok, budget, bonus, backend="torch"), lp, tok, budget, bonus
+        )
+
+
+def test_empty_batch():
+    lp = torch.zeros(0, 4, 4)
+    tok = torch.zeros(0, 4, 4, dtype=torch.int64)
+    dt = build_trees_device(lp, tok, 8, torch.zeros(0, dtype=torch.int64), backend="torch")
+    assert dt.tokens.shape == (0, 9) and dt.mask.shape == (0, 9, 1)
+
+
+def test_score_key_orders_like_floats(gen):
+    s = torch.cat(
+        [
+            torch.randn(200, generator=gen) * 10,
+            torch.tensor([0.0, -0.0, float("-inf"), -1e-30, 1e-30]),
+        ]
+    )
+    k = score_key(s, torch.zeros_like(s, dtype=torch.int64))
+    i, j = torch.meshgrid(torch.arange(len(s)), torch.arange(len(s)), indexing="ij")
+    assert torch.equal(s[i] < s[j], k[i] < k[j])
+    # equal scores: the smaller tiebreak wins
+    assert (
+        score_key(torch.tensor([1.5]), torch.tensor([3]))[0]
+        > score_key(torch.tensor([1.5]), torch.tensor([4]))[0]
+    )
+
+
+def test_bad_inputs():
+    lp = torch.zeros(1, 2, 2)
+    tok = torch.zeros(1, 2, 2, dtype=torch.int64)
+    bonus = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="budget"):
+        build_trees_device(lp, tok, -1, bonus, backend="torch")
+    with pytest.raises(ValueError, match="lp"):
+        build_trees_device(lp.double(), tok, 4, bonus, backend="torch")
+    with pytest.raises(ValueError, match="tok"):
+        build_trees_device(lp, tok[:, :1], 4, bonus, backend="torch")
+    with pytest.raises(ValueError, match="bonus"):
+        build_trees_device(lp, tok, 4, torch.zeros(2, dtype=torch.int64), backend="torch")
+    with pytest.raises(ValueError, match="backend"):
+        build_trees_device(lp, tok, 4, bonus, backend="heap")
+    with pytest.raises(ValueError, match="lp"):
+        build_trees_device(lp.double(), tok, 4, bonus, backend="triton")

@@ -1,0 +1,136 @@
+"""Reference tree builder: equals brute-force top-B, structure invariants, edge cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdtree.spec.bitmask import ancestor_mask, unpack_bits
+from kdtree.spec.tree import (
+    brute_force_tree,
+    build_tree_ref,
+    build_trees,
+    chain_tree,
+    draft_topk,
+)
+
+
+def _random_lp_tok(gen, D, K, V=11, B=1, scale=2.0):
+    logits = torch.randn(B, D, V, generator=gen) * scale
+    return draft_topk(logits, K)
+
+
+@pytest.mark.parametrize(("D", "K", "budget"), [(1, 3, 2), (3, 2, 5), (3, 3, 13), (4, 3, 20)])
+def test_heap_equals_brute_force(gen, D, K, budget):
+    for _ in range(20):
+        lp, tok = _random_lp_tok(gen, D, K)
+        heap = build_tree_ref(lp[0], tok[0], budget, bonus=7)
+        brute = brute_force_tree(lp[0], tok[0], budget, bonus=7)
+        assert heap.ranks == brute.ranks
+        assert torch.equal(heap.tokens, brute.tokens)
+        assert torch.equal(heap.parents, brute.parents)
+        assert torch.equal(heap.scores, brute.scores)
+        assert torch.equal(heap.mask, brute.mask)
+
+
+def test_ties_follow_rank_tuple_order():
+    # Every log-prob equal: all scores at one depth tie; pops go by (score, rank tuple).
+    lp = torch.full((3, 3), -1.0)
+    tok = torch.arange(9).reshape(3, 3)
+    tree = build_tree_ref(lp, tok, 8, bonus=0)
+    assert tree.ranks[1:] == [(0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert tree.ranks == brute_force_tree(lp, tok, 8, bonus=0).ranks
+
+
+def test_scores_are_float32_running_sums(gen):
+    lp, tok = _random_lp_tok(gen, 4, 3)
+    tree = build_tree_ref(lp[0], tok[0], 15, bonus=1)
+    assert tree.scores.dtype == torch.float32
+    for i in range(1, tree.size):
+        p, d, r = int(tree.parents[i]), int(tree.depths[i]), tree.ranks[i][-1]
+        assert tree.scores[i] == tree.scores[p] + lp[0, d - 1, r]  # float32 add, same order
+
+
+def test_structure_invariants(gen):
+    lp, tok = _random_lp_tok(gen, 6, 4, V=50)
+    tree = build_tree_ref(lp[0], tok[0], 40, bonus=3)
+    assert tree.size == 41 and int(tree.tokens[0]) == 3 and int(tree.parents[0]) == -1
+    ranks = set(tree.ranks)
+    for i in range(1, tree.size):
+        p = int(tree.parents[i])
+        assert 0 <= p < i
+        assert int(tree.depths[i]) == int(tree.depths[p]) + 1
+        assert tree.ranks[i][:-1] == tree.ranks[p]  # prefix-closed
+        assert tree.ranks[i][:-1] in ranks
+        assert tree.children[p][int(tree.tokens[i])] == i
+        assert int(tree.tokens[i]) == int(tok[0, tree.depths[i] - 1, tree.ranks[i][-1]])
+    assert (tree.scores[1:] <= tree.scores[:-1]).all()  # pops in non-increasing score
+    assert torch.equal(unpack_bits(tree.mask, tree.size), ancestor_mask(tree.parents))
+
+
+def test_budget_zero_gives_root_only(gen):
+    lp, tok = _random_lp_tok(gen, 3, 2)
+    tree = build_tree_ref(lp[0], tok[0], 0, bonus=9)
+    assert tree.size == 1 and tree.tokens.tolist() == [9] and tree.children == [{}]
+    assert unpack_bits(tree.mask, 1).tolist() == [[True]]
+
+
+def test_heap_runs_dry_below_budget(gen):
+    lp, tok = _random_lp_tok(gen, 2, 2)
+    tree = build_tree_ref(lp[0], tok[0], 100, bonus=0)
+    assert tree.size == 1 + 2 + 4
+
+
+def test_top1_reproduces_the_chain(gen):
+    D = 7
+    logits = torch.randn(1, D, 30, generator=gen)
+    lp, tok = draft_topk(logits, 1)
+    tree = build_tree_ref(lp[0], tok[0], D, bonus=5)
+    chain = chain_tree(logits[0].argmax(-1), 5)
+    assert torch.equal(tree.tokens, chain.tokens)
+    assert torch.equal(tree.parents, chain.parents)
+    assert torch.equal(tree.depths, chain.depths)
+    assert torch.equal(tree.mask, chain.mask)
+    assert tree.ranks == chain.ranks
+
+
+def test_build_trees_pads_to_budget_plus_one(gen):
+    lp, tok = _random_lp_tok(gen, 2, 2, B=3)
+    batch = build_trees(lp, tok, 10, bonus=torch.tensor([1, 2, 3]))
+    assert batch.tokens.shape == (3, 11) and batch.mask.shape == (3, 11, 1)
+    assert batch.sizes == [7, 7, 7]
+    bits = unpack_bits(batch.mask, 11)
+    for b in range(3):
+        assert batch.tokens[b, 0] == b + 1
+        for i in range(7, 11):  # padded rows see only themselves
+            assert bits[b, i].nonzero().flatten().tolist() == [i]
+            assert batch.parents[b, i] == -1
+
+
+def test_draft_topk_is_log_softmax_topk(gen):
+    logits = torch.randn(2, 3, 40, generator=gen, dtype=torch.float64)
+    lp, tok = draft_topk(logits.to(torch.float16), 5)
+    assert lp.dtype == torch.float32 and tok.dtype == torch.int64 and lp.shape == (2, 3, 5)
+    ref = torch.log_softmax(logits.to(torch.float16).float(), -1)
+    assert torch.equal(lp, ref.topk(5, -1).values)
+    assert (lp[..., 1:] <= lp[..., :-1]).all()
+
+
+def test_bad_inputs(gen):
+    lp, tok = _random_lp_tok(gen, 3, 2)
+    with pytest.raises(ValueError, match="budget=-1"):
+        build_tree_ref(lp[0], tok[0], -1, bonus=0)
+    with pytest.raises(TypeError, match="lp: expected float32"):
+        build_tree_ref(lp[0].double(), tok[0], 3, bonus=0)
+    with pytest.raises(TypeError, match="tok: expected int64"):
+        build_tree_ref(lp[0], tok[0].int(), 3, bonus=0)
+    with pytest.raises(ValueError, match="lp, tok"):
+        build_tree_ref(lp[0], tok[0, :2], 3, bonus=0)
+    with pytest.raises(ValueError, match="descending"):
+        build_tree_ref(lp[0].flip(-1), tok[0], 3, bonus=0)
+    with pytest.raises(ValueError, match="K=0"):
+        draft_topk(torch.randn(1, 2, 5), 0)
+    with pytest.raises(ValueError, match="draft_logits"):
+        draft_topk(torch.randn(2, 5), 1)
+    with pytest.raises(ValueError, match="bonus"):
+        build_trees(lp, tok, 3, bonus=[1, 2])
