@@ -40,6 +40,10 @@ L2_BYTES = 60 << 20
 FULL_L = (1024, 4096, 16384, 65536, 131072, 262144)
 FULL_T = (1, 9, 17, 65, 257)
 FULL_B = (1, 8, 32)
+# Run order of the default grid (what a short budget must measure first): batch 1 at long
+# context and the main tree sizes, then short context, then larger batches, then T 9 / 257.
+CORE_L = (16384, 131072, 65536, 262144)  # in this order
+CORE_T = (1, 17, 65)
 QUICK_L = (16384, 131072)
 QUICK_T = (17, 65)
 QUICK_B = (1,)
@@ -100,6 +104,7 @@ class Options:
     seed: int = 0
     smoke: bool = False
     tune: bool = False  # also time our kernels under candidate tile configs and split counts
+    point_seconds: float = 30.0  # time box per (layout, batch, L, trees) item, JIT excluded
 
 
 @dataclass
@@ -589,7 +594,9 @@ _FI_WS: list[torch.Tensor] = []
 
 def _fi_workspaces(n: int, device) -> list[torch.Tensor]:
     while len(_FI_WS) < n:
-        _FI_WS.append(torch.empty(128 << 20, dtype=torch.uint8, device=device))
+        # 256 MiB: at 8q/1kv, L=16k, T=17 the custom-mask prefill asked for 129 MiB of split
+        # partials (a 128 MiB buffer overflowed on the H200)
+        _FI_WS.append(torch.empty(256 << 20, dtype=torch.uint8, device=device))
     return _FI_WS[:n]
 
 
@@ -840,17 +847,38 @@ SETUPS: dict[str, Callable] = {
 # ----------------------------------------------------------------------------- the run
 
 
-def _points(opts: Options) -> Iterator[tuple[HeadLayout, int, int]]:
-    """(layout, batch, L) in priority order: the target points (batch 1, 16k/128k) first."""
+def _points(opts: Options) -> Iterator[tuple[HeadLayout, int, int, tuple[int, ...]]]:
+    """(layout, batch, L, trees) in priority order: batch 1 x ``CORE_L`` x ``CORE_T`` first
+    (every layout and provider), then batch 1 at the other lengths, then larger batches, and
+    the other tree sizes last; each (layout, batch, L) appears once per tree group."""
     layouts = SMOKE_LAYOUTS if opts.smoke else LAYOUTS
     chosen = [layouts[n] for n in opts.layouts if n in layouts] or list(layouts.values())
-    pts = [(lay, b, n) for lay in chosen for b in opts.batches for n in opts.lengths]
+    core_t = tuple(t for t in opts.trees if t in CORE_T) or tuple(opts.trees)
+    other_t = tuple(t for t in opts.trees if t not in core_t)
 
-    def prio(p):
-        lay, b, n = p
-        return (0 if (b == 1 and n in QUICK_L) else 1, b, n, lay.name)
+    def phase(b: int, n: int, trees: tuple[int, ...]) -> int:
+        if trees is other_t:
+            return 3
+        if b != min(opts.batches):
+            return 2
+        return 0 if n in CORE_L else 1
 
-    return iter(sorted(pts, key=prio))
+    items = []
+    for trees in (core_t, other_t):
+        if not trees:
+            continue
+        for b in opts.batches:
+            for n in opts.lengths:
+                for lay in chosen:
+                    items.append((phase(b, n, trees), b, _length_rank(n), n, lay, trees))
+    items.sort(key=lambda it: (it[0], it[1], it[2], it[4].name))
+    for _, b, _, n, lay, trees in items:
+        yield lay, b, n, trees
+
+
+def _length_rank(n: int) -> tuple[int, int]:
+    """``CORE_L`` in its listed order, then the others longest first (4k before 1k)."""
+    return (0, CORE_L.index(n)) if n in CORE_L else (1, -n)
 
 
 class _Runner:
@@ -865,6 +893,8 @@ class _Runner:
         self.result = Result()
         self.t_start = time.time()
         self.disabled: dict[str, str] = {}
+        self.warmed: set[str] = set()
+        self.point_deadline = math.inf
 
     def _cfg(self, wl: Workload, t: int, **extra) -> dict:
         lay = wl.layout
@@ -980,10 +1010,10 @@ class _Runner:
     def over_budget(self) -> bool:
         return time.time() - self.t_start > self.opts.max_seconds
 
-    def run_point(self, lay: HeadLayout, b: int, n: int) -> None:
+    def run_point(self, lay: HeadLayout, b: int, n: int, trees: tuple[int, ...]) -> None:
         opts = self.opts
-        trees = list(opts.trees)
-        t_max = max(trees)
+        trees = list(trees)
+        t_max = max(opts.trees)  # one cache layout per (layout, batch, L) whatever the group
         need = Workload.bytes_needed(lay, b, n, t_max, opts.dtype)
         free = _free_bytes(self.device)
         if self.over_budget() or need > 0.6 * free:
@@ -998,6 +1028,7 @@ class _Runner:
                     self.error_row(p, self._name(lay, b, n, t), cfg, f"skipped: {reason}")
             return
         wl = Workload(lay, b, n, t_max, opts.page_size, opts.dtype, self.device, opts.seed)
+        self.point_deadline = time.time() + opts.point_seconds
         try:
             for t in trees:
                 ti = make_tree_inputs(wl, t, opts.seed)
@@ -1101,10 +1132,22 @@ class _Runner:
             if self.over_budget():
                 self.error_row(provider, name, cfg, "skipped: time budget spent")
                 continue
+            if time.time() > self.point_deadline:
+                self.error_row(
+                    provider,
+                    name,
+                    cfg,
+                    f"skipped: point time box ({self.opts.point_seconds:.0f} s) spent",
+                )
+                continue
             try:
+                t_setup = time.time()
                 fn, per_call, info = SETUPS[provider](wl, ti, self.opts)
                 out = fn(0)
                 _sync(self.device)
+                if provider not in self.warmed:  # first use compiles (JIT): not charged
+                    self.warmed.add(provider)
+                    self.point_deadline += time.time() - t_setup
                 extra = {k: v for k, v in info.items() if k not in ("component",)}
                 if reference is None and provider in ("ours", "ref"):
                     reference = out.detach().clone()
@@ -1166,10 +1209,10 @@ def run_suite(
     each point's new rows as soon as the point is done (write them: a killed run keeps
     what it measured)."""
     runner = _Runner(opts, ceilings, device, log)
-    for lay, b, n in _points(opts):
+    for lay, b, n, trees in _points(opts):
         done = len(runner.result.rows)
         try:
-            runner.run_point(lay, b, n)
+            runner.run_point(lay, b, n, trees)
         except Exception as exc:  # allocation or setup failure of a whole point
             cfg = {"layout": lay.name, "batch": b, "L": n}
             runner.error_row(

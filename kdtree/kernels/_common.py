@@ -106,37 +106,56 @@ def _merge_kernel(
     G,
     R,
     NUM_SPLITS,
-    DV: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    """Log-sum-exp merge of ``NUM_SPLITS`` normalised partials into ``out [B, T, Hq, DV]``.
-    Grid: (row blocks, batch × kv heads)."""
+    """Log-sum-exp merge of ``NUM_SPLITS`` normalised partials into ``out [B, T, Hq, Dv]``.
+    Grid: (row blocks, Dv blocks, batch x kv heads). All LSEs are read in one load (max and
+    weights at once), then the partials ``BLOCK_S`` splits at a time, so the loop carries no
+    dependent load and each iteration keeps ``BLOCK_S x BLOCK_R x BLOCK_D`` loads in flight."""
     pid_r = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_d = tl.program_id(1)
+    pid_bh = tl.program_id(2)
     b = pid_bh // num_kv_heads
     kvh = pid_bh % num_kv_heads
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     row_valid = rows < R
-    d = tl.arange(0, DV)
+    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     p_base = part_ptr + b.to(tl.int64) * stride_pb + kvh.to(tl.int64) * stride_ph
     l_base = lse_ptr + b.to(tl.int64) * stride_lb + kvh * stride_lh
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    w_sum = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, DV], tl.float32)
-    for s in range(NUM_SPLITS):
-        lse = tl.load(l_base + s * stride_ls + rows, mask=row_valid, other=float("-inf"))
-        m_new = tl.maximum(m_i, lse)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        w = tl.exp2(lse - m_use)
+
+    s_all = tl.arange(0, SPLITS_P2)
+    lse_all = tl.load(
+        l_base + s_all[:, None] * stride_ls + rows[None, :],
+        mask=(s_all < NUM_SPLITS)[:, None] & row_valid[None, :],
+        other=float("-inf"),
+    )
+    m = tl.max(lse_all, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w_sum = tl.sum(tl.exp2(lse_all - m[None, :]), 0)
+
+    s_blk = tl.arange(0, BLOCK_S)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        s = s0 + s_blk
+        s_ok = s < NUM_SPLITS
+        lse = tl.load(
+            l_base + s[:, None] * stride_ls + rows[None, :],
+            mask=s_ok[:, None] & row_valid[None, :],
+            other=float("-inf"),
+        )
+        w = tl.exp2(lse - m[None, :])  # [BLOCK_S, BLOCK_R]; 0 for empty splits
         o = tl.load(
-            p_base + s * stride_ps + rows[:, None].to(tl.int64) * stride_pr + d[None, :],
-            mask=row_valid[:, None] & (w > 0.0)[:, None],
+            p_base
+            + s[:, None, None].to(tl.int64) * stride_ps
+            + rows[None, :, None].to(tl.int64) * stride_pr
+            + d[None, None, :],
+            mask=s_ok[:, None, None] & row_valid[None, :, None],
             other=0.0,
         )
-        acc = acc * alpha[:, None] + o * w[:, None]
-        w_sum = w_sum * alpha + w
-        m_i = m_new
+        acc += tl.sum(o * w[:, :, None], 0)
     out = acc / tl.where(w_sum > 0.0, w_sum, 1.0)[:, None]
     t_idx = rows // G
     h_idx = rows % G
@@ -150,16 +169,17 @@ def _merge_kernel(
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
-def launch_merge(part, lse, out, num_kv_heads: int, group: int, rows: int, num_splits: int):
-    """Merge ``part [B, Hkv, S, R, Dv]`` / ``lse [B, Hkv, S, R]`` into ``out [B, T, Hq, Dv]``."""
+def merge_launch_args(part, lse, out, num_kv_heads: int, group: int, rows: int, num_splits: int):
+    """``(grid, positional args after the three tensors, keyword args)`` of the merge
+    launch for these views (computed once per shape by the callers' launch cache)."""
     b = out.shape[0]
     dv = out.shape[3]
-    block_r = 16 if dv <= 128 else 8
-    grid = (triton.cdiv(rows, block_r), b * num_kv_heads)
-    _merge_kernel[grid](
-        part,
-        lse,
-        out,
+    block_d = min(dv, 64)
+    block_r = 8 if rows <= 8 else 16
+    block_s = 8 if block_r <= 8 else 4
+    splits_p2 = max(2, triton.next_power_of_2(num_splits))
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(dv, block_d), b * num_kv_heads)
+    args = (
         part.stride(0),
         part.stride(1),
         part.stride(2),
@@ -174,7 +194,14 @@ def launch_merge(part, lse, out, num_kv_heads: int, group: int, rows: int, num_s
         group,
         rows,
         num_splits,
-        DV=dv,
-        BLOCK_R=block_r,
-        num_warps=4,
     )
+    kwargs = dict(
+        SPLITS_P2=splits_p2, BLOCK_S=block_s, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4
+    )
+    return grid, args, kwargs
+
+
+def launch_merge(part, lse, out, num_kv_heads: int, group: int, rows: int, num_splits: int):
+    """Merge ``part [B, Hkv, S, R, Dv]`` / ``lse [B, Hkv, S, R]`` into ``out [B, T, Hq, Dv]``."""
+    grid, args, kwargs = merge_launch_args(part, lse, out, num_kv_heads, group, rows, num_splits)
+    _merge_kernel[grid](part, lse, out, *args, **kwargs)

@@ -229,7 +229,7 @@ def _gqa_split_kernel(
     )
 
 
-def launch_gqa_split(
+def gqa_split_args(
     q,
     k_cache,
     v_cache,
@@ -245,7 +245,8 @@ def launch_gqa_split(
     cfg,
     dot_precision: str,
 ):
-    """Launch the split kernel. ``part``/``lse`` are views ``[B, Hkv, S, R, D]`` /
+    """``(grid, args after the nine tensors, launch keywords)`` of one split launch
+    (computed once per shape by the launch cache). ``part``/``lse`` are views ``[B, Hkv, S, R, D]`` /
     ``[B, Hkv, S, R]`` (unused when ``num_splits == 1``: the kernel writes ``out``)."""
     b, t, hq, d = q.shape
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -253,18 +254,7 @@ def launch_gqa_split(
     rows = g * t
     grid = (triton.cdiv(rows, cfg.block_m), num_splits, b * hkv)
     direct = num_splits == 1
-    if direct:
-        part, lse = out, out  # placeholders: never touched with DIRECT_OUT
-    _gqa_split_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        page_table,
-        prefix_lens,
-        tree_mask,
-        out,
-        part,
-        lse,
+    args = (
         qk_scale,
         q.stride(0),
         q.stride(1),
@@ -291,6 +281,8 @@ def launch_gqa_split(
         g,
         hkv,
         num_splits,
+    )
+    kwargs = dict(
         HEAD_DIM=d,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
@@ -299,4 +291,44 @@ def launch_gqa_split(
         DOT_PRECISION=dot_precision,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+    )
+    return grid, args, kwargs
+
+
+def launch_gqa_split(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    out,
+    part,
+    lse,
+    *,
+    qk_scale: float,
+    num_splits: int,
+    cfg,
+    dot_precision: str,
+):
+    """Launch the split kernel (``part``/``lse`` unused with one split)."""
+    grid, args, kwargs = gqa_split_args(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        prefix_lens,
+        tree_mask,
+        out,
+        part,
+        lse,
+        qk_scale=qk_scale,
+        num_splits=num_splits,
+        cfg=cfg,
+        dot_precision=dot_precision,
+    )
+    if kwargs["DIRECT_OUT"]:
+        part, lse = out, out  # placeholders: never touched with DIRECT_OUT
+    _gqa_split_kernel[grid](
+        q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part, lse, *args, **kwargs
     )

@@ -49,10 +49,17 @@ class TileConfig:
     num_stages: int
 
     def smem_bytes(self, dk: int, dv: int, elem: int = 2, shared_kv: bool = False) -> int:
-        """Rough shared-memory footprint: the Q tile plus ``num_stages`` K (and V) tiles."""
+        """Shared-memory estimate that matches what Triton 3.x allocates on Hopper: the Q
+        tile, ``num_stages + 1`` K (and V) buffers and the P tile fed to the second dot
+        (measured: 128x128 s2 d128 needs 288 KiB, MLA 64x64 s2 248 KiB; both refused)."""
         q = self.block_m * dk * elem
         kv = self.block_n * (dk if shared_kv else dk + dv) * elem
-        return q + max(self.num_stages, 1) * kv
+        p = self.block_m * self.block_n * elem
+        return q + (max(self.num_stages, 1) + 1) * kv + p
+
+    def fits(self, dk: int, dv: int, shared_kv: bool = False) -> bool:
+        """True when :meth:`smem_bytes` fits one CTA's shared memory."""
+        return self.smem_bytes(dk, dv, shared_kv=shared_kv) <= _SMEM_PER_CTA
 
     def ctas_per_sm(self, dk: int, dv: int, shared_kv: bool = False) -> int:
         """Resident CTAs per SM allowed by shared memory and warps (register-bound guess)."""
@@ -94,29 +101,39 @@ def gqa_configs(rows: int, head_dim: int) -> list[TileConfig]:
         TileConfig(first.block_m, 32, first.num_warps, 2),
         TileConfig(min(first.block_m, 64), 32, 4, 1),
     ]
-    return _unique(ladder)
+    return _fitting(ladder, head_dim, head_dim, shared_kv=False)
 
 
 def mla_configs(rows: int) -> list[TileConfig]:
-    """Configs to try, best first, for ``rows = h·T`` and the 512 + 64 latent."""
+    """Configs to try, best first, for ``rows = h·T`` and the 512 + 64 latent. The fp32
+    ``BLOCK_M x 512`` accumulator dominates registers: 64-row tiles take 8 warps and 32-key
+    tiles (the H200 tune: 64x32 w8 s2 beat 64x64 w8 s1 by 1.4x at T=17, h=16)."""
     if rows <= 16:
         first = TileConfig(16, 64, 4, 2)
     elif rows <= 32:
         first = TileConfig(32, 64, 4, 2)
     else:
-        first = TileConfig(64, 64, 8, 2)
+        first = TileConfig(64, 32, 8, 2)
     ladder = [
         first,
         TileConfig(first.block_m, 32, first.num_warps, 2),
         TileConfig(first.block_m, 32, first.num_warps, 1),
         TileConfig(min(first.block_m, 32), 16, 4, 1),
     ]
-    return _unique(ladder)
+    return _fitting(ladder, 576, 512, shared_kv=True)
 
 
 def interpreter_config(rows: int) -> TileConfig:
     """A small config for the CPU interpreter (few, small tiles keep it fast)."""
     return TileConfig(min(_pow2_at_least(rows, 16), 64), 16, 4, 1)
+
+
+def _fitting(configs: list[TileConfig], dk: int, dv: int, shared_kv: bool) -> list[TileConfig]:
+    """``configs`` without duplicates and without those that do not fit shared memory (the
+    last one is kept as a fallback whatever the estimate says)."""
+    uniq = _unique(configs)
+    fit = [c for c in uniq if c.fits(dk, dv, shared_kv=shared_kv)]
+    return fit or uniq[-1:]
 
 
 def _unique(configs: list[TileConfig]) -> list[TileConfig]:
@@ -128,9 +145,21 @@ def _unique(configs: list[TileConfig]) -> list[TileConfig]:
 
 
 def length_bucket(max_len: int) -> int:
-    """Round a maximum prefix length up to a power of two (>= 256) so the split count is
+    """Round a maximum prefix length up to a multiple of 1024 (>= 256) so the split count is
     stable across nearby lengths."""
-    return _pow2_at_least(max_len, 256)
+    max_len = max(int(max_len), 1)
+    return 256 if max_len <= 256 else -(-max_len // 1024) * 1024
+
+
+# H200-class constants of the split cost model (microseconds, bytes, FLOPs). Effective rather
+# than peak: what a Triton kernel streaming the cache gets.
+_HBM_BYTES_PER_US = 3.8e6
+_MMA_FLOPS_PER_US = 4.0e8
+_CTA_FIXED_US = 2.0  # per wave: prologue (Q load), epilogue (partial store), tail
+_MERGE_FIXED_US = 2.5  # the merge launch and its first dependent loads
+_MERGE_PER_CHUNK_US = 0.5  # one MERGE_SPLITS-wide chunk of partials (a dependent round trip)
+#: Splits the merge kernel folds per loop iteration.
+MERGE_SPLITS = 8
 
 
 def choose_num_splits(
@@ -139,27 +168,47 @@ def choose_num_splits(
     max_len: int,
     block_n: int,
     slots: int,
-    partial_tokens: float,
-    fixed_tokens: float = 96.0,
+    num_sms: int,
+    token_bytes: float,
+    token_flops: float,
+    partial_bytes: float,
     max_splits: int = MAX_SPLITS,
 ) -> int:
-    """Number of KV splits minimising ``waves × (chunk + fixed + partial)``.
+    """Number of KV splits minimising a small time model (microseconds).
 
-    ``units``: CTAs per split (batch × kv heads × M tiles); ``max_len``: the prefix-length
-    bound (a static bucket, not the live lengths); ``slots``: CTAs the GPU runs at once;
-    ``partial_tokens``: the fp32 partial a CTA writes and the merge reads back, in
-    key-token equivalents of traffic (only paid when splitting).
+    ``units``: CTAs per split (batch x kv heads x M tiles); ``max_len``: the static
+    prefix-length bound; ``slots``: CTAs the GPU holds at once; ``token_bytes`` /
+    ``token_flops``: HBM bytes and MMA FLOPs one unit spends per key; ``partial_bytes``:
+    fp32 partial + LSE one CTA writes (and the merge reads back). Time = the stream over the
+    SMs that have work (``min(1, CTAs / num_sms)`` of the machine) + a fixed cost per wave +
+    the merge (a launch plus one round trip per ``MERGE_SPLITS`` splits).
     """
-    if units < 1 or slots < 1 or block_n < 1:
-        raise ValueError(f"units={units}, slots={slots}, block_n={block_n}: expected >= 1")
+    if units < 1 or slots < 1 or block_n < 1 or num_sms < 1:
+        raise ValueError(
+            f"units={units}, slots={slots}, block_n={block_n}, num_sms={num_sms}: expected >= 1"
+        )
     max_len = max(int(max_len), 1)
     limit = max(1, min(max_splits, math.ceil(max_len / block_n)))
     best, best_cost = 1, math.inf
     for s in range(1, limit + 1):
         chunk = math.ceil(math.ceil(max_len / s) / block_n) * block_n
-        waves = math.ceil(units * s / slots)
-        cost = waves * (chunk + fixed_tokens + (partial_tokens if s > 1 else 0.0))
-        if cost < best_cost * 0.98:  # prefer fewer splits unless clearly better
+        ctas = units * s
+        waves = math.ceil(ctas / slots)
+        busy = min(1.0, ctas / num_sms)
+        # one CTA alone on an SM gets 1/num_sms of the machine; a wave of min(ctas, slots)
+        # CTAs shares the busy SMs
+        per_cta = num_sms * max(
+            chunk * token_bytes / _HBM_BYTES_PER_US, chunk * token_flops / _MMA_FLOPS_PER_US
+        )
+        stream = waves * per_cta * (min(ctas, slots) / num_sms) / busy
+        cost = stream + waves * _CTA_FIXED_US
+        if s > 1:
+            cost += (
+                _MERGE_FIXED_US
+                + math.ceil(s / MERGE_SPLITS) * _MERGE_PER_CHUNK_US
+                + 2 * ctas * partial_bytes / _HBM_BYTES_PER_US
+            )
+        if cost < best_cost * 0.97:  # prefer fewer splits unless clearly better
             best, best_cost = s, cost
     return best
 
@@ -186,20 +235,26 @@ def splits_for(
     num_sms: int,
     elem_bytes: int = 2,
 ) -> int:
-    """Split count for one launch: fill ``num_sms`` × resident CTAs without letting the fp32
-    partials outweigh the keys they summarise."""
+    """Split count for one launch (see :func:`choose_num_splits`): fill the SMs at long
+    context without letting the merge and the fp32 partials outweigh what they save."""
     shared = kind == "mla"
     m_tiles = math.ceil(rows / cfg.block_m)
     units = batch * num_kv_heads * m_tiles
     slots = num_sms * cfg.ctas_per_sm(head_dim_k, head_dim_v, shared_kv=shared)
-    token_bytes = (head_dim_k if shared else head_dim_k + head_dim_v) * elem_bytes
-    partial_tokens = cfg.block_m * head_dim_v * 4 * 2 / token_bytes  # written, then merged
+    kv_bytes = (head_dim_k if shared else head_dim_k + head_dim_v) * elem_bytes
+    # M tiles of one KV head re-read its tiles from L2: count a quarter of HBM for each extra
+    token_bytes = kv_bytes * (1.0 + 0.25 * (m_tiles - 1)) / m_tiles
+    token_flops = 2.0 * cfg.block_m * (head_dim_k + head_dim_v)
+    partial_bytes = cfg.block_m * (head_dim_v + 1) * 4
     return choose_num_splits(
         units=units,
         max_len=length_bucket(max_len),
         block_n=cfg.block_n,
         slots=slots,
-        partial_tokens=partial_tokens,
+        num_sms=num_sms,
+        token_bytes=token_bytes,
+        token_flops=token_flops,
+        partial_bytes=partial_bytes,
     )
 
 
@@ -212,7 +267,6 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(64, 64, 4, 3),
             TileConfig(128, 64, 8, 3),
             TileConfig(64, 128, 4, 2),
-            TileConfig(128, 128, 8, 2),
             TileConfig(64, 64, 4, 4),
             TileConfig(128, 64, 8, 4),
             TileConfig(32, 64, 4, 4),
@@ -230,4 +284,6 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(16, 64, 4, 2),
         ]
         extra = [c for c in extra if c.block_m <= _pow2_at_least(rows, 16)]
-    return _unique([first, *extra])
+    shared = kind == "mla"
+    dv = 512 if shared else head_dim_k
+    return _fitting([first, *extra], head_dim_k, dv, shared_kv=shared)

@@ -225,7 +225,7 @@ def _mla_split_kernel(
     )
 
 
-def launch_mla_split(
+def mla_split_args(
     q_nope,
     q_pe,
     kv_cache,
@@ -241,25 +241,16 @@ def launch_mla_split(
     cfg,
     dot_precision: str,
 ):
-    """Launch the MLA split kernel; ``part [B, 1, S, R, RANK]``, ``lse [B, 1, S, R]``."""
+    """``(grid, args after the nine tensors, launch keywords)`` of one split launch
+    (computed once per shape by the launch cache): ``part [B, 1, S, R, RANK]``,
+    ``lse [B, 1, S, R]``."""
     b, t, h, rank = q_nope.shape
     rope = q_pe.shape[3]
     page_size = kv_cache.shape[1]
     rows = h * t
     grid = (triton.cdiv(rows, cfg.block_m), num_splits, b)
     direct = num_splits == 1
-    if direct:
-        part, lse = out, out  # placeholders: never touched with DIRECT_OUT
-    _mla_split_kernel[grid](
-        q_nope,
-        q_pe,
-        kv_cache,
-        page_table,
-        prefix_lens,
-        tree_mask,
-        out,
-        part,
-        lse,
+    args = (
         qk_scale,
         q_nope.stride(0),
         q_nope.stride(1),
@@ -283,6 +274,8 @@ def launch_mla_split(
         t,
         h,
         num_splits,
+    )
+    kwargs = dict(
         RANK=rank,
         ROPE=rope,
         BLOCK_M=cfg.block_m,
@@ -292,4 +285,44 @@ def launch_mla_split(
         DOT_PRECISION=dot_precision,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+    )
+    return grid, args, kwargs
+
+
+def launch_mla_split(
+    q_nope,
+    q_pe,
+    kv_cache,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    out,
+    part,
+    lse,
+    *,
+    qk_scale: float,
+    num_splits: int,
+    cfg,
+    dot_precision: str,
+):
+    """Launch the split kernel (``part``/``lse`` unused with one split)."""
+    grid, args, kwargs = mla_split_args(
+        q_nope,
+        q_pe,
+        kv_cache,
+        page_table,
+        prefix_lens,
+        tree_mask,
+        out,
+        part,
+        lse,
+        qk_scale=qk_scale,
+        num_splits=num_splits,
+        cfg=cfg,
+        dot_precision=dot_precision,
+    )
+    if kwargs["DIRECT_OUT"]:
+        part, lse = out, out  # placeholders: never touched with DIRECT_OUT
+    _mla_split_kernel[grid](
+        q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part, lse, *args, **kwargs
     )

@@ -24,10 +24,10 @@ import math
 
 import torch
 
-from kdtree.kernels._common import LOG2E, launch_merge
-from kdtree.kernels.gqa import launch_gqa_split
+from kdtree.kernels._common import LOG2E, _merge_kernel, merge_launch_args
+from kdtree.kernels.gqa import _gqa_split_kernel, gqa_split_args
 from kdtree.kernels.heuristics import MAX_TREE_TOKENS, TileConfig, configs_for
-from kdtree.kernels.mla import launch_mla_split
+from kdtree.kernels.mla import _mla_split_kernel, mla_split_args
 from kdtree.kernels.workspace import TreeAttentionPlan, interpreting
 
 __all__ = ["clear_caches", "tree_attention_mla_triton", "tree_attention_triton"]
@@ -37,13 +37,21 @@ _PLANS: dict[tuple, TreeAttentionPlan] = {}
 # Plans replaced by a larger one stay alive: a CUDA graph captured earlier may point at them.
 _RETIRED: list[TreeAttentionPlan] = []
 _CONFIGS: dict[tuple, TileConfig] = {}
+# Per call signature (shapes, strides, dtypes, devices, plan, options): a ready launch.
+_LAUNCHES: dict[tuple, _Launch] = {}
+_MAX_LAUNCHES = 512
 
 
 def clear_caches() -> None:
-    """Forget the cached workspaces and the configs that compiled."""
+    """Forget the cached workspaces, launches and the configs that compiled."""
     _PLANS.clear()
     _RETIRED.clear()
     _CONFIGS.clear()
+    _LAUNCHES.clear()
+
+
+def _sig(x: torch.Tensor) -> tuple:
+    return (x.shape, x.stride(), x.dtype, x.device)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -64,9 +72,7 @@ def _check_device(q: torch.Tensor) -> None:
     )
 
 
-def _check_common(
-    q, caches, page_table, prefix_lens, tree_mask, page_size, plan, check_values
-) -> None:
+def _check_common(q, caches, page_table, prefix_lens, tree_mask, page_size, plan) -> None:
     b, t = q.shape[:2]
     if q.dtype not in _DTYPES:
         raise TypeError(f"q: dtype {q.dtype}; expected one of {_DTYPES}")
@@ -126,18 +132,19 @@ def _check_common(
                 f"plan: sized for batch <= {plan.max_batch}, T <= {plan.max_tree};"
                 f" the call has B={b}, T={t}"
             )
-    if check_values is None:
-        check_values = prefix_lens.device.type == "cpu"
-    if check_values:
-        capacity = page_table.shape[1] * page_size
-        lo, hi = int(prefix_lens.min()), int(prefix_lens.max())
-        if lo < 0:
-            raise ValueError(f"prefix_lens: expected non-negative lengths, got min {lo}")
-        if hi + t > capacity:
-            raise ValueError(
-                f"prefix_lens + T = {hi + t} tokens exceed the page table's "
-                f"capacity ({page_table.shape[1]} pages x {page_size} = {capacity})"
-            )
+
+
+def _check_lengths(prefix_lens, t: int, page_table, page_size: int) -> None:
+    """``0 <= prefix_lens`` and ``prefix_lens + T`` within the page table (host sync)."""
+    capacity = page_table.shape[1] * page_size
+    lo, hi = (int(x) for x in torch.stack([prefix_lens.min(), prefix_lens.max()]).tolist())
+    if lo < 0:
+        raise ValueError(f"prefix_lens: expected non-negative lengths, got min {lo}")
+    if hi + t > capacity:
+        raise ValueError(
+            f"prefix_lens + T = {hi + t} tokens exceed the page table's "
+            f"capacity ({page_table.shape[1]} pages x {page_size} = {capacity})"
+        )
 
 
 def _check_out(out, shape, q) -> None:
@@ -201,26 +208,82 @@ def _plan_for(kind, q, page_table, page_size, num_kv_heads, group, dk, dv, plan,
     return cached
 
 
-def _run(kind, key, configs, launch):
-    """Launch with the cached config for ``key`` or walk the ladder until one compiles."""
-    cfg = _CONFIGS.get(key)
-    if cfg is not None:
-        return launch(cfg)
-    first_error: Exception | None = None
-    for cfg in configs:
-        try:
-            result = launch(cfg)
-        except (ValueError, TypeError):
-            raise  # bad arguments, not an unfit config
-        except Exception as exc:  # an unfit config: shared memory, registers, lowering
-            if first_error is None:
-                first_error = exc
-            continue
-        _CONFIGS[key] = cfg
-        return result
-    raise RuntimeError(
-        f"{kind} tree attention: no kernel config compiled for this shape (tried {configs})"
-    ) from first_error
+class _Launch:
+    """Everything one call signature needs, computed once: the config (walking the ladder on
+    the first call), the split count, workspace views, grids and the scalar launch arguments.
+    A call then costs two Triton launches (one with a single split) and nothing else."""
+
+    def __init__(self, kind, ws, configs, cfg_key, forced_cfg, forced_splits, fixed, rows, group):
+        self.kind, self.ws, self.configs, self.cfg_key = kind, ws, configs, cfg_key
+        self.forced_cfg, self.forced_splits = forced_cfg, forced_splits
+        self.fixed = fixed  # kwargs of the args builder that never change (scale, precision)
+        self.rows, self.group = rows, group
+        self.ready = False
+
+    def _prepare(self, cfg, tensors, out) -> None:
+        b, t = tensors[0].shape[:2]
+        ws = self.ws
+        s = self.forced_splits if self.forced_splits is not None else ws.num_splits(cfg, b, t)
+        part, lse = ws.views(b, t, s) if s > 1 else (out, out)
+        builder = gqa_split_args if self.kind == "gqa" else mla_split_args
+        self.kernel = _gqa_split_kernel if self.kind == "gqa" else _mla_split_kernel
+        self.grid, self.args, self.kwargs = builder(
+            *tensors, out, part, lse, num_splits=s, cfg=cfg, **self.fixed
+        )
+        self.num_splits, self.cfg = s, cfg
+        self.part, self.lse = (part, lse) if s > 1 else (None, None)
+        if s > 1:
+            self.mgrid, self.margs, self.mkwargs = merge_launch_args(
+                part, lse, out, ws.num_kv_heads, self.group, self.rows, s
+            )
+
+    def _launch(self, tensors, out) -> None:
+        if self.part is None:
+            self.kernel[self.grid](*tensors, out, out, out, *self.args, **self.kwargs)
+            return
+        self.kernel[self.grid](*tensors, out, self.part, self.lse, *self.args, **self.kwargs)
+        _merge_kernel[self.mgrid](self.part, self.lse, out, *self.margs, **self.mkwargs)
+
+    def __call__(self, tensors, out):
+        if self.ready:
+            self._launch(tensors, out)
+            return out
+        if self.forced_cfg is not None:
+            self._prepare(self.forced_cfg, tensors, out)
+            self._launch(tensors, out)
+            self.ready = True
+            return out
+        cached = _CONFIGS.get(self.cfg_key)
+        ladder = [cached] if cached is not None else self.configs
+        first_error: Exception | None = None
+        for cfg in ladder:
+            self._prepare(cfg, tensors, out)
+            try:
+                self._launch(tensors, out)
+            except (ValueError, TypeError):
+                raise  # bad arguments, not an unfit config
+            except Exception as exc:  # an unfit config: shared memory, registers, lowering
+                if first_error is None:
+                    first_error = exc
+                continue
+            _CONFIGS[self.cfg_key] = cfg
+            self.ready = True
+            return out
+        raise RuntimeError(
+            f"{self.kind} tree attention: no kernel config compiled for this shape "
+            f"(tried {ladder})"
+        ) from first_error
+
+
+def _remember(key, launch: _Launch) -> _Launch:
+    if len(_LAUNCHES) >= _MAX_LAUNCHES:
+        _LAUNCHES.pop(next(iter(_LAUNCHES)))
+    _LAUNCHES[key] = launch
+    return launch
+
+
+def _wants_check(check_values, prefix_lens) -> bool:
+    return prefix_lens.device.type == "cpu" if check_values is None else bool(check_values)
 
 
 def tree_attention_triton(
@@ -240,7 +303,63 @@ def tree_attention_triton(
     dense_mask=None,
 ) -> torch.Tensor:
     """GQA tree-verify attention (see :func:`kdtree.attention.tree_attention`); returns
-    ``[B, T, Hq, D]`` in ``q``'s dtype. ``dense_mask`` is accepted and ignored."""
+    ``[B, T, Hq, D]`` in ``q``'s dtype. ``dense_mask`` is accepted and ignored. Shapes are
+    validated once per call signature; later calls with the same signature go straight to
+    the cached launch."""
+    key = (
+        "gqa",
+        _sig(q),
+        _sig(k_cache),
+        _sig(v_cache),
+        _sig(page_table),
+        _sig(prefix_lens),
+        _sig(tree_mask),
+        None if out is None else _sig(out),
+        None if plan is None else id(plan),
+        num_splits,
+        config,
+        sm_scale,
+        False if q.is_cuda else interpreting(),  # CPU tensors need the interpreter
+    )
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        launch = _remember(
+            key,
+            _gqa_launch(
+                q,
+                k_cache,
+                v_cache,
+                page_table,
+                prefix_lens,
+                tree_mask,
+                sm_scale,
+                plan,
+                out,
+                num_splits,
+                config,
+            ),
+        )
+    if _wants_check(check_values, prefix_lens):
+        _check_lengths(prefix_lens, q.shape[1], page_table, k_cache.shape[1])
+    if out is None:
+        out = torch.empty_like(q)
+    return launch((q, k_cache, v_cache, page_table, prefix_lens, tree_mask), out)
+
+
+def _gqa_launch(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    sm_scale,
+    plan,
+    out,
+    num_splits,
+    config,
+) -> _Launch:
+    """Validate a new GQA call signature and build its launch."""
     if q.dim() != 4:
         raise ValueError(f"q: expected [B, T, Hq, D], got {tuple(q.shape)}")
     if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape != v_cache.shape:
@@ -267,43 +386,18 @@ def tree_attention_triton(
         tree_mask,
         page_size,
         plan,
-        check_values,
     )
     _check_out(out, (b, t, hq, d), q)
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits={num_splits}: expected >= 1")
     g = hq // hkv
     rows = g * t
     ws = _plan_for("gqa", q, page_table, page_size, hkv, g, d, d, plan, num_splits)
-    if out is None:
-        out = torch.empty_like(q)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     configs = [config] if config is not None else configs_for("gqa", rows, d, interpreting())
-
-    def launch(cfg: TileConfig) -> torch.Tensor:
-        s = num_splits if num_splits is not None else ws.num_splits(cfg, b, t)
-        part, lse = ws.views(b, t, s) if s > 1 else (None, None)
-        launch_gqa_split(
-            q,
-            k_cache,
-            v_cache,
-            page_table,
-            prefix_lens,
-            tree_mask,
-            out,
-            part,
-            lse,
-            qk_scale=sm_scale * LOG2E,
-            num_splits=s,
-            cfg=cfg,
-            dot_precision=precision,
-        )
-        if s > 1:
-            launch_merge(part, lse, out, hkv, g, rows, s)
-        return out
-
-    if config is not None:
-        return launch(config)
-    key = ("gqa", q.device.type, q.dtype, d, page_size, configs[0])
-    return _run("gqa", key, configs, launch)
+    cfg_key = ("gqa", q.device.type, q.dtype, d, page_size, configs[0])
+    fixed = {"qk_scale": sm_scale * LOG2E, "dot_precision": precision}
+    return _Launch("gqa", ws, configs, cfg_key, config, num_splits, fixed, rows, g)
 
 
 def tree_attention_mla_triton(
@@ -323,7 +417,63 @@ def tree_attention_mla_triton(
     dense_mask=None,
 ) -> torch.Tensor:
     """Absorbed-MLA tree-verify attention (see :func:`kdtree.attention.tree_attention_mla`);
-    returns ``[B, T, H, kv_lora_rank]`` in ``q_nope``'s dtype."""
+    returns ``[B, T, H, kv_lora_rank]`` in ``q_nope``'s dtype. Validated once per call
+    signature, like :func:`tree_attention_triton`."""
+    key = (
+        "mla",
+        _sig(q_nope),
+        _sig(q_pe),
+        _sig(kv_cache),
+        _sig(page_table),
+        _sig(prefix_lens),
+        _sig(tree_mask),
+        None if out is None else _sig(out),
+        None if plan is None else id(plan),
+        num_splits,
+        config,
+        sm_scale,
+        False if q_nope.is_cuda else interpreting(),  # CPU tensors need the interpreter
+    )
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        launch = _remember(
+            key,
+            _mla_launch(
+                q_nope,
+                q_pe,
+                kv_cache,
+                page_table,
+                prefix_lens,
+                tree_mask,
+                sm_scale,
+                plan,
+                out,
+                num_splits,
+                config,
+            ),
+        )
+    if _wants_check(check_values, prefix_lens):
+        _check_lengths(prefix_lens, q_nope.shape[1], page_table, kv_cache.shape[1])
+    if out is None:
+        b, t, h, rank = q_nope.shape
+        out = q_nope.new_empty(b, t, h, rank)
+    return launch((q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask), out)
+
+
+def _mla_launch(
+    q_nope,
+    q_pe,
+    kv_cache,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    sm_scale,
+    plan,
+    out,
+    num_splits,
+    config,
+) -> _Launch:
+    """Validate a new MLA call signature and build its launch."""
     if q_nope.dim() != 4 or q_pe.dim() != 4 or q_pe.shape[:3] != q_nope.shape[:3]:
         raise ValueError(
             f"q_nope, q_pe: expected [B, T, H, rank] and [B, T, H, rope], got "
@@ -356,44 +506,19 @@ def tree_attention_mla_triton(
         tree_mask,
         page_size,
         plan,
-        check_values,
     )
     _check_out(out, (b, t, h, rank), q_nope)
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits={num_splits}: expected >= 1")
     rows = h * t
     ws = _plan_for("mla", q_nope, page_table, page_size, 1, h, rank + rope, rank, plan, num_splits)
-    if out is None:
-        out = q_nope.new_empty(b, t, h, rank)
     precision = "ieee" if q_nope.dtype == torch.float32 else "tf32"
     configs = (
         [config] if config is not None else configs_for("mla", rows, rank + rope, interpreting())
     )
-
-    def launch(cfg: TileConfig) -> torch.Tensor:
-        s = num_splits if num_splits is not None else ws.num_splits(cfg, b, t)
-        part, lse = ws.views(b, t, s) if s > 1 else (None, None)
-        launch_mla_split(
-            q_nope,
-            q_pe,
-            kv_cache,
-            page_table,
-            prefix_lens,
-            tree_mask,
-            out,
-            part,
-            lse,
-            qk_scale=sm_scale * LOG2E,
-            num_splits=s,
-            cfg=cfg,
-            dot_precision=precision,
-        )
-        if s > 1:
-            launch_merge(part, lse, out, 1, h, rows, s)
-        return out
-
-    if config is not None:
-        return launch(config)
-    key = ("mla", q_nope.device.type, q_nope.dtype, rank, rope, page_size, configs[0])
-    return _run("mla", key, configs, launch)
+    cfg_key = ("mla", q_nope.device.type, q_nope.dtype, rank, rope, page_size, configs[0])
+    fixed = {"qk_scale": sm_scale * LOG2E, "dot_precision": precision}
+    return _Launch("mla", ws, configs, cfg_key, config, num_splits, fixed, rows, h)
 
 
 def default_sm_scale(head_dim: int) -> float:

@@ -62,3 +62,31 @@ def test_smoke_run_writes_rows(tmp_path):
     df = read_rows(path)
     assert set(df.provider) == {"ours", "ref", "sdpa_dense", "fi_mask"}
     assert json.loads(df.config_json.iloc[0])["layout"] == "gqa_4q2kv_d32"
+
+
+def test_default_grid_runs_the_core_points_first():
+    pts = list(va._points(va.Options()))
+    first = pts[: 4 * len(va.CORE_L)]
+    assert {(b, n, t) for _, b, n, t in first} == {(1, n, va.CORE_T) for n in va.CORE_L}
+    assert [n for _, _, n, _ in first[::4]] == list(va.CORE_L)
+    later = pts[len(first) :]
+    assert [n for _, b, n, t in later[:8:4]] == [4096, 1024]
+    assert all(t == (9, 257) for _, _, _, t in pts[-len(pts) // 2 :])
+    covered = {(lay.name, b, n, t) for lay, b, n, ts in pts for t in ts}
+    assert len(covered) == len(va.LAYOUTS) * len(va.FULL_B) * len(va.FULL_L) * len(va.FULL_T)
+
+
+def test_point_time_box_skips_with_a_reason():
+    opts = va.Options(
+        providers=("ours", "ref"),
+        layouts=("gqa_4q2kv_d32",),
+        lengths=(40,),
+        trees=(3,),
+        batches=(1,),
+        dtype=torch.float32,
+        smoke=True,
+        point_seconds=0.0,
+    )
+    res = va.run_suite(opts, torch.device("cpu"), log=lambda _m: None)
+    reasons = [r.config.get("reason", "") for r in res.rows if r.metric == "error"]
+    assert any("point time box" in x for x in reasons)

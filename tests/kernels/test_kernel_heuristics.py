@@ -6,45 +6,59 @@ import pytest
 
 from kdtree.kernels.heuristics import (
     MAX_SPLITS,
+    TileConfig,
     choose_num_splits,
     gqa_configs,
     length_bucket,
     mla_configs,
     splits_for,
+    tuning_candidates,
 )
+
+# GQA d128, one KV head per unit: 512 B and 2*2*64*128 FLOPs per key (64-row tile).
+_GQA = dict(token_bytes=512.0, token_flops=32768.0, partial_bytes=64 * 129 * 4)
 
 
 def test_single_request_long_context_splits_wide():
-    s = choose_num_splits(units=8, max_len=131072, block_n=64, slots=264, partial_tokens=256)
+    s = choose_num_splits(units=8, max_len=131072, block_n=64, slots=264, num_sms=132, **_GQA)
     assert 16 <= s <= MAX_SPLITS
     assert 8 * s <= 264  # one wave
+    assert 131072 / s >= 1024  # each split streams >= 1k tokens
 
 
 def test_large_batch_does_not_split():
     assert (
-        choose_num_splits(units=2048, max_len=4096, block_n=64, slots=264, partial_tokens=256) == 1
+        choose_num_splits(units=2048, max_len=4096, block_n=64, slots=264, num_sms=132, **_GQA)
+        == 1
     )
 
 
 def test_short_context_bounded_by_tiles():
-    assert choose_num_splits(units=1, max_len=100, block_n=64, slots=264, partial_tokens=0) <= 2
+    s = choose_num_splits(units=1, max_len=100, block_n=64, slots=264, num_sms=132, **_GQA)
+    assert s <= 2
 
 
 def test_avoids_a_nearly_empty_second_wave():
-    s = choose_num_splits(units=17, max_len=131072, block_n=64, slots=132, partial_tokens=64)
+    s = choose_num_splits(units=17, max_len=131072, block_n=64, slots=132, num_sms=132, **_GQA)
     waves = -(-17 * s // 132)
     assert 17 * s / (waves * 132) > 0.85
 
 
+def test_merge_cost_limits_splits_at_short_context():
+    long = choose_num_splits(units=1, max_len=262144, block_n=64, slots=264, num_sms=132, **_GQA)
+    short = choose_num_splits(units=1, max_len=4096, block_n=64, slots=264, num_sms=132, **_GQA)
+    assert short < long
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="units"):
-        choose_num_splits(units=0, max_len=10, block_n=64, slots=1, partial_tokens=0)
+        choose_num_splits(units=0, max_len=10, block_n=64, slots=1, num_sms=1, **_GQA)
 
 
-def test_length_bucket_is_pow2_and_covers():
+def test_length_bucket_covers_and_is_coarse():
     for n in (1, 255, 256, 1000, 131072, 131073):
         b = length_bucket(n)
-        assert b >= n and b & (b - 1) == 0
+        assert b >= n and (b == 256 or b % 1024 == 0)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 9, 17, 68, 128, 129, 260, 1028])
@@ -54,6 +68,26 @@ def test_gqa_configs_are_valid(rows, d):
         assert cfg.block_m in (16, 32, 64, 128) and cfg.block_n in (32, 64, 128)
         assert cfg.num_warps in (4, 8) and cfg.num_stages >= 1
         assert cfg.smem_bytes(d, d) <= 227 * 1024
+
+
+@pytest.mark.parametrize(
+    "cfg, dk, dv, shared",
+    [
+        (TileConfig(128, 128, 8, 2), 128, 128, False),  # 288 KiB on the H200: refused
+        (TileConfig(64, 64, 8, 2), 576, 512, True),  # 248 KiB on the H200: refused
+    ],
+)
+def test_smem_estimate_rejects_configs_the_h200_refused(cfg, dk, dv, shared):
+    assert not cfg.fits(dk, dv, shared_kv=shared)
+
+
+@pytest.mark.parametrize(
+    "kind, rows, dk", [("gqa", 68, 128), ("gqa", 260, 128), ("mla", 272, 576)]
+)
+def test_tuning_candidates_fit(kind, rows, dk):
+    shared = kind == "mla"
+    for cfg in tuning_candidates(kind, rows, dk):
+        assert cfg.fits(dk, 512 if shared else dk, shared_kv=shared)
 
 
 @pytest.mark.parametrize("rows", [8, 16, 136, 520, 2176])
