@@ -14,9 +14,10 @@ import subprocess
 def _has_cuda() -> bool:
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         return False
-    return shutil.which("nvidia-smi") is not None and subprocess.run(
-        ["nvidia-smi", "-L"], capture_output=True, check=False
-    ).returncode == 0
+    return (
+        shutil.which("nvidia-smi") is not None
+        and subprocess.run(["nvidia-smi", "-L"], capture_output=True, check=False).returncode == 0
+    )
 
 
 if not _has_cuda():

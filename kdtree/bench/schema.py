@@ -19,9 +19,24 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = [
-    "suite", "name", "provider", "mode", "metric", "unit", "x_name", "x_value",
-    "p50", "p20", "p80", "config_json", "device", "torch", "triton", "git_sha",
-    "timestamp", "command",
+    "suite",
+    "name",
+    "provider",
+    "mode",
+    "metric",
+    "unit",
+    "x_name",
+    "x_value",
+    "p50",
+    "p20",
+    "p80",
+    "config_json",
+    "device",
+    "torch",
+    "triton",
+    "git_sha",
+    "timestamp",
+    "command",
 ]
 
 
@@ -50,13 +65,21 @@ class BenchRow:
 def git_sha() -> str:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-            cwd=Path(__file__).resolve().parent, timeout=5, check=False,
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            timeout=5,
+            check=False,
         )
         sha = out.stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-            text=True, cwd=Path(__file__).resolve().parent, timeout=5, check=False,
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            timeout=5,
+            check=False,
         ).stdout.strip()
         return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
     except (OSError, subprocess.SubprocessError):

@@ -22,8 +22,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
-bench_app = typer.Typer(help="Benchmarks; rows go to data/bench/ (long-format CSV).",
-                        no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks; rows go to data/bench/ (long-format CSV).", no_args_is_help=True
+)
 app.add_typer(bench_app, name="bench")
 
 _SUBAPPS = {
@@ -70,8 +71,11 @@ for _suite in _BENCH_SUITES:
 try:
     from kdtree.cli.demo import demo as _demo
 
-    app.command("demo", help="Generate with ar / chain / tree on a tiny model; "
-                "print acceptance statistics and the per-phase time table.")(_demo)
+    app.command(
+        "demo",
+        help="Generate with ar / chain / tree on a tiny model; "
+        "print acceptance statistics and the per-phase time table.",
+    )(_demo)
 except ModuleNotFoundError as exc:
     if exc.name != "kdtree.cli.demo":
         _broken["demo"] = repr(exc)
@@ -100,8 +104,15 @@ def env_cmd(as_json: bool = typer.Option(False, "--json", help="JSON only.")) ->
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
-    for key in ("PROFILE", "PROFILE_EVERY", "PROFILE_GPU", "PROFILE_DIR", "DATA_DIR",
-                "VERIFY_BACKEND", "CUPTI_LIB_DIR"):
+    for key in (
+        "PROFILE",
+        "PROFILE_EVERY",
+        "PROFILE_GPU",
+        "PROFILE_DIR",
+        "DATA_DIR",
+        "VERIFY_BACKEND",
+        "CUPTI_LIB_DIR",
+    ):
         info[f"KDTREE_{key}"] = str(getattr(kenv, key))
     if _broken:
         info["unavailable_commands"] = _broken
