@@ -1,0 +1,229 @@
+"""Named sizes for the trained pair: ``h200`` (the shipped GPU run), ``cpu`` (interim model
+trained on a 2-core CPU), ``toy`` (seconds; tests and the end-to-end smoke run).
+
+Each preset fixes the target architecture (DeepSeek-V3 style MLA + MoE, first layer dense,
+8 routed experts top-2 + 1 shared), the drafter shape and the step/batch/length knobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TargetPreset:
+    hidden_size: int
+    num_layers: int
+    heads: int
+    dense_intermediate: int
+    moe_intermediate: int
+    kv_lora_rank: int
+    qk_nope: int
+    qk_rope: int
+    v_head: int
+    seq_len: int
+    batch_size: int
+    lr: float
+    steps: int
+    eval_batches: int = 8
+    n_routed_experts: int = 8
+    experts_per_tok: int = 2
+    tie_embeddings: bool = True
+
+
+@dataclass(frozen=True)
+class DrafterPreset:
+    num_layers: int
+    block_size: int
+    n_taps: int
+    intermediate: int
+    # generation of training data with the trained target
+    gen_prompt_len: int
+    gen_new_tokens: int
+    gen_batch: int
+    gen_sequences: int
+    # training
+    batch_size: int
+    anchors_per_seq: int
+    lr: float
+    steps: int
+    kl_weight: float = 0.0
+    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
+    eval_sequences: int = 64
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    target: TargetPreset
+    drafter: DrafterPreset
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "h200": Preset(
+        "h200",
+        TargetPreset(
+            hidden_size=256,
+            num_layers=6,
+            heads=4,
+            dense_intermediate=640,
+            moe_intermediate=112,
+            kv_lora_rank=64,
+            qk_nope=32,
+            qk_rope=16,
+            v_head=32,
+            seq_len=1024,
+            batch_size=64,
+            lr=2e-3,
+            steps=4000,
+            eval_batches=16,
+        ),
+        DrafterPreset(
+            num_layers=2,
+            block_size=16,
+            n_taps=3,
+            intermediate=768,
+            gen_prompt_len=64,
+            gen_new_tokens=192,
+            gen_batch=512,
+            gen_sequences=16384,
+            batch_size=128,
+            anchors_per_seq=16,
+            lr=1e-3,
+            steps=3000,
+            eval_sequences=256,
+        ),
+        notes="one H200, fp32 + TF32; stages cut by their wall-clock budgets",
+    ),
+    "cpu": Preset(
+        "cpu",
+        TargetPreset(
+            hidden_size=128,
+            num_layers=6,
+            heads=4,
+            dense_intermediate=256,
+            moe_intermediate=64,
+            kv_lora_rank=32,
+            qk_nope=16,
+            qk_rope=16,
+            v_head=32,
+            seq_len=128,
+            batch_size=16,
+            lr=3e-3,
+            steps=3000,
+            eval_batches=4,
+        ),
+        DrafterPreset(
+            num_layers=1,
+            block_size=16,
+            n_taps=3,
+            intermediate=256,
+            gen_prompt_len=32,
+            gen_new_tokens=96,
+            gen_batch=64,
+            gen_sequences=1024,
+            batch_size=16,
+            anchors_per_seq=8,
+            lr=2e-3,
+            steps=3000,
+            eval_sequences=32,
+        ),
+        notes="interim default trained on a 2-core CPU (fp32), cut by its time budget; "
+        "replaced by the h200 run",
+    ),
+    "toy": Preset(
+        "toy",
+        TargetPreset(
+            hidden_size=32,
+            num_layers=6,
+            heads=2,
+            dense_intermediate=64,
+            moe_intermediate=16,
+            kv_lora_rank=16,
+            qk_nope=8,
+            qk_rope=8,
+            v_head=8,
+            seq_len=32,
+            batch_size=4,
+            lr=3e-3,
+            steps=4,
+            eval_batches=2,
+        ),
+        DrafterPreset(
+            num_layers=1,
+            block_size=8,
+            n_taps=3,
+            intermediate=64,
+            gen_prompt_len=8,
+            gen_new_tokens=24,
+            gen_batch=4,
+            gen_sequences=8,
+            batch_size=4,
+            anchors_per_seq=4,
+            lr=2e-3,
+            steps=4,
+            eval_sequences=4,
+        ),
+        notes="smoke-test size: seconds on a CPU, meaningless quality",
+    ),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> Preset:
+    """A preset by name; ``overrides`` like ``target_steps=10`` or ``drafter_kl_weight=0.5``."""
+    try:
+        p = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"preset={name!r}: expected one of {', '.join(PRESETS)}") from None
+    t_over = {
+        k.removeprefix("target_"): v
+        for k, v in overrides.items()
+        if k.startswith("target_") and v is not None
+    }
+    d_over = {
+        k.removeprefix("drafter_"): v
+        for k, v in overrides.items()
+        if k.startswith("drafter_") and v is not None
+    }
+    bad = [k for k in overrides if not k.startswith(("target_", "drafter_"))]
+    if bad:
+        raise ValueError(f"overrides {bad}: expected keys starting with target_ or drafter_")
+    try:
+        return replace(p, target=replace(p.target, **t_over), drafter=replace(p.drafter, **d_over))
+    except TypeError as exc:
+        raise ValueError(f"overrides {overrides}: {exc}") from exc
+
+
+def target_config(p: TargetPreset, vocab_size: int, eos_token_id: int):
+    """The MLA + MoE config (DeepSeek-V3 field names) for a preset."""
+    from kdtree.models.config import MLAConfig
+
+    return MLAConfig(
+        vocab_size=vocab_size,
+        hidden_size=p.hidden_size,
+        intermediate_size=p.dense_intermediate,
+        moe_intermediate_size=p.moe_intermediate,
+        num_hidden_layers=p.num_layers,
+        num_attention_heads=p.heads,
+        q_lora_rank=None,
+        kv_lora_rank=p.kv_lora_rank,
+        qk_nope_head_dim=p.qk_nope,
+        qk_rope_head_dim=p.qk_rope,
+        v_head_dim=p.v_head,
+        n_routed_experts=p.n_routed_experts,
+        n_shared_experts=1,
+        num_experts_per_tok=p.experts_per_tok,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+        first_k_dense_replace=1,
+        max_position_embeddings=262144,
+        rope_theta=100000.0,
+        tie_word_embeddings=p.tie_embeddings,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+    )
