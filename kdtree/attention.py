@@ -131,15 +131,34 @@ def get_backend(kind: str, name: str) -> Callable[..., torch.Tensor]:
     return _BACKENDS[kind][name]
 
 
-def resolve_backend(kind: str, backend: str, device: torch.device) -> str:
-    """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``: ``triton`` on CUDA if registered, else
-    ``ref``. Any other name is returned as is."""
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def triton_supports(kind: str, dims: tuple[int, ...]) -> bool:
+    """Head dims the Triton kernels are compiled for: GQA ``(d,)`` a power of two in
+    [16, 256]; MLA ``(kv_lora_rank, rope_dim)`` powers of two >= 16 (512 + 64 in DeepSeek)."""
+    if kind == "gqa":
+        return _pow2(dims[0]) and 16 <= dims[0] <= 256
+    return all(_pow2(x) and x >= 16 for x in dims)
+
+
+def resolve_backend(
+    kind: str, backend: str, device: torch.device, dims: tuple[int, ...] | None = None
+) -> str:
+    """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``: ``triton`` on CUDA if registered and it
+    supports the head dims (``dims``, when given), else ``ref``. Any other name is returned as
+    is (an explicit ``triton`` on unsupported dims then fails with the kernel's own error)."""
     if backend != "auto":
         return backend
     chosen = env.VERIFY_BACKEND
     if chosen != "auto":
         return chosen
-    if device.type == "cuda" and "triton" in available_backends(kind):
+    if (
+        device.type == "cuda"
+        and "triton" in available_backends(kind)
+        and (dims is None or triton_supports(kind, dims))
+    ):
         return "triton"
     return "ref"
 
@@ -301,7 +320,7 @@ def tree_attention(
     if dense_mask is not None:
         _check_dense_mask(dense_mask, q.shape[0], q.shape[1], q.device)
         extra["dense_mask"] = dense_mask
-    name = resolve_backend("gqa", backend, q.device)
+    name = resolve_backend("gqa", backend, q.device, (q.shape[3],))
     fn = get_backend("gqa", name)
     return fn(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=sm_scale, **extra)
 
@@ -327,7 +346,7 @@ def tree_attention_mla(
     if dense_mask is not None:
         _check_dense_mask(dense_mask, q_nope.shape[0], q_nope.shape[1], q_nope.device)
         extra["dense_mask"] = dense_mask
-    name = resolve_backend("mla", backend, q_nope.device)
+    name = resolve_backend("mla", backend, q_nope.device, (q_nope.shape[3], q_pe.shape[3]))
     fn = get_backend("mla", name)
     return fn(
         q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, sm_scale=sm_scale, **extra

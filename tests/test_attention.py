@@ -247,3 +247,17 @@ def test_causal_attention_chunked_equals_full(gen):
     )
     with pytest.raises(ValueError, match="q_offset"):
         A.causal_attention(q[:, 15:], k, v, sm_scale=0.25, q_offset=16)
+
+
+def test_auto_falls_back_to_ref_for_head_dims_the_kernels_do_not_cover():
+    import kdtree.kernels  # noqa: F401  (registers "triton")
+    from kdtree.attention import available_backends, resolve_backend
+
+    cuda = torch.device("cuda")
+    assert "triton" in available_backends("mla")
+    assert resolve_backend("mla", "auto", cuda, (512, 64)) == "triton"
+    assert resolve_backend("mla", "auto", cuda, (32, 8)) == "ref"  # tiny-mla's rope dim 8
+    assert resolve_backend("gqa", "auto", cuda, (128,)) == "triton"
+    assert resolve_backend("gqa", "auto", cuda, (24,)) == "ref"
+    assert resolve_backend("gqa", "auto", torch.device("cpu"), (128,)) == "ref"
+    assert resolve_backend("gqa", "ref", cuda, (24,)) == "ref"
