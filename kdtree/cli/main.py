@@ -33,7 +33,7 @@ _SUBAPPS = {
     "train": "Train the tokenizer, the MLA+MoE target and the DFlash drafter.",
     "notebooks": "The notebook series: list, run (papermill), sync, strip.",
 }
-_BENCH_SUITES = ("profiler", "verify", "step", "decode", "tp")
+_BENCH_SUITES = ("profiler", "verify", "step", "decode", "tp", "scale")
 _broken: dict[str, str] = {}
 
 
