@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kdtree import profiler
+
 _DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
            "bf16": "bfloat16", "bfloat16": "bfloat16"}  # fmt: skip
 _RANDOM_MODELS = ("tiny-mla", "tiny-llama", "tiny-qwen3")
@@ -247,6 +249,21 @@ def demo(
         # near-tie can flip an argmax (research/ddtree_spec.md §7.3); reported, not fatal.
         console.print(f"[bold red]differs from ar at temperature 0:[/] {', '.join(bad)}")
     doc["lossless_failures"] = bad
+    if profiler.is_enabled():
+        _print_profiler_report(console)
     print(json.dumps(doc, default=str))
     if bad and dt == torch.float32:
         raise typer.Exit(code=1)
+
+
+def _print_profiler_report(console) -> None:
+    """``KDTREE_PROFILE=1``: the profiler's own per-phase report over every run above."""
+    df = profiler.report()
+    table = Table(title="kdtree profiler report (all runs; host ms, GPU ms from CUDA events)")
+    cols = ["phase", "n", "mean_ms", "p50_ms", "p99_ms", "total_ms", "share", "gpu_mean_ms"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for row in df.itertuples(index=False):
+        cells = [getattr(row, c) for c in cols]
+        table.add_row(*(c if isinstance(c, str) else f"{c:.4g}" for c in cells))
+    console.print(table)
