@@ -77,8 +77,10 @@ def _print_capture(trace, out_path: Path) -> None:
     for r in m.get("metrics_refused", []):
         t.add_row("[red]refused[/red]", f"{r['metrics']}: {r['reason']}")
     al = m.get("alignment", {})
-    t.add_row("clock mapping", str(al.get("mapping")))
+    t.add_row("clock mapping", f"{al.get('mapping')} (approximate: {al.get('approximate')})")
     t.add_row("alignment error (ns)", f"{al.get('error_estimate_ns')} ({al.get('how')})")
+    for w in m.get("warnings", []):
+        t.add_row("[yellow]warning[/yellow]", w)
     Console().print(t)
 
 
@@ -354,13 +356,21 @@ def record_decode_cmd(
         _fail(exc, "record-decode")
     except CaptureError as exc:
         _fail(exc, "record-decode")
+    al = doc.get("alignment") or {}
     t = Table(title=f"decode trace -> {out}", show_header=False)
     for k in ("ms_per_step", "bursts", "gaps", "duty_cycle", "mean_burst_level",
               "step_idle_ms_mean", "idle_by_phase"):  # fmt: skip
         t.add_row(k, str(doc.get(k)))
-    t.add_row("alignment error (ns)", str((doc.get("alignment") or {}).get("error_estimate_ns")))
+    t.add_row("clock mapping", f"{al.get('mapping')} (approximate: {al.get('approximate')})")
+    t.add_row("alignment error (ns)", str(al.get("error_estimate_ns")))
+    for w in al.get("warnings", []):
+        t.add_row("[yellow]warning[/yellow]", w)
+    if not doc.get("ok", True):
+        t.add_row("[red]error[/red]", f"{doc.get('error')}: {doc.get('message')}")
     Console().print(t)
     _json_line({k: doc[k] for k in doc if k not in ("platform",)})
+    if not doc.get("ok", True):
+        raise typer.Exit(3)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,19 @@ What it needs: a CUDA GPU, ``cupti-python`` with ``nvidia-cuda-cupti`` of the sa
 and the right to read performance counters (root, or ``NVreg_RestrictProfilingToAdminUsers=0``).
 Each missing piece raises its own :class:`CaptureError` subclass with what to do.
 
-Clock: PM samples carry GPU timestamps. Three mappings to Unix-epoch ns are tried in order and
-the first that puts the samples inside the host's start/stop window wins: ``identity`` (the GPU
-global timer already counts epoch ns), ``cupti`` (offset from paired ``cuptiGetTimestamp`` /
-``time.time_ns`` readings at start and stop), ``anchor`` (first sample = host start). With
-``calibrate=True`` a short device-to-device copy burst is issued right after start and right
-before stop at known host times; the distance between each burst edge in the series and its host
-launch time is the measured alignment error (``meta['alignment']``), and a mapping that is off by
-more than the tolerance is re-anchored on the first burst.
+Clock: PM samples carry GPU timestamps; :mod:`kdtree.trace.align` maps them to Unix-epoch ns.
+Samples with unusable raw timestamps (the first PM sample can carry ``start_timestamp == 0``)
+are re-placed by index; then three mappings are tried in order and the first that puts the
+samples inside the host's start/stop window wins: ``identity`` (the GPU global timer already
+counts epoch ns), ``cupti`` (offset from paired ``cuptiGetTimestamp`` / ``time.time_ns``
+readings), ``anchor`` (first sample = host start); ``synthetic`` (host start + k * interval) is
+the last resort. With ``calibrate=True`` a short device-to-device copy burst is issued right
+after start and right before stop at known host times; the distance between each burst edge in
+the series and its host launch time is the measured alignment error (``meta['alignment']``), and
+a guessed mapping (or one off by more than the tolerance) is re-anchored on the first burst.
+Samples are never dropped silently: ``meta['warnings']``, ``meta['alignment']['approximate']``,
+``meta['window_filter']`` and ``meta['raw_timestamps']`` (first/last raw values and deltas)
+say what happened.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,13 @@ import numpy as np
 import pandas as pd
 
 from kdtree import env
+from kdtree.trace.align import (  # noqa: F401  (re-exported: the clock helpers used to live here)
+    ClockPair,
+    align_samples,
+    choose_mapping,
+    clock_pair,
+    find_edges,
+)
 from kdtree.trace.schema import DRAM_METRIC, Trace, empty_intervals, make_series
 
 DEFAULT_METRICS: tuple[str, ...] = (DRAM_METRIC,)
@@ -159,73 +170,6 @@ def require_gpu(device: int) -> str:
     torch.cuda.set_device(device)
     torch.zeros(1, device=f"cuda:{device}")  # make sure the primary context exists
     return torch.cuda.get_device_name(device)
-
-
-# ------------------------------------------------------------------ clocks
-
-
-@dataclass(frozen=True)
-class ClockPair:
-    epoch_ns: int  # host Unix-epoch ns at the middle of the bracket
-    other_ns: int  # the other clock's reading
-    width_ns: int  # bracket width: the pairing's uncertainty is half of it
-
-
-def clock_pair(read: Callable[[], int], tries: int = 7) -> ClockPair:
-    """Pair ``read()`` with ``time.time_ns()``; keeps the tightest of ``tries`` brackets."""
-    best = None
-    for _ in range(tries):
-        a = time.time_ns()
-        c = int(read())
-        b = time.time_ns()
-        if best is None or b - a < best.width_ns:
-            best = ClockPair((a + b) // 2, c, b - a)
-    assert best is not None
-    return best
-
-
-def choose_mapping(
-    starts: np.ndarray,
-    host_start_ns: int,
-    host_stop_ns: int,
-    pairs: Sequence[ClockPair],
-    tol_ns: int,
-) -> tuple[str, int]:
-    """Return ``(name, offset)`` so that ``starts + offset`` lies in the host window."""
-    lo, hi = host_start_ns - tol_ns, host_stop_ns + tol_ns
-
-    def fits(off: int) -> bool:
-        return bool(starts.size) and lo <= starts[0] + off and starts[-1] + off <= hi
-
-    if fits(0):
-        return "identity", 0
-    if pairs:
-        off = int(round(np.mean([p.epoch_ns - p.other_ns for p in pairs])))
-        if fits(off):
-            return "cupti", off
-    first = int(starts[0]) if starts.size else 0
-    return "anchor", host_start_ns - first
-
-
-def find_edges(
-    t: np.ndarray, t_end: np.ndarray, v: np.ndarray, t0: int, t1: int, margin_ns: int
-) -> tuple[int, int] | None:
-    """Rise and fall time of the burst that a marker issued in ``[t0, t1]`` left in the series."""
-    m = (t >= t0 - margin_ns) & (t <= t1 + margin_ns)
-    if not m.any():
-        return None
-    idx = np.flatnonzero(m)
-    w = v[idx]
-    peak = float(w.max())
-    base = float(np.percentile(w, 10))
-    if peak <= 0 or peak - base < 0.2 * peak:
-        return None
-    hot = w >= base + 0.5 * (peak - base)
-    # runs of hot samples; the marker's burst is the run starting nearest to its launch
-    edges = np.diff(np.concatenate([[0], hot.astype(np.int8), [0]]))
-    run_s, run_e = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
-    k = int(np.argmin(np.abs(t[idx[run_s]] - t0)))
-    return int(t[idx[run_s[k]]]), int(t_end[idx[run_e[k]]])
 
 
 # ------------------------------------------------------------------ sampler
@@ -419,7 +363,7 @@ class DramSampler:
         span_ns = max(self._host_stop - self._host_start, 0)
         cap = int(span_ns / self.interval_ns * 1.2) + 1024
         out: list[tuple[int, int, list[float]]] = []
-        last = None
+        last: tuple[int, int] | None = None
         for _ in range(10_000):
             try:
                 data = self._collector.decode(max_samples=cap)
@@ -430,10 +374,13 @@ class DramSampler:
                 ) from None
             n = int(getattr(data, "num_completed_samples", len(data)))
             for s in data:
-                if last is not None and s.start_timestamp <= last:
-                    continue  # decode returned a sample we already have
-                out.append((int(s.start_timestamp), int(s.end_timestamp), list(s.metric_values)))
-                last = s.start_timestamp
+                key = (int(s.start_timestamp), int(s.end_timestamp))
+                # a sample we already have (a zero start, seen on the first PM sample, is not
+                # an order key: alignment repairs it)
+                if last is not None and (key == last or 0 < key[0] <= last[0]):
+                    continue
+                out.append((key[0], key[1], list(s.metric_values)))
+                last = key if key[0] > 0 or last is None else last
             if n < cap:
                 break
         return out
@@ -445,46 +392,22 @@ class DramSampler:
         vals = np.array([r[2] for r in raw], dtype=np.float64).reshape(
             len(raw), len(self.accepted)
         )
-        tol = max(20_000_000, 50 * self.interval_ns)
-        mapping, offset = choose_mapping(
-            starts, self._host_start, self._host_stop, self._pairs, tol
-        )
-        t, te = starts + offset, ends + offset
-        pair_err = max((p.width_ns // 2 for p in self._pairs), default=None)
-        alignment: dict[str, Any] = {"mapping": mapping, "offset_ns": offset,
-                                     "clock_pair_half_width_ns": pair_err}  # fmt: skip
         dram_col = self.accepted.index(DRAM_METRIC) if DRAM_METRIC in self.accepted else 0
-        residuals = []
-        for k, (m0, m1) in enumerate(self._markers):
-            edges = find_edges(t, te, vals[:, dram_col], m0, m1, margin_ns=tol)
-            rec = {"host_launch_ns": m0, "host_done_ns": m1}
-            if edges is not None:
-                rec.update(rise_ns=edges[0], fall_ns=edges[1], rise_residual_ns=edges[0] - m0,
-                           fall_residual_ns=edges[1] - m1)  # fmt: skip
-                residuals.append(edges[0] - m0)
-            alignment[f"marker{k}"] = rec
-        if residuals and abs(residuals[0]) > tol and mapping != "anchor":
-            shift = -residuals[0]
-            t, te = t + shift, te + shift
-            alignment.update(mapping=f"{mapping}+marker", offset_ns=offset + shift)
-            residuals = [r + shift for r in residuals]
-        if residuals:
-            alignment["error_estimate_ns"] = int(max(abs(r) for r in residuals))
-            alignment["drift_ns"] = (
-                int(residuals[-1] - residuals[0]) if len(residuals) > 1 else None
-            )
-            alignment["how"] = "max |burst rise - host launch| over the calibration bursts"
-        else:
-            alignment["error_estimate_ns"] = int((pair_err or 0) + self.interval_ns)
-            alignment["how"] = "clock-pair half width + one sampling interval (no bursts found)"
-        keep = np.ones(t.size, dtype=bool)
-        if self._markers and not self.keep_calibration:
-            keep = (t >= self._window_start) & (te <= self._window_end)
+        window = (
+            getattr(self, "_window_start", self._host_start),
+            getattr(self, "_window_end", self._host_stop),
+        )
+        res = align_samples(starts, ends, vals[:, dram_col], interval_ns=self.interval_ns,
+                            host_start_ns=self._host_start, host_stop_ns=self._host_stop,
+                            window_ns=window, markers=self._markers, pairs=self._pairs,
+                            keep_calibration=self.keep_calibration)  # fmt: skip
+        keep = res.keep
         frames = [
-            make_series(t[keep], m, vals[keep, j], "cupti") for j, m in enumerate(self.accepted)
+            make_series(res.t[keep], m, vals[keep, j], "cupti")
+            for j, m in enumerate(self.accepted)
         ]
         series = pd.concat(frames, ignore_index=True)
-        steps = np.diff(starts)
+        steps = np.diff(res.t)
         missing = int((steps > 1.5 * self.interval_ns).sum()) if steps.size else 0
         meta = {
             **self._meta,
@@ -500,8 +423,11 @@ class DramSampler:
             "sampling_holes": missing,
             "host_start_ns": self._host_start,
             "host_stop_ns": self._host_stop,
-            "window_ns": [self._window_start, self._window_end],
-            "alignment": alignment,
+            "window_ns": list(window),
+            "window_filter": res.window_filter,
+            "alignment": res.alignment,
+            "raw_timestamps": res.raw,
+            "warnings": list(res.alignment["warnings"]),
             "timings_s": dict(self.timings),
         }
         return Trace(series, empty_intervals(), meta)

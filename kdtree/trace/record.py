@@ -46,6 +46,8 @@ def record_decode(
     log: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
     """Build the engine, warm up, then trace ``steps`` decode steps; returns the summary.
+    When the trace cannot be analysed (no samples) every file is still written and the
+    summary has ``ok: False`` with ``error``/``message``.
     ``device``/``sampler_kwargs`` exist for CPU tests (a fake collector)."""
     from kdtree import profiler
     from kdtree.trace.analysis import analyze
@@ -75,13 +77,20 @@ def record_decode(
     phases_path = profiler.export_chrome_trace(out / "phases.chrome.json", sync=False)
     profiler.report(sync=False).to_csv(out / "phase_report.csv", index=False)
     phases = load_chrome_trace(phases_path)
-    summary = analyze(trace, phases)
+    try:
+        analysis: dict[str, Any] = {"ok": True, **analyze(trace, phases).to_json()}
+    except ValueError as exc:  # e.g. an empty series: keep the files, report the reason
+        analysis = {"ok": False, "error": type(exc).__name__, "message": str(exc),
+                    "n_samples": trace.meta.get("n_samples"),
+                    "n_samples_raw": trace.meta.get("n_samples_raw"),
+                    "warnings": trace.meta.get("warnings", [])}  # fmt: skip
     doc = {
-        **summary.to_json(),
+        **analysis,
         "workload": info,
         "steps": steps,
         "ms_per_step": ms_per_step,
         "alignment": trace.meta.get("alignment"),
+        "raw_timestamps": trace.meta.get("raw_timestamps"),
         "metrics_collected": trace.meta.get("metrics_collected"),
         "metrics_refused": trace.meta.get("metrics_refused"),
         "recorded_at_ns": t0,

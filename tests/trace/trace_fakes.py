@@ -17,9 +17,15 @@ class _Data(list):
 
 
 class FakeCollector:
-    """Behaves like ``cupti.pm_sampling.Collector``; timestamps on ``clock() + skew``."""
+    """Behaves like ``cupti.pm_sampling.Collector``; timestamps on ``clock() + skew``.
 
-    def __init__(self, device, *, refuse=frozenset(), skew=0, clock=time.time_ns, perm=False):
+    ``zero_first``: the first sample's start timestamp is 0 (as seen on the H200);
+    ``unit_ns``: timestamps are reported in units of this many ns (1000: microseconds);
+    ``empty``: no sample at all.
+    """
+
+    def __init__(self, device, *, refuse=frozenset(), skew=0, clock=time.time_ns, perm=False,
+                 zero_first=False, unit_ns=1, empty=False):  # fmt: skip
         self.device, self.refuse, self.skew, self.clock, self.perm = (
             device,
             refuse,
@@ -27,6 +33,7 @@ class FakeCollector:
             clock,
             perm,
         )
+        self.zero_first, self.unit_ns, self.empty = zero_first, unit_ns, empty
         self.metrics = None
         self.disabled = False
         self.buffer: list[_Sample] = []
@@ -53,6 +60,14 @@ class FakeCollector:
             self.buffer.append(_Sample(t, t + self.interval, vals))
             t += self.interval
             k += 1
+        if self.empty:
+            self.buffer.clear()
+        if self.unit_ns != 1:
+            for smp in self.buffer:
+                smp.start_timestamp //= self.unit_ns
+                smp.end_timestamp //= self.unit_ns
+        if self.zero_first and self.buffer:
+            self.buffer[0].start_timestamp = 0
 
     def decode(self, max_samples):
         out, self.buffer = self.buffer[:max_samples], self.buffer[max_samples:]
