@@ -131,3 +131,45 @@ def manifest(files: list[CorpusFile], root: str | Path | None = None) -> dict:
 def write_manifest(files: list[CorpusFile], path: str | Path, root: str | Path | None = None):
     """Write :func:`manifest` as JSON (sorted keys, so it diffs cleanly)."""
     Path(path).write_text(json.dumps(manifest(files, root), indent=1, sort_keys=True))
+
+
+#: Below this share of the expected training tokens the corpus is reported as too small.
+SMALL_CORPUS_SHARE = 0.5
+
+
+def corpus_source(root: str | Path | None, files: list[CorpusFile]) -> dict:
+    """Where the corpus came from: interpreter, stdlib path, file counts, and whether the
+    stdlib's ``test`` package (a large share of the tokens; some distributions split it into a
+    separate package) is there."""
+    import platform
+    import sys
+
+    root = Path(root) if root is not None else stdlib_root()
+    return {
+        "root": str(root),
+        "python_executable": sys.executable,
+        "python_version": platform.python_version(),
+        "files": len(files),
+        "train_files": sum(f.split == "train" for f in files),
+        "test_package_files": sum(f.rel.startswith("test/") for f in files),
+    }
+
+
+def small_corpus_warnings(train_tokens: int, expected_tokens: int, source: dict) -> list[str]:
+    """One warning when ``train_tokens`` is under ``SMALL_CORPUS_SHARE`` of ``expected_tokens``
+    (``expected_tokens <= 0``: no check), naming the interpreter and stdlib path used."""
+    if expected_tokens <= 0 or train_tokens >= SMALL_CORPUS_SHARE * expected_tokens:
+        return []
+    msg = (
+        f"corpus much smaller than expected: {train_tokens:,} training tokens, expected about "
+        f"{expected_tokens:,} ({train_tokens / expected_tokens:.0%}); corpus root "
+        f"{source['root']} of Python {source['python_version']} ({source['python_executable']}), "
+        f"{source['train_files']} training files"
+    )
+    if source.get("test_package_files", 0) == 0:
+        msg += (
+            "; its `test` package is missing (often a separate distro package, e.g. "
+            "libpythonX.Y-testsuite)"
+        )
+    msg += ". Steps are capped by max_epochs and early stopping keeps the best weights."
+    return [msg]

@@ -24,7 +24,14 @@ import torch
 
 from kdtree.train import card
 from kdtree.train.anchors import default_gamma
-from kdtree.train.corpus import list_corpus, manifest, read_text, stdlib_root
+from kdtree.train.corpus import (
+    corpus_source,
+    list_corpus,
+    manifest,
+    read_text,
+    small_corpus_warnings,
+    stdlib_root,
+)
 from kdtree.train.data import encode_files
 from kdtree.train.evaluate import offline_tau
 from kdtree.train.generate import generate_batch, prompt_windows, temperature_mix
@@ -54,6 +61,17 @@ def shipped_models_dir() -> Path:
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def _warn_loudly(stage: str, warnings: list[str], log) -> None:
+    """Each warning framed so it stands out in a long training log."""
+    for w in warnings:
+        bar = "!" * 78
+        log(f"{bar}\n[{stage}] WARNING: {w}\n{bar}")
+
+
+def _warning_lines(warnings: list[str]) -> str:
+    return "".join(f"\n\n**WARNING:** {w}" for w in warnings)
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -152,7 +170,15 @@ def run_target(
     tok = ensure_tokenizer(out_dir, log=log, corpus_root=corpus_root)
     files, train, val = streams or load_streams(tok, corpus_root=corpus_root)
     files_root = corpus_root if corpus_root is not None else stdlib_root()
-    log(f"[target] corpus: {train.numel()} train / {val.numel()} val tokens; device {dev}")
+    source = corpus_source(files_root, files)
+    log(
+        f"[target] corpus: {train.numel()} train / {val.numel()} val tokens from "
+        f"{source['root']} (Python {source['python_version']}); device {dev}"
+    )
+    warnings = small_corpus_warnings(
+        int(train.numel()), preset.target.expected_train_tokens, source
+    )
+    _warn_loudly("target", warnings, log)
     cfg = target_config(preset.target, tok.get_vocab_size(), eos_id(tok))
     with torch.device("cpu"):
         model = build_model(cfg)
@@ -160,7 +186,8 @@ def run_target(
     n_params = param_count(model)
     log(
         f"[target] MLA+MoE {n_params / 1e6:.2f}M parameters "
-        f"(bf16 checkpoint {2 * n_params / 2**20:.1f} MiB)"
+        f"(bf16 checkpoint {2 * n_params / 2**20:.1f} MiB), "
+        f"{train.numel() / n_params:.2f} training tokens per parameter"
     )
     res = train_target(
         model,
@@ -179,16 +206,22 @@ def run_target(
         "training": {
             "preset": preset.name,
             "seed": seed,
-            "steps_planned": preset.target.steps,
+            "steps_preset": preset.target.steps,
+            "steps_planned": res.steps_planned,
             **{k: v for k, v in asdict(preset.target).items() if k != "steps"},
             "time_budget_s": time_budget_s,
-            "optimizer": "AdamW(0.9,0.95) wd 0.1",
+            "optimizer": f"AdamW(0.9,0.95) wd {preset.target.weight_decay}",
+            "selection": f"best validation loss, evaluated every {res.eval_every} steps; "
+            f"early stop after {preset.target.patience} evaluations without a new best; "
+            "best weights restored",
             "schedule": "warmup 4% + cosine to 10% (by steps or time)",
             "precision": "fp32 + TF32 matmuls" if dev.type == "cuda" else "fp32",
             "checkpoint_dtype": "bfloat16",
             "expert_balance": "aux-loss-free bias update, rate 1e-3",
             "train_tokens_corpus": int(train.numel()),
             "val_tokens_corpus": int(val.numel()),
+            "train_tokens_per_param": train.numel() / n_params,
+            "corpus_source": source,
         },
         "metrics": {
             **res.metrics(),
@@ -206,23 +239,30 @@ def run_target(
             "first_k_dense": cfg.first_k_dense_replace,
             "tied_embeddings": cfg.tie_word_embeddings,
         },
-        "history": {str(h["step"]): round(h["val_loss"], 4) for h in res.history},
+        "history": {
+            str(h["step"]): {"val": round(h["val_loss"], 4), "train": round(h["train_loss"], 4)}
+            for h in res.history
+        },
     }
+    if warnings:
+        meta["warnings"] = {f"corpus_{i}": w for i, w in enumerate(warnings)}
     where = "an NVIDIA GPU" if dev.type == "cuda" else "the CPU"
     summary = (
         f"DeepSeek-V3 style MLA + MoE target trained from scratch on {where} "
         f"(preset `{preset.name}`) on the Python standard library. Validation loss "
-        f"{res.val_loss:.3f} (perplexity {res.val_ppl:.1f}) on held-out modules after "
-        f"{res.steps} steps ({res.wall_s:.0f} s). Tokenizer: `../tokenizer.json`."
+        f"{res.val_loss:.3f} (perplexity {res.val_ppl:.1f}) on held-out modules: the best "
+        f"weights, of step {res.best_step} of {res.steps} run ({res.epochs:.2f} epochs, "
+        f"{res.wall_s:.0f} s; stopped: {res.stop_reason}; last weights' validation loss "
+        f"{res.last_val_loss:.3f}). Tokenizer: `../tokenizer.json`." + _warning_lines(warnings)
     )
     card.write_card(
         tdir, f"kdtree target `{preset.name}`", summary, meta, manifest(files, files_root)
     )
     log(
-        f"[target] done: val loss {res.val_loss:.3f} ppl {res.val_ppl:.1f}, {res.steps} steps, "
-        f"{res.wall_s:.0f}s ({res.stopped_by}) -> {tdir}"
+        f"[target] done: val loss {res.val_loss:.3f} ppl {res.val_ppl:.1f} (best step "
+        f"{res.best_step}), {res.steps} steps, {res.wall_s:.0f}s ({res.stopped_by}) -> {tdir}"
     )
-    return {**res.metrics(), "params": n_params, "dir": str(tdir)}
+    return {**res.metrics(), "params": n_params, "warnings": warnings, "dir": str(tdir)}
 
 
 # ----------------------------------------------------------------------------- drafter data
@@ -291,7 +331,7 @@ def run_drafter(
 ) -> dict:
     """Generate data with ``out_dir/target``, train the drafter, write ``out_dir/drafter``."""
     from kdtree.models import DFlashDrafter, dflash_config_for
-    from kdtree.train.drafter import train_drafter
+    from kdtree.train.drafter import DraftVal, train_drafter
 
     dev = resolve_device(device)
     seed_everything(seed)
@@ -316,6 +356,14 @@ def run_drafter(
     gen_s = time.perf_counter() - t0
     n_gen_tok = int(data.loss_mask.sum())
     log(f"[drafter] generated {len(data)} sequences ({n_gen_tok} tokens) in {gen_s:.0f}s")
+    warnings = []
+    if len(data) < 0.5 * d.gen_sequences:
+        warnings.append(
+            f"only {len(data)} of {d.gen_sequences} planned training sequences were generated "
+            f"within the {gen_budget_s}s generation budget; steps are capped at "
+            f"{d.max_epochs} epochs of them and early stopping keeps the best weights"
+        )
+    _warn_loudly("drafter", warnings, log)
 
     cfg = dflash_config_for(
         target.config,
@@ -335,6 +383,13 @@ def run_drafter(
         f"[drafter] DFlash {cfg.num_hidden_layers} layers, taps {cfg.target_layer_ids}, "
         f"block {cfg.block_size}, {n_params / 1e6:.2f}M parameters"
     )
+    # model selection: greedy continuations of held-out prompts (not the τ evaluation set)
+    n_sel = max(1, d.select_sequences)
+    sel_prompts = prompt_windows(
+        val, n_sel, d.gen_prompt_len, torch.Generator().manual_seed(seed + 11)
+    )
+    sel = generate_batch(target, sel_prompts, d.gen_new_tokens, torch.zeros(n_sel))
+    select = DraftVal.build(sel.cpu(), d.gen_prompt_len, cfg.block_size, d.anchors_per_seq, seed)
     res = train_drafter(
         drafter,
         target,
@@ -345,6 +400,7 @@ def run_drafter(
         time_budget_s=train_budget_s,
         progress=progress,
         log=log,
+        val=select,
     )
 
     t1 = time.perf_counter()
@@ -382,6 +438,10 @@ def run_drafter(
             "gen_budget_s": gen_budget_s,
             "train_budget_s": train_budget_s,
             "gamma": default_gamma(cfg.block_size),
+            "steps_planned": res.steps_planned,
+            "selection": f"best held-out loss on {n_sel} greedy continuations of validation "
+            f"prompts, evaluated every {res.eval_every} steps; early stop after {d.patience} "
+            "evaluations without a new best; best weights restored",
             "data": "continuations generated by ../target from random windows of the "
             "stdlib training split; loss on generated tokens only",
         },
@@ -396,6 +456,10 @@ def run_drafter(
             "checkpoint_bytes": (ddir / "model.safetensors").stat().st_size,
         },
         "environment": card.environment(),
+        "history": {
+            str(h["step"]): {k: round(h[k], 4) for k in ("loss", "val_loss", "val_tau") if k in h}
+            for h in res.history
+        },
         "config": {
             "target_layer_ids": cfg.target_layer_ids,
             "block_size": cfg.block_size,
@@ -410,8 +474,12 @@ def run_drafter(
         f"DFlash block drafter (block {cfg.block_size}, {cfg.num_hidden_layers} layers, "
         f"taps {cfg.target_layer_ids}) for `../target`, trained on {where} (preset "
         f"`{preset.name}`) on {len(data)} target-generated continuations. Offline "
-        f"acceptance length on held-out modules (greedy): τ = {tau.tau:.2f}."
+        f"acceptance length on held-out modules (greedy): τ = {tau.tau:.2f}. Weights of step "
+        f"{res.best_step} of {res.steps} run (best held-out loss {res.best_val_loss:.3f}; "
+        f"stopped: {res.stop_reason})." + _warning_lines(warnings)
     )
+    if warnings:
+        meta["warnings"] = {f"data_{i}": w for i, w in enumerate(warnings)}
     card.write_card(ddir, f"kdtree DFlash drafter `{preset.name}`", summary, meta)
     log(
         f"[drafter] done: loss {res.train_loss:.3f}, {res.steps} steps, {res.wall_s:.0f}s "
@@ -425,6 +493,7 @@ def run_drafter(
         "live": live,
         "gen_sequences": len(data),
         "gen_tokens": n_gen_tok,
+        "warnings": warnings,
         "dir": str(ddir),
     }
 
@@ -495,6 +564,11 @@ def train_all(
     tres = run_target(
         out_dir, p, device, seed, budgets["target"], progress, log, streams, corpus_root
     )
+    if time_budget_s is not None:
+        # a target that stopped early (epochs cap, early stop) leaves its time to the rest
+        rest = max(time_budget_s - (time.perf_counter() - t0), 0.1 * time_budget_s)
+        budgets = {k: rest * v / (1.0 - STAGE_SHARES["target"]) for k, v in STAGE_SHARES.items()}
+        log(f"[all] drafter budgets { ({k: round(budgets[k]) for k in ('gen', 'drafter')}) }")
     dres = run_drafter(
         out_dir,
         p,

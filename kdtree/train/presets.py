@@ -3,10 +3,15 @@ trained on a 2-core CPU), ``toy`` (seconds; tests and the end-to-end smoke run).
 
 Each preset fixes the target architecture (DeepSeek-V3 style MLA + MoE, first layer dense,
 8 routed experts top-2 + 1 shared), the drafter shape and the step/batch/length knobs.
+
+``steps`` is an upper bound: :func:`planned_steps` cuts it to ``max_epochs`` passes over the data
+actually found (the stdlib differs between interpreters), and early stopping on held-out data
+(``eval_every``, ``patience``) ends a run whose validation score stopped improving.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +35,16 @@ class TargetPreset:
     n_routed_experts: int = 8
     experts_per_tok: int = 2
     tie_embeddings: bool = True
+    #: cap on passes over the training tokens (None: ``steps`` alone decides)
+    max_epochs: float | None = None
+    #: evaluate at most every this many steps (and at least ``min_evals`` times per run)
+    eval_every: int = 250
+    min_evals: int = 16
+    #: stop after this many evaluations without a new best validation loss (0: never)
+    patience: int = 3
+    weight_decay: float = 0.1
+    #: training tokens a full stdlib gives; far fewer is warned about (0: no check)
+    expected_train_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,15 @@ class DrafterPreset:
     kl_weight: float = 0.0
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
     eval_sequences: int = 64
+    #: cap on passes over the generated tokens, counted in anchor blocks seen per generated
+    #: token (None: ``steps`` alone decides)
+    max_epochs: float | None = None
+    #: held-out greedy sequences (from validation prompts) that select the best drafter
+    select_sequences: int = 64
+    eval_every: int = 200
+    min_evals: int = 12
+    patience: int = 3
+    weight_decay: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -76,10 +100,15 @@ PRESETS: dict[str, Preset] = {
             qk_rope=16,
             v_head=32,
             seq_len=1024,
-            batch_size=64,
+            batch_size=32,
             lr=2e-3,
             steps=4000,
-            eval_batches=16,
+            eval_batches=8,
+            max_epochs=6.0,
+            eval_every=100,
+            patience=3,
+            weight_decay=0.2,
+            expected_train_tokens=7_000_000,
         ),
         DrafterPreset(
             num_layers=2,
@@ -95,8 +124,12 @@ PRESETS: dict[str, Preset] = {
             lr=1e-3,
             steps=3000,
             eval_sequences=256,
+            max_epochs=4.0,
+            select_sequences=128,
+            eval_every=150,
         ),
-        notes="one H200, fp32 + TF32; stages cut by their wall-clock budgets",
+        notes="one H200, fp32 + TF32; steps capped by epochs over the corpus found, early "
+        "stopping on held-out modules, stages cut by their wall-clock budgets",
     ),
     "cpu": Preset(
         "cpu",
@@ -115,6 +148,8 @@ PRESETS: dict[str, Preset] = {
             lr=3e-3,
             steps=3000,
             eval_batches=4,
+            max_epochs=6.0,
+            expected_train_tokens=7_000_000,
         ),
         DrafterPreset(
             num_layers=1,
@@ -130,6 +165,8 @@ PRESETS: dict[str, Preset] = {
             lr=2e-3,
             steps=3000,
             eval_sequences=32,
+            max_epochs=4.0,
+            select_sequences=32,
         ),
         notes="interim default trained on a 2-core CPU (fp32), cut by its time budget; "
         "replaced by the h200 run",
@@ -166,6 +203,7 @@ PRESETS: dict[str, Preset] = {
             lr=2e-3,
             steps=4,
             eval_sequences=4,
+            select_sequences=4,
         ),
         notes="smoke-test size: seconds on a CPU, meaningless quality",
     ),
@@ -227,3 +265,29 @@ def target_config(p: TargetPreset, vocab_size: int, eos_token_id: int):
         eos_token_id=eos_token_id,
         bos_token_id=None,
     )
+
+
+def planned_steps(
+    steps: int, tokens_per_step: int, data_tokens: int, max_epochs: float | None
+) -> tuple[int, float]:
+    """``(steps, epochs)``: ``steps`` cut to at most ``max_epochs`` passes over ``data_tokens``
+    (at least 1 step), and the passes that many steps make."""
+    if steps < 1:
+        raise ValueError(f"steps={steps}: expected >= 1")
+    if tokens_per_step < 1 or data_tokens < 1:
+        raise ValueError(
+            f"tokens_per_step={tokens_per_step}, data_tokens={data_tokens}: expected >= 1"
+        )
+    if max_epochs is not None:
+        if max_epochs <= 0:
+            raise ValueError(f"max_epochs={max_epochs}: expected > 0 or None")
+        steps = max(1, min(steps, math.ceil(max_epochs * data_tokens / tokens_per_step)))
+    return steps, steps * tokens_per_step / data_tokens
+
+
+def eval_interval(steps: int, every: int, min_evals: int) -> int:
+    """Steps between evaluations: ``every``, shortened so a run of ``steps`` gets at least
+    ``min_evals`` evaluations (early stopping needs several)."""
+    if every < 1 or min_evals < 1:
+        raise ValueError(f"every={every}, min_evals={min_evals}: expected >= 1")
+    return max(1, min(every, steps // min_evals))

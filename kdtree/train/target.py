@@ -2,8 +2,10 @@
 
 fp32 with TF32 matmuls on CUDA (fp32 on the CPU), AdamW with warmup + cosine, gradient clipping,
 DeepSeek-V3's auxiliary-loss-free expert balancing (the router's ``e_score_correction_bias`` is
-nudged towards equal expert load after every step), periodic validation on held-out modules,
-and a wall-clock budget that ends the run early (the cosine schedule is then cut, not stretched).
+nudged towards equal expert load after every step), a step count capped by epochs over the
+corpus found, periodic validation on held-out modules with early stopping and restoring of the
+best weights, and a wall-clock budget that ends the run early (the cosine schedule is then cut,
+not stretched).
 """
 
 from __future__ import annotations
@@ -17,20 +19,29 @@ import torch
 import torch.nn.functional as F
 
 from kdtree.train.data import WindowSampler
+from kdtree.train.early_stop import BestKeeper
 from kdtree.train.optim import Deadline, cosine_lr, make_adamw, set_lr
-from kdtree.train.presets import TargetPreset
+from kdtree.train.presets import TargetPreset, eval_interval, planned_steps
 
 
 @dataclass
 class TargetResult:
-    steps: int
+    steps: int  # steps run
+    steps_planned: int  # the preset's steps after the max_epochs cap
+    epochs: float  # passes over the training tokens
     tokens_seen: int
     wall_s: float
     train_loss: float
-    val_loss: float
+    val_loss: float  # of the returned (best) weights
     val_ppl: float
-    stopped_by: str  # "steps" | "time"
-    expert_load_cv: float  # coefficient of variation of per-expert load (last eval)
+    stopped_by: str  # "steps" | "time" | "early_stop"
+    stop_reason: str
+    best_step: int
+    best_val: float
+    last_val_loss: float  # of the last weights, before the best were restored
+    restored_best: bool
+    eval_every: int
+    expert_load_cv: float  # coefficient of variation of per-expert load (final eval)
     history: list[dict]
 
     def metrics(self) -> dict:
@@ -117,31 +128,70 @@ def train_target(
     device: torch.device,
     seed: int = 0,
     time_budget_s: float | None = None,
-    eval_every: int = 250,
+    eval_every: int | None = None,
     balance_rate: float = 1e-3,
     progress: bool = True,
     log=print,
 ) -> TargetResult:
-    """Train ``model`` in place; returns metrics and a loss history."""
+    """Train ``model`` in place; returns metrics and a loss history.
+
+    The step count is ``p.steps`` cut to ``p.max_epochs`` passes over ``train_stream``. Every
+    ``eval_every`` steps (default: :func:`eval_interval` of the preset) the held-out loss is
+    measured; the best weights are kept on the CPU and put back at the end, and the run stops
+    once ``p.patience`` evaluations in a row brought no new best.
+    """
     from tqdm.auto import tqdm
 
     enable_tf32(device)
     model.to(device).train()
+    tokens_per_step = p.batch_size * p.seq_len
+    steps, epochs = planned_steps(p.steps, tokens_per_step, train_stream.numel(), p.max_epochs)
+    if eval_every is None:
+        eval_every = eval_interval(steps, p.eval_every, p.min_evals)
+    if eval_every < 1:
+        raise ValueError(f"eval_every={eval_every}: expected >= 1")
+    if steps < p.steps:
+        log(
+            f"[target] {p.steps} steps would be {p.steps * tokens_per_step / train_stream.numel():.1f}"
+            f" epochs of {train_stream.numel()} tokens: capped at {steps} steps "
+            f"({epochs:.2f} epochs, max_epochs {p.max_epochs})"
+        )
     sampler = WindowSampler(train_stream, p.seq_len, p.batch_size, seed=seed)
     val_seq = min(p.seq_len, val_stream.numel() - 2)
     val_batches = WindowSampler(val_stream, val_seq, p.batch_size, seed=seed).fixed_batches(
         p.eval_batches
     )
-    opt = make_adamw(model.parameters(), lr=p.lr)
+    opt = make_adamw(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+    keeper = BestKeeper(patience=p.patience, mode="min")
     deadline = Deadline(time_budget_s)
     history: list[dict] = []
     stopped_by = "steps"
     ema = math.nan
     t0 = time.perf_counter()
-    bar = tqdm(total=p.steps, desc="target", disable=not progress, mininterval=2.0)
-    step = 0
-    for step in range(p.steps):
-        frac = deadline.progress(step, p.steps)
+
+    def _eval(at: int) -> bool:
+        vl, cv = evaluate(model, val_batches, device)
+        stop = keeper.update(vl, at, model)
+        history.append(
+            {
+                "step": at,
+                "train_loss": ema,
+                "val_loss": vl,
+                "wall_s": time.perf_counter() - t0,
+                "expert_load_cv": cv,
+                "best": keeper.best_step == at,
+            }
+        )
+        log(
+            f"[target] step {at}: train {ema:.3f} val {vl:.3f} (ppl {math.exp(vl):.1f}) "
+            f"load-cv {cv:.2f}; best {keeper.best:.3f} @ {keeper.best_step}"
+        )
+        return stop
+
+    bar = tqdm(total=steps, desc="target", disable=not progress, mininterval=2.0)
+    done = 0
+    for step in range(steps):
+        frac = deadline.progress(step, steps)
         if frac >= 1.0:
             stopped_by = "time"
             break
@@ -154,49 +204,57 @@ def train_target(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         balance_experts(model, balance_rate)
-        if step % 10 == 0 or step == p.steps - 1:
+        done = step + 1
+        if step % 10 == 0 or done == steps:
             lv = float(loss.detach())
             ema = lv if math.isnan(ema) else 0.9 * ema + 0.1 * lv
             bar.set_postfix(loss=f"{ema:.3f}")
         bar.update(1)
-        if eval_every and (step + 1) % eval_every == 0:
-            vl, cv = evaluate(model, val_batches, device)
-            history.append(
-                {
-                    "step": step + 1,
-                    "train_loss": ema,
-                    "val_loss": vl,
-                    "wall_s": time.perf_counter() - t0,
-                    "expert_load_cv": cv,
-                }
-            )
-            log(
-                f"[target] step {step + 1}: train {ema:.3f} val {vl:.3f} "
-                f"(ppl {math.exp(vl):.1f}) load-cv {cv:.2f}"
-            )
-    else:
-        step = p.steps
+        if done % eval_every == 0 and _eval(done):
+            stopped_by = "early_stop"
+            break
     bar.close()
-    steps_done = step if stopped_by == "time" else p.steps
-    vl, cv = evaluate(model, val_batches, device)
+    if not history or history[-1]["step"] != done:
+        _eval(done)
+    last_val = history[-1]["val_loss"]
+    restored = keeper.best_step != done and keeper.restore(model)
+    vl, cv = (
+        evaluate(model, val_batches, device)
+        if restored
+        else (last_val, history[-1]["expert_load_cv"])
+    )
     wall = time.perf_counter() - t0
-    history.append(
-        {
-            "step": steps_done,
-            "train_loss": ema,
-            "val_loss": vl,
-            "wall_s": wall,
-            "expert_load_cv": cv,
-        }
+    reason = {
+        "steps": f"reached the planned {steps} steps",
+        "time": f"wall-clock budget {time_budget_s}s used up at step {done}",
+        "early_stop": f"no better validation loss for {p.patience} evaluations "
+        f"({p.patience * eval_every} steps) after step {keeper.best_step}",
+    }[stopped_by]
+    log(
+        f"[target] stop at step {done}: {reason}; "
+        + (
+            f"restored the best weights of step {keeper.best_step} "
+            f"(val {vl:.3f}, last {last_val:.3f})"
+            if restored
+            else f"the last weights are the best (val {vl:.3f})"
+        )
     )
     return TargetResult(
-        steps=steps_done,
-        tokens_seen=steps_done * p.batch_size * p.seq_len,
+        steps=done,
+        steps_planned=steps,
+        epochs=done * tokens_per_step / train_stream.numel(),
+        tokens_seen=done * tokens_per_step,
         wall_s=wall,
         train_loss=ema,
         val_loss=vl,
         val_ppl=math.exp(vl),
         stopped_by=stopped_by,
+        stop_reason=reason,
+        best_step=keeper.best_step,
+        best_val=keeper.best,
+        last_val_loss=last_val,
+        restored_best=bool(restored),
+        eval_every=eval_every,
         expert_load_cv=cv,
         history=history,
     )

@@ -4,6 +4,7 @@ offline τ → pack; then the checkpoints load, and broken files give errors nam
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tarfile
 
@@ -25,8 +26,16 @@ def test_all_writes_both_models_cards_and_packs(trained):
     assert "sha256" in card and "json/decoder.py" in card and "Validation loss" in card
     meta = json.loads((out / "target" / "training.json").read_text())
     assert meta["corpus"]["n_files"] > 10 and meta["metrics"]["steps"] == 3
+    m = meta["metrics"]
+    assert 1 <= m["best_step"] <= 3 and m["stop_reason"] and "restored_best" in m
+    assert (
+        meta["training"]["corpus_source"]["root"] and "early stop" in meta["training"]["selection"]
+    )
+    assert "best" in card and str(m["best_step"]) in card
     dmeta = json.loads((out / "drafter" / "training.json").read_text())
     assert dmeta["config"]["mask_token_id"] == 1 and dmeta["config"]["block_size"] == 8
+    assert 1 <= dmeta["metrics"]["best_step"] <= 3 and dmeta["metrics"]["stop_reason"]
+    assert math.isfinite(dmeta["metrics"]["best_val_loss"])
     with tarfile.open(out / "pack" / "target.tar.gz") as tf:
         names = tf.getnames()
     assert "target/model.safetensors" in names and "tokenizer.json" in names
