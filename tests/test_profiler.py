@@ -10,11 +10,15 @@ import sys
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 import torch
 
 from kdtree import profiler as P
+from kdtree.profiling import core
+
+PROFILING_DIR = Path(core.__file__).parent
 
 LINE = re.compile(
     r"^\[kdtree-prof\] (?P<name>\S+): n=(?P<n>\d+) mean=\S+ms last=\S+ms p50=\S+ms p99=\S+ms"
@@ -89,7 +93,8 @@ def test_off_allocates_nothing_in_the_profiler():
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    flt = [tracemalloc.Filter(True, P.__file__)]
+    # every file of the profiler: the facade and the package that holds the hot path
+    flt = [tracemalloc.Filter(True, P.__file__), tracemalloc.Filter(True, f"{PROFILING_DIR}/*")]
     diff = after.filter_traces(flt).compare_to(before.filter_traces(flt), "filename")
     assert sum(d.size_diff for d in diff) == 0
     assert sum(d.count_diff for d in diff) == 0
@@ -114,6 +119,43 @@ def test_import_needs_neither_torch_nor_pandas():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_facade_reexports_the_hot_path_objects_themselves():
+    # no wrapper between users and the hot path: kdtree.profiler.phase *is* core.phase
+    for name in ("phase", "profiled", "step", "enable", "disable", "reset", "is_enabled"):
+        assert getattr(P, name) is getattr(core, name), name
+    assert P._S is core._S and P._NOOP is core._NOOP
+    assert set(P.__all__) <= set(dir(P))
+    for name in P.__all__:
+        assert not name.startswith("_")
+
+
+def test_core_alone_is_a_drop_in_profiler(tmp_path):
+    """``core.py`` copied on its own into another engine logs lines that ``parse_log`` reads."""
+    (tmp_path / "kprof.py").write_text((PROFILING_DIR / "core.py").read_text())
+    code = (
+        "import logging, sys; sys.path.insert(0, '.'); import kprof; "
+        "logging.basicConfig(level=logging.INFO, format='worker %(message)s', stream=sys.stdout); "
+        "kprof.enable(gpu=False, nvtx=False, every=2); "
+        'exec(\'for _ in range(4):\\n    with kprof.phase("draft"):\\n        pass\\n'
+        "    kprof.step()'); "
+        "assert 'pandas' not in sys.modules and 'torch' not in sys.modules"
+    )
+    out = subprocess.run(
+        # -I -S: no site-packages, so neither kdtree nor torch nor pandas can be imported
+        [sys.executable, "-I", "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PATH": "", "KDTREE_PROFILE": "0"},
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    parsed = P.parse_log(out.stdout, latest=True).set_index("phase")
+    assert parsed.loc["draft", "n"] == 4
+    assert parsed.loc["step", "n"] == 4  # the first step starts with the first phase
 
 
 # --------------------------------------------------------------------------- on
