@@ -22,11 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from kdtree.scale.record import Round, tau_at_budget
 from kdtree.spec.engine import SpecEngine
-from kdtree.spec.tree import build_trees, draft_topk
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -207,13 +205,16 @@ def _sim_row(policy, budget, tokens, ms, exp, n, chosen) -> dict:
 class CostAwareEngine(SpecEngine):
     """Tree-mode engine that picks the budget every round with :func:`choose_budget`.
 
-    The heap runs once at ``max(candidates)`` to get the scores, the policy picks ``B`` for the
-    batch (sum of the requests' ``E[τ | B]`` over the cost at the longest context), and the tree
-    is rebuilt at ``B`` (identical to the first ``B + 1`` pops). ``self.chosen`` lists the
-    budgets; ``acceptance_scale`` multiplies the drafter's ``E[τ | B] - 1`` (calibration, see
-    :func:`acceptance_scale`). The engine hook this needs upstream: a ``budget_policy(scores, context) -> B``
-    callable consulted in ``SpecEngine._build`` between ``draft_topk`` and ``build_trees``.
+    A ``SpecEngine`` at ``budget = max(candidates)`` whose ``budget_policy`` is
+    :meth:`choose`: the heap runs once at the max budget to get the scores, the policy picks
+    ``B`` for the batch (sum of the active requests' ``E[τ | B]`` over the cost at the longest
+    context), and the tree is rebuilt at ``B`` (identical to the first ``B + 1`` pops) and
+    verified at ``T = B + 1`` (``fixed_tree_size = False``: the latency model prices that
+    shape). ``self.chosen`` lists the budgets; ``acceptance_scale`` multiplies the drafter's
+    ``E[τ | B] - 1`` (calibration, see :func:`acceptance_scale`).
     """
+
+    fixed_tree_size = False
 
     def __init__(
         self,
@@ -234,30 +235,19 @@ class CostAwareEngine(SpecEngine):
             raise ValueError(f"candidates={list(candidates)}: expected non-negative budgets")
         kwargs.pop("mode", None)
         kwargs["budget"] = cands[-1]
-        super().__init__(target, drafter, mode="tree", **kwargs)
+        super().__init__(target, drafter, mode="tree", budget_policy=self.choose, **kwargs)
         self.latency, self.candidates, self.greedy = latency, cands, greedy
         self.chosen: list[int] = []
 
-    def _build(self, state, times):
-        bonus_dev = torch.tensor(state.bonus, dtype=torch.int64).to(self.device)
-        start = torch.tensor(state.context_lens, dtype=torch.int64).to(self.device)
-        with self._phase("draft", times):
-            logits = self.drafter.draft(state.draft_ctx, bonus_dev, start)
-        with self._phase("tree_build", times):
-            lp, tok = draft_topk(logits, self.top_k)
-            full = build_trees(lp, tok, self.budget, state.bonus)
-            exp = None
-            for b in state.active:
-                s = full.trees[b].scores.double().numpy().copy()
-                q = np.exp(s)
-                q[0] = 0.0
-                e = 1.0 + self.acceptance_scale * np.cumsum(q)
-                e = np.pad(e, (0, self.budget + 1 - len(e)), mode="edge")
-                exp = e if exp is None else exp + e
-            choice = choose_budget(
-                exp, self.latency, max(state.context_lens), self.candidates, greedy=self.greedy
-            )
-            self.chosen.append(choice.budget)
-            if choice.budget == self.budget:
-                return full
-            return build_trees(lp, tok, choice.budget, state.bonus)
+    def choose(self, expected: np.ndarray, context_lens: list[int], active: list[int]) -> int:
+        """The engine's ``budget_policy``: :func:`choose_budget` on the active requests'
+        summed (scaled) ``E[τ | B]`` at the longest context; recorded in ``self.chosen``."""
+        scale, exp = self.acceptance_scale, None
+        for b in active:
+            e = expected[b] if scale == 1.0 else 1.0 + scale * (expected[b] - 1.0)
+            exp = e if exp is None else exp + e
+        choice = choose_budget(
+            exp, self.latency, max(context_lens), self.candidates, greedy=self.greedy
+        )
+        self.chosen.append(choice.budget)
+        return choice.budget

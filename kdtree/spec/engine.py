@@ -6,16 +6,30 @@ Every request of the batch takes part in every step (static shapes, as a CUDA-gr
 finished requests commit nothing and their outputs are ignored. Each phase is a profiler phase
 and is also timed on the host into the step's :class:`~kdtree.spec.records.StepRecord`
 (synchronising the device at each phase end only when ``timings=True``).
+
+Subclasses change *how* a step decides, not the step itself, through these hooks (the
+tensor-parallel engine ``kdtree.tp.engine.TPSpecEngine`` overrides them for vocabulary-sharded
+logits; ``kdtree.scale.budget.CostAwareEngine`` sets ``budget_policy``):
+
+* ``_draft_logits(state)`` → the drafter's logits ``[B, block_size - 1, V']`` (``draft`` phase);
+* ``_topk(logits, k)`` → per-depth sorted ``(lp float32, tok int64) [B, D, k]`` (``tree``);
+* ``_argmax(logits)`` → the proposal ids ``int64 [B, D]`` (``chain``);
+* ``_target_tokens(logits)`` → the target's token at every node ``int64 [B, T]`` (``accept``);
+* ``self._verify_kwargs`` → extra keyword arguments of the target call in ``verify``;
+* ``budget_policy(expected, context_lens, active) -> B`` → the tree budget of this round
+  (``tree``; see :meth:`SpecEngine._policy_budget`); ``fixed_tree_size`` says whether a smaller
+  tree is padded to ``tree_size`` (default) or verified at ``B + 1`` nodes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from kdtree.attention import AttnMetadata
@@ -27,9 +41,14 @@ from kdtree.spec.records import StepRecord
 from kdtree.spec.tree import BatchedTrees, build_trees, chain_tree, draft_topk, pad_trees
 from kdtree.spec.verify import prepare_for_verify
 
-__all__ = ["MODES", "EngineState", "SpecEngine"]
+__all__ = ["MODES", "BudgetPolicy", "EngineState", "SpecEngine"]
 
 MODES = ("ar", "chain", "tree")
+
+#: ``policy(expected [batch, budget + 1] float64, context_lens [batch], active) -> B``:
+#: ``expected[b, B]`` = ``E[τ | B]`` of request ``b``'s tree cut to ``B`` nodes (see
+#: :meth:`SpecEngine._policy_budget`); returns one budget ``0 <= B <= engine.budget``.
+BudgetPolicy = Callable[[np.ndarray, list[int], list[int]], int]
 
 
 @dataclass
@@ -77,7 +96,12 @@ class SpecEngine:
     (``tree``). ``chain`` verifies the drafter's argmax block (``block_size`` tokens, root
     included). ``dense_mask=True`` runs the generic O(context) mask path (backend
     ``dense_mask``), the baseline. ``commit``: ``auto`` | ``copy`` | ``remap`` (page size 1).
+    ``budget_policy`` (``tree`` only): picks each round's budget ``<= budget`` (module docstring).
     """
+
+    #: Pad trees built at a policy's smaller budget to ``tree_size`` (static shapes, as a
+    #: CUDA-graph runner needs). ``False``: verify ``B + 1`` nodes (the shape varies per round).
+    fixed_tree_size: bool = True
 
     def __init__(
         self,
@@ -96,6 +120,7 @@ class SpecEngine:
         generator: torch.Generator | None = None,
         commit: str = "auto",
         max_len: int | None = None,
+        budget_policy: BudgetPolicy | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: expected one of {MODES}")
@@ -108,6 +133,13 @@ class SpecEngine:
             raise ValueError(f"commit={commit!r}: expected 'auto', 'copy' or 'remap'")
         if mode != "ar" and drafter is None:
             raise ValueError(f"drafter: required for mode={mode!r}")
+        if budget_policy is not None and not callable(budget_policy):
+            raise TypeError(f"budget_policy: expected a callable, got {type(budget_policy)}")
+        if budget_policy is not None and mode != "tree":
+            raise ValueError(f"budget_policy: only for mode='tree', got mode={mode!r}")
+        self.budget_policy = budget_policy
+        #: Extra keyword arguments of the target call in ``verify`` (a TP target: no gather).
+        self._verify_kwargs: dict[str, Any] = {}
         self.target = target
         self.drafter = drafter if mode != "ar" else None
         self.mode = mode
@@ -313,16 +345,56 @@ class SpecEngine:
             prompt_lens=[context_len] * batch,
         )
 
+    # ------------------------------------------------------------------ decision hooks
+
+    def _draft_logits(self, state: EngineState) -> torch.Tensor:
+        """The drafter's logits for this step, ``[batch, block_size - 1, V]`` (hook)."""
+        bonus = torch.tensor(state.bonus, dtype=torch.int64).to(self.device)
+        start = torch.tensor(state.context_lens, dtype=torch.int64).to(self.device)
+        return self.drafter.draft(state.draft_ctx, bonus, start)
+
+    def _topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-depth sorted top-``k`` log-probs and token ids of the draft logits (hook)."""
+        return draft_topk(logits, k)
+
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """The drafter's argmax token ids ``int64 [batch, D]`` (``chain`` proposals; hook)."""
+        return logits.argmax(dim=-1)
+
+    def _target_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target's token at every verified node, ``int64 [batch, T]`` (hook)."""
+        return target_tokens(logits, self.temperature, self.generator)
+
+    def _policy_budget(self, state: EngineState, full: BatchedTrees) -> int:
+        """Ask ``budget_policy`` for this round's budget, given the trees at the max budget.
+
+        ``expected[b, B] = 1 + Σ_{1 <= i <= B} exp(score_i)`` (pop order; ``E[τ | B]``, DDTree
+        Prop. 1 plus the bonus), held at its last value past a tree that ran dry."""
+        expected = np.empty((state.batch, self.budget + 1), dtype=np.float64)
+        for b, tree in enumerate(full.trees):
+            q = np.exp(tree.scores.double().numpy())
+            q[0] = 0.0
+            e = 1.0 + np.cumsum(q)
+            expected[b] = np.pad(e, (0, self.budget + 1 - len(e)), mode="edge")
+        choice = self.budget_policy(expected, state.context_lens, state.active)
+        if (
+            isinstance(choice, bool)
+            or not isinstance(choice, int | np.integer)
+            or not 0 <= choice <= self.budget
+        ):
+            raise ValueError(
+                f"budget_policy: returned {choice!r}, expected an integer in 0..{self.budget}"
+            )
+        return int(choice)
+
     # ------------------------------------------------------------------ one step
 
     def _build(self, state: EngineState, times: dict[str, float]) -> BatchedTrees:
         """``draft`` and ``tree_build`` phases (``ar``: the root alone, no phases)."""
         if self.mode == "ar":
             return pad_trees([chain_tree([], b) for b in state.bonus], 1)
-        bonus_dev = torch.tensor(state.bonus, dtype=torch.int64).to(self.device)
-        start = torch.tensor(state.context_lens, dtype=torch.int64).to(self.device)
         with self._phase("draft", times):
-            logits = self.drafter.draft(state.draft_ctx, bonus_dev, start)
+            logits = self._draft_logits(state)
         if logits.dim() != 3 or logits.shape[:2] != (state.batch, self.block_size - 1):
             raise ValueError(
                 f"drafter.draft: expected logits [{state.batch}, {self.block_size - 1}, V], got "
@@ -330,11 +402,18 @@ class SpecEngine:
             )
         with self._phase("tree_build", times):
             if self.mode == "chain":
-                proposals = logits.argmax(dim=-1).cpu()
+                proposals = self._argmax(logits).cpu()
                 trees = [chain_tree(proposals[b], state.bonus[b]) for b in range(state.batch)]
                 return pad_trees(trees, self.tree_size)
-            lp, tok = draft_topk(logits, self.top_k)
-            return build_trees(lp, tok, self.budget, state.bonus)
+            lp, tok = self._topk(logits, self.top_k)
+            full = build_trees(lp, tok, self.budget, state.bonus)
+            if self.budget_policy is None:
+                return full
+            budget = self._policy_budget(state, full)
+            if budget == self.budget:
+                return full
+            trees = build_trees(lp, tok, budget, state.bonus)  # = the first budget + 1 pops
+            return pad_trees(trees.trees, self.tree_size) if self.fixed_tree_size else trees
 
     @torch.no_grad()
     def step(self, state: EngineState) -> StepRecord:
@@ -356,9 +435,10 @@ class SpecEngine:
                 state.cache,
                 vin.attn,
                 return_taps=self.drafter is not None,
+                **self._verify_kwargs,
             )
         with self._phase("accept", times):
-            post = target_tokens(out.logits, self.temperature, self.generator)
+            post = self._target_tokens(out.logits)
             walks = walk_trees(trees.trees, post)
             accepts: list[Acceptance | None] = [
                 walks[b] if not state.done[b] else None for b in range(state.batch)

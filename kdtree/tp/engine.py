@@ -13,8 +13,9 @@ Differences from :class:`kdtree.spec.engine.SpecEngine`, all on vocabulary-shard
 * ``prefill``: the first token is rank 0's, broadcast.
 
 Every tree, walk and commit is then identical on all ranks. The drafter (its own layers) is
-replicated: every rank drafts the same block. ``step`` repeats ``SpecEngine.step`` with those
-two calls swapped; see the report of issue 10 for the engine hook that would remove the copy.
+replicated: every rank drafts the same block. All of this goes through ``SpecEngine``'s hooks
+(``_draft_logits``, ``_topk``, ``_argmax``, ``_target_tokens``, ``_verify_kwargs``); ``step`` and
+``_build`` are the base engine's.
 """
 
 from __future__ import annotations
@@ -24,13 +25,8 @@ from contextlib import contextmanager
 
 import torch
 
-from kdtree.profiler import step as profiler_step
-from kdtree.spec.accept import Acceptance, walk_trees
-from kdtree.spec.commit import commit_kv, drafter_context_update
 from kdtree.spec.engine import EngineState, SpecEngine
-from kdtree.spec.records import GenerateResult, StepRecord
-from kdtree.spec.tree import BatchedTrees, build_trees, chain_tree, pad_trees
-from kdtree.spec.verify import prepare_for_verify
+from kdtree.spec.records import GenerateResult
 from kdtree.tp.decide import dist_argmax, dist_target_tokens, dist_topk
 from kdtree.tp.layers import VocabParallelLMHead
 from kdtree.tp.model import _TPCausalLM
@@ -63,6 +59,7 @@ class TPSpecEngine(SpecEngine):
         super().__init__(target, drafter, **kwargs)
         self.tp = target.tp
         self.shard = target.vocab_shard
+        self._verify_kwargs = {"gather_logits": False}
 
     @contextmanager
     def _phase(self, name: str, times: dict[str, float]) -> Iterator[None]:
@@ -97,92 +94,26 @@ class TPSpecEngine(SpecEngine):
             state.done = [t in state.stop_tokens or max_new_tokens == 1 for t in state.bonus]
         return state
 
-    # ------------------------------------------------------------------ draft + tree
+    # ------------------------------------------------------------------ decision hooks
 
-    def _local_draft_logits(self, state: EngineState) -> torch.Tensor:
+    def _draft_logits(self, state: EngineState) -> torch.Tensor:
+        """This rank's shard of the drafter's logits ``[B, bs - 1, per]``."""
         bonus = torch.tensor(state.bonus, dtype=torch.int64).to(self.device)
         start = torch.tensor(state.context_lens, dtype=torch.int64).to(self.device)
         head = getattr(self.drafter, "lm_head", None)
         if isinstance(head, VocabParallelLMHead) and hasattr(self.drafter, "forward_block"):
-            logits = draft_local(self.drafter, state.draft_ctx, bonus, start)
-        else:  # a drafter with full-vocabulary rows: take this rank's columns
-            logits = self.shard.slice_full(self.drafter.draft(state.draft_ctx, bonus, start))
-        if logits.dim() != 3 or logits.shape[:2] != (state.batch, self.block_size - 1):
-            raise ValueError(
-                f"drafter: expected logits [{state.batch}, {self.block_size - 1}, V], got "
-                f"{tuple(logits.shape)}"
-            )
-        return logits
+            return draft_local(self.drafter, state.draft_ctx, bonus, start)
+        # a drafter with full-vocabulary rows: take this rank's columns
+        return self.shard.slice_full(self.drafter.draft(state.draft_ctx, bonus, start))
 
-    def _build(self, state: EngineState, times: dict[str, float]) -> BatchedTrees:
-        if self.mode == "ar":
-            return pad_trees([chain_tree([], b) for b in state.bonus], 1)
-        with self._phase("draft", times):
-            local = self._local_draft_logits(state)
-        with self._phase("tree_build", times):
-            if self.mode == "chain":
-                proposals = dist_argmax(local, self.shard, self.tp).cpu()
-                trees = [chain_tree(proposals[b], state.bonus[b]) for b in range(state.batch)]
-                return pad_trees(trees, self.tree_size)
-            lp, tok = dist_topk(local, self.top_k, self.shard, self.tp)
-            return build_trees(lp, tok, self.budget, state.bonus)
+    def _topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return dist_topk(logits, k, self.shard, self.tp)
 
-    # ------------------------------------------------------------------ one step
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return dist_argmax(logits, self.shard, self.tp)
 
-    @torch.no_grad()
-    def step(self, state: EngineState) -> StepRecord:
-        """One speculative step (``SpecEngine.step`` on sharded logits)."""
-        active = state.active
-        if not active:
-            raise RuntimeError("step: every request of this state has finished")
-        times: dict[str, float] = {}
-        prefix = state.context_lens
-        trees = self._build(state, times)
-        with self._phase("prepare_for_verify", times):
-            vin = prepare_for_verify(
-                state.cache, state.reqs, trees, backend=self.backend, dense=self.dense_mask
-            )
-        with self._phase("verify", times):
-            out = self.target(
-                vin.input_ids,
-                vin.positions,
-                state.cache,
-                vin.attn,
-                return_taps=self.drafter is not None,
-                gather_logits=False,
-            )
-        with self._phase("accept", times):
-            post = dist_target_tokens(
-                out.logits, self.temperature, self.shard, self.tp, self.generator
-            )
-            walks = walk_trees(trees.trees, post)
-            accepts: list[Acceptance | None] = [
-                walks[b] if not state.done[b] else None for b in range(state.batch)
-            ]
-        with self._phase("commit", times):
-            commit_kv(
-                state.cache, state.reqs, prefix, vin.slot_mapping, accepts,
-                method=self.commit_method,
-            )  # fmt: skip
-            if self.drafter is not None:
-                drafter_context_update(
-                    self.drafter, state.draft_ctx, out.taps, vin.input_ids, accepts, prefix
-                )
-            emitted = self._emit(state, trees, accepts)
-        profiler_step()
-        rec = StepRecord(
-            step=state.step_index,
-            mode=self.mode,
-            batch_index=tuple(active),
-            tree_size=tuple(trees.sizes[b] for b in active),
-            accepted_len=tuple(accepts[b].accepted_len for b in active),
-            bonus_token=tuple(accepts[b].bonus for b in active),
-            emitted=tuple(emitted[b] for b in active),
-            context_len=tuple(prefix[b] for b in active),
-            phase_ms=times,
-        )
-        state.step_index += 1
-        return rec
+    def _target_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        return dist_target_tokens(logits, self.temperature, self.shard, self.tp, self.generator)
 
 
 def generate_tp(
