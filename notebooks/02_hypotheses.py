@@ -8,8 +8,10 @@
 
 # %%
 import ipywidgets as widgets
+from IPython.display import display
 
 from kdtree import hypothesis, nb, nb_live
+from kdtree import nb_shipped as ns
 from kdtree.viz import notebook_figs as nf
 from kdtree.viz import profile as vp
 
@@ -95,10 +97,25 @@ table
 
 # %% [markdown]
 # ## 4. Shipped GPU measurements (when present)
+# `data/bench/hypothesis_cuda_steps.csv`: the same experiment on the H200 (tiny-mla, dense-mask
+# path), each phase timed on the host and with CUDA events. Where the host time exceeds the
+# event time, the phase is host work the GPU waits for. The verdicts judge the host times.
 
 # %%
-gpu_table = None
+gpu_table = hvg = None
 if gpu_steps is not None:
+    hvg = ns.host_vs_gpu(gpu_steps)
+    long = hvg[hvg["phase"] != "step"].melt(
+        id_vars=["context", "phase"], value_vars=["host_ms", "gpu_ms"], var_name="clock"
+    )
+    nb.show(
+        nf.make_bar_compare_fig(
+            long.assign(case=long["phase"] + " @" + long["context"].astype(str)),
+            "case", "value", "clock", "H200: host vs CUDA-event ms per phase", "ms", log_y=True,
+        ),
+        "host_vs_gpu",
+    )  # fmt: skip
+    display(hvg.round(4))
     gpu_table = nb_live.judge_suspects(
         gpu_steps, gap_ms=GAP_MS, context=AT_CONTEXT, n_boot=N_BOOT, seed=SEED
     )
@@ -142,7 +159,17 @@ nb.markdown(
     f"{mask.exponent:.2f}).\n"
     f"- The costliest suspect at that context is **{biggest.suspect}** "
     f"({biggest.cost_ms:.3g} ms, {biggest.verdict}); a whole step took "
-    f"{step_at.iloc[-1]:.3g} ms at {step_at.index[-1]:,} tokens here."
+    f"{step_at.iloc[-1]:.3g} ms at {step_at.index[-1]:,} tokens here.\n"
+    + "".join(
+        f"- {line}\n" for line in (ns.hypothesis_findings(hvg, GAP_MS) if hvg is not None else [])
+    )
+    + (
+        "- H200 verdict on the mask build (host times): **"
+        + str(gpu_table.set_index("phase").loc["prepare_for_verify", "verdict"])
+        + "**."
+        if gpu_table is not None and "prepare_for_verify" in set(gpu_table["phase"])
+        else ""
+    )
 )
 
 # %%
@@ -167,6 +194,7 @@ nb.write_summary(
         "verdicts": {
             r.phase: {"verdict": r.verdict, "cost_ms": r.cost_ms} for r in table.itertuples()
         },
+        "gpu_host_vs_event_ms": None if hvg is None else hvg.to_dict("records"),
         "gpu_verdicts": None
         if gpu_table is None
         else {

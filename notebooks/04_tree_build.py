@@ -9,8 +9,10 @@
 # %%
 import ipywidgets as widgets
 import torch
+from IPython.display import display
 
 from kdtree import nb, nb_live
+from kdtree import nb_shipped as ns
 from kdtree.bench.tree_build import run_tree_build
 from kdtree.viz import notebook_figs as nf
 from kdtree.viz import tree as vtree
@@ -102,11 +104,13 @@ nb.show(
     "builders_live",
 )
 gpu = nb.load_bench("tree_build", gpu_only=True)
+gpu_builds = ns.tree_build_table(gpu) if gpu is not None else None
 if gpu is not None:
     nb.show(
-        vtree.make_tree_build_fig(gpu, title="Tree build per step (shipped GPU rows)"),
+        vtree.make_tree_build_fig(gpu, title="Tree build per step (shipped H200 rows)"),
         "builders_gpu",
     )
+    display(gpu_builds.round(4))
 if gpu is None and not ctx.live_gpu:
     nb.note(
         "GPU tree-build rows are not shipped yet (data/bench/tree_build.csv): the "
@@ -147,7 +151,10 @@ nb.markdown(
     f"{'(random weights: acceptance is not meaningful yet)' if not pair.trained else ''}.\n"
     f"- On {ctx.device} the device builder is **{ratio.min():.2g}–{ratio.max():.2g}×** as fast "
     f"as the heap path (heap time / device time over the measured batches and budgets), and "
-    f"it reproduces the heap's trees exactly: **{agree}**."
+    f"it reproduces the heap's trees exactly: **{agree}**.\n"
+    + "".join(
+        f"- {line}\n" for line in (ns.tree_build_findings(gpu_builds) if gpu is not None else [])
+    )
 )
 
 # %%
@@ -164,6 +171,7 @@ nb.write_summary(
         "heap_ms": {f"{k[0]}_B{k[1]}": v for k, v in heap.items()},
         "device_builder_ms": {f"{k[0]}_B{k[1]}": v for k, v in devb.items()},
         "builders_agree": agree,
+        "gpu_builds": None if gpu_builds is None else gpu_builds.to_dict("records"),
     }
 )
 nb.check(agree, "the device builder reproduces the heap's trees")

@@ -9,8 +9,10 @@
 
 # %%
 import ipywidgets as widgets
+from IPython.display import display
 
 from kdtree import nb, nb_live
+from kdtree import nb_shipped as ns
 from kdtree.bench.tree_build import run_tree_build
 from kdtree.viz import decode as vd
 from kdtree.viz import notebook_figs as nf
@@ -110,15 +112,30 @@ nb.show(
 fixes
 
 # %% [markdown]
-# ## 4. Shipped GPU decode rows (when present)
-# Acceptance histograms, the budget trade-off and tokens/s against context, measured on the
-# GPU by `kdtree bench decode`.
+# ## 4. Shipped H200 rows: decode modes and the step's phases
+# `data/bench/decode.csv` (`kdtree bench decode` on the H200 with the shipped pair, trained on
+# the CPU: 12 prompts of 1k tokens, 96 generated tokens each) and `data/bench/step.csv`
+# (`kdtree bench step`, tiny-llama from a synthetic prefix: eager, generic dense-mask and
+# CUDA-graph steps, per-phase ms and the kernel-level GPU idle fraction).
 
 # %%
-if decode_rows is not None:
+gpu_decode = ns.decode_table(decode_rows) if decode_rows is not None else None
+gpu_steps = ns.step_phase_table(step_rows) if step_rows is not None else None
+if gpu_decode is not None:
     nb.show(vd.make_acceptance_fig(decode_rows), "gpu_acceptance")
-    nb.show(vd.make_budget_fig(decode_rows), "gpu_budget")
-    nb.show(vd.make_context_fig(decode_rows), "gpu_context")
+    nb.show(
+        nf.make_bar_compare_fig(gpu_decode.assign(metric="decode tok/s (p50)"), "mode",
+                                "decode_tok_s", "metric", "H200 decode tokens/s", "tokens/s"),
+        "gpu_decode_tok_s",
+    )  # fmt: skip
+    display(gpu_decode.round(3))
+if gpu_steps is not None:
+    phase_cols = [c for c in gpu_steps.columns if c in phase_ms.columns or c == "step_ms"]
+    wide = gpu_steps.set_index(gpu_steps["provider"] + " @" + gpu_steps["context"].astype(str))
+    parts = wide[[c for c in phase_cols if c != "step_ms"]].fillna(0.0)
+    parts["(rest of the step)"] = (wide["step_ms"] - parts.sum(axis=1)).clip(lower=0.0)
+    nb.show(nf.make_stacked_phase_fig(parts, "H200 step: ms per phase (step.csv)"), "gpu_steps")
+    display(gpu_steps.round(4))
 
 # %% [markdown]
 # ## 5. Budget and mode (interactive only)
@@ -169,6 +186,10 @@ nb.markdown(
         f"({r.before_ms / r.after_ms:.2g}×, {r.where}).\n"
         for r in fixes.itertuples()
     )
+    + "".join(
+        f"- {line}\n"
+        for line in (ns.decode_findings(gpu_decode, gpu_steps) if gpu_decode is not None else [])
+    )
 )
 
 # %%
@@ -185,6 +206,8 @@ nb.write_summary(
         "speedup_vs_ar": None if speedup is None else speedup.to_dict(),
         "phase_share": {m: share.loc[m].to_dict() for m in share.index},
         "fixes": fixes.to_dict("records"),
+        "gpu_decode": None if gpu_decode is None else gpu_decode.to_dict("records"),
+        "gpu_steps": None if gpu_steps is None else gpu_steps.to_dict("records"),
     }
 )
 nb.check((table["gen_tok"] == NEW_TOKENS).all(), "every mode generated NEW_TOKENS tokens")

@@ -153,3 +153,51 @@ def make_tree_fig(
         height=max(400, 14 * slot + 120),
     )  # fmt: skip
     return fig
+
+
+def make_floor_facets_fig(tidy: pd.DataFrame, title: str) -> go.Figure:
+    """Fraction of the floor against prefix length L, one panel per layout, one line per
+    (provider, T); rows of ``kdtree.nb_shipped.verify_rows`` (failed/skipped rows dropped)."""
+    from plotly.subplots import make_subplots
+
+    _require(tidy, {"layout", "L", "T", "provider", "frac_of_floor"}, "tidy")
+    ok = tidy.dropna(subset=["frac_of_floor"])
+    layouts = sorted(ok["layout"].unique())
+    if not layouts:
+        raise ValueError("tidy: no row carries a fraction of the floor")
+    fig = make_subplots(rows=1, cols=len(layouts), subplot_titles=layouts, shared_yaxes=True)
+    dash = {t: d for t, d in zip(sorted(ok["T"].unique()), ["dot", "solid", "dash", "dashdot"],
+                                 strict=False)}  # fmt: skip
+    palette = {}
+    for col, layout in enumerate(layouts, start=1):
+        for (prov, t), g in ok[ok["layout"] == layout].groupby(["provider", "T"]):
+            color = palette.setdefault(prov, f"hsl({len(palette) * 47 % 360},65%,45%)")
+            g = g.sort_values("L")
+            fig.add_scatter(x=g["L"], y=g["frac_of_floor"], mode="lines+markers",
+                            name=f"{prov} T={t}", legendgroup=prov, row=1, col=col,
+                            line={"color": color, "dash": dash.get(t, "solid")})  # fmt: skip
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_xaxes(type="log", title_text="L (prefix tokens)")
+    fig.update_yaxes(type="log", tickformat=".0%", title_text="fraction of the floor", col=1)
+    fig.update_layout(title=title, template="plotly_white", height=480)
+    return fig
+
+
+def make_phase_timeline_fig(events: pd.DataFrame, title: str, max_steps: int = 6) -> go.Figure:
+    """Host intervals of the first ``max_steps`` steps as a Gantt-like chart: one row per phase
+    name, bar length = host ms; hover shows the CUDA-event ms. ``events``: rows of
+    ``kdtree.nb_shipped.load_phase_events``."""
+    _require(events, {"name", "start_ms", "host_ms", "gpu_ms"}, "events")
+    unit = "graph_step" if (events["name"] == "graph_step").any() else "step"
+    starts = events.loc[events["name"] == unit, "start_ms"].sort_values()
+    stop = starts.iloc[max_steps] if len(starts) > max_steps else events["end_ms"].max()
+    ev = events[events["start_ms"] < stop]
+    fig = go.Figure()
+    for name, g in ev.groupby("name", sort=False):
+        fig.add_bar(y=[name] * len(g), x=g["host_ms"], base=g["start_ms"], orientation="h",
+                    name=str(name), customdata=g["gpu_ms"].fillna(-1),
+                    hovertemplate="%{y}: %{x:.3f} ms host, %{customdata:.3f} ms GPU events"
+                                  "<extra></extra>")  # fmt: skip
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="ms since the first step",
+                      template="plotly_white", height=320, showlegend=False)  # fmt: skip
+    return fig

@@ -60,6 +60,15 @@ EXPECTED_KEYS = {
         "phase_share",
         "speedup_vs_ar",
     },
+    "06_moe_and_scale": {
+        "source",
+        "gpu_data_shipped",
+        "step_modelled",
+        "distinct_experts",
+        "mini_routing",
+        "budget",
+        "live",
+    },
 }
 
 

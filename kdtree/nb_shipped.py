@@ -1,0 +1,489 @@
+"""Tidy views of the GPU measurements shipped in ``data/`` for the notebooks.
+
+Pure pandas over the long-format bench CSVs (``kdtree/bench/schema.py``) and the profiler's
+Chrome traces: nothing is measured here and nothing is invented; every function says which
+rows it reads. Used by notebooks 01-05 to show the H200 rows next to their live CPU runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kdtree import env
+
+#: Published or measured-in-notes anchors the verify kernel is compared with (DESIGN.md,
+#: "Physics of the hot spots"): FlashInfer's MLA wrapper (FA3, causal=False) over the prefix at
+#: L=128k with h=8 heads per rank, as measured on the H200 in the research notes.
+FLASHINFER_MLA_NOTES = {
+    17: {"ms": 0.13, "frac_of_floor": None, "heads": 8, "L": 131072},
+    65: {"ms": 0.34, "frac_of_floor": 0.65, "heads": 8, "L": 131072},
+}
+#: The GQA target of issue 4: ≥ 60 % of the floor for L ≥ 32k at T ∈ {17, 65}, batch 1.
+FLOOR_TARGET = 0.60
+FLOOR_TARGET_MIN_L = 32_768
+
+_CASE = re.compile(r"^(?P<layout>[^/]+)/B(?P<B>\d+)/L(?P<L>\d+)/T(?P<T>\d+)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# verify attention (notebook 03)
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_case(name: str) -> dict:
+    """``gqa_32q8kv_d128/B1/L131072/T17`` → layout, B, L, T."""
+    m = _CASE.match(str(name))
+    if m is None:
+        raise ValueError(f"case name {name!r}: expected 'LAYOUT/B<int>/L<int>/T<int>'")
+    d = m.groupdict()
+    return {"layout": d["layout"], "B": int(d["B"]), "L": int(d["L"]), "T": int(d["T"])}
+
+
+def verify_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (layout, B, L, T, provider) of ``verify_attention.csv``: ``time_ms``,
+    ``frac_of_floor``, ``floor_ms`` and ``status`` (``ok``, else the recorded skip/error reason)."""
+    need = {"name", "provider", "metric", "p50", "config_json"}
+    if missing := need - set(df.columns):
+        raise ValueError(f"verify_attention rows: missing columns {sorted(missing)}")
+    rows = df[df["name"].astype(str).str.match(_CASE)]
+    out: dict[tuple, dict] = {}
+    for r in rows.itertuples(index=False):
+        case = parse_case(r.name)
+        key = (case["layout"], case["B"], case["L"], case["T"], r.provider)
+        cfg = json.loads(r.config_json) if isinstance(r.config_json, str) else {}
+        rec = out.setdefault(key, {**case, "provider": r.provider, "time_ms": np.nan,
+                                   "frac_of_floor": np.nan, "floor_ms": cfg.get("floor_ms"),
+                                   "status": "ok"})  # fmt: skip
+        if r.metric == "time":
+            rec["time_ms"] = float(r.p50)
+        elif r.metric == "frac_of_floor":
+            rec["frac_of_floor"] = float(r.p50)
+        elif r.metric == "error":
+            rec["status"] = str(cfg.get("reason") or cfg.get("error") or "error")
+    tidy = pd.DataFrame(list(out.values()))
+    return tidy.sort_values(["layout", "L", "T", "provider"]).reset_index(drop=True)
+
+
+def ours_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
+    """Per case: our best time (``ours`` or ``ours_graph``), its fraction of the floor, the
+    fastest measured peer and the speed-up over it, and whether the floor target is met."""
+    ok = tidy[tidy["status"] == "ok"].dropna(subset=["time_ms"])
+    rows = []
+    for (layout, L, T), g in ok.groupby(["layout", "L", "T"]):
+        ours = g[g["provider"].isin(["ours", "ours_graph"])]
+        if ours.empty:
+            continue
+        best = ours.loc[ours["time_ms"].idxmin()]
+        peers = g[~g["provider"].isin(["ours", "ours_graph", "ref"])]
+        peer = peers.loc[peers["time_ms"].idxmin()] if len(peers) else None
+        rows.append({
+            "layout": layout, "L": int(L), "T": int(T), "ours": best["provider"],
+            "ours_ms": best["time_ms"], "ours_frac": best["frac_of_floor"],
+            "floor_ms": best["floor_ms"],
+            "best_peer": None if peer is None else peer["provider"],
+            "peer_ms": np.nan if peer is None else peer["time_ms"],
+            "peer_frac": np.nan if peer is None else peer["frac_of_floor"],
+            "speedup_vs_peer": np.nan if peer is None else peer["time_ms"] / best["time_ms"],
+            "peers": ", ".join(sorted(peers["provider"])),
+            "target_applies": int(L) >= FLOOR_TARGET_MIN_L,
+            "meets_target": bool(best["frac_of_floor"] >= FLOOR_TARGET),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def time_table(tidy: pd.DataFrame, L: int) -> pd.DataFrame:
+    """Milliseconds per provider (columns) for every (layout, T) at prefix length ``L``."""
+    g = tidy[(tidy["L"] == L) & (tidy["status"] == "ok")]
+    if g.empty:
+        raise ValueError(
+            f"L={L}: no verify rows at that prefix length (have {sorted(set(tidy.L))})"
+        )
+    return g.pivot_table(index=["layout", "T"], columns="provider", values="time_ms")
+
+
+# ---------------------------------------------------------------------------------------------
+# profiler phase traces (notebook 01)
+# ---------------------------------------------------------------------------------------------
+
+
+def phase_trace_dirs(root: Path | None = None) -> list[Path]:
+    """Folders under ``data/traces`` holding a profiler ``phases.chrome.json``, sorted."""
+    root = Path(root or Path(env.DATA_DIR) / "traces")
+    return sorted(p.parent for p in root.rglob("phases.chrome.json")) if root.is_dir() else []
+
+
+def load_phase_events(path: Path) -> pd.DataFrame:
+    """The complete (``ph == "X"``) events of a kdtree profiler Chrome trace: ``name``,
+    ``step``, ``start_ms``/``end_ms`` (host, from the trace's first event) and ``gpu_ms`` (the
+    CUDA-event time of the phase when it was recorded, else NaN)."""
+    doc = json.loads(Path(path).read_text())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    rows = [
+        {"name": e["name"], "step": (e.get("args") or {}).get("step"),
+         "start_us": float(e["ts"]), "dur_us": float(e.get("dur", 0.0)),
+         "gpu_ms": (e.get("args") or {}).get("gpu_ms", np.nan)}
+        for e in events if e.get("ph") == "X"
+    ]  # fmt: skip
+    if not rows:
+        raise ValueError(f"{path}: no complete ('X') events in this Chrome trace")
+    df = pd.DataFrame(rows)
+    t0 = df["start_us"].min()
+    df["start_ms"] = (df["start_us"] - t0) / 1e3
+    df["end_ms"] = df["start_ms"] + df["dur_us"] / 1e3
+    df["host_ms"] = df["dur_us"] / 1e3
+    df["gpu_ms"] = pd.to_numeric(df["gpu_ms"], errors="coerce")
+    return df.drop(columns=["start_us", "dur_us"]).sort_values("start_ms").reset_index(drop=True)
+
+
+def step_units(events: pd.DataFrame) -> tuple[str, pd.DataFrame, pd.DataFrame]:
+    """The unit a decode step is timed by and the phases inside it: ``graph_step`` (one CUDA
+    graph replay, no inner phases) when the trace has it, else ``step`` with its phases."""
+    if (events["name"] == "graph_step").any():
+        unit = "graph_step"
+        return unit, events[events["name"] == unit], events[events["name"] == unit]
+    units = events[events["name"] == "step"]
+    if units.empty:
+        raise ValueError("phase trace: neither 'step' nor 'graph_step' events")
+    return "step", units, events[events["name"] != "step"]
+
+
+def phase_idle(events: pd.DataFrame) -> dict:
+    """Idle time of the device read from phase intervals and their CUDA-event times.
+
+    Inside a phase the device is counted idle for ``host_ms - gpu_ms`` (clipped at 0: where the
+    event time exceeds the host interval the phase is fully busy); time inside a step that no
+    phase covers and time between steps carried no profiled GPU work and count as idle. Returns
+    ``per_step`` (one row per unit), ``attribution`` (idle ms per phase / gap, shares sum to 1)
+    and totals. It is derived from phase intervals, not from DRAM samples.
+    """
+    unit, units, phases = step_units(events)
+    units = units.sort_values("start_ms").reset_index(drop=True)
+    per, attr = [], {}
+    for i, u in units.iterrows():
+        inner = phases[(phases["start_ms"] >= u["start_ms"] - 1e-6)
+                       & (phases["end_ms"] <= u["end_ms"] + 1e-6)]  # fmt: skip
+        if unit == "graph_step":
+            inner = inner[inner.index == inner.index[0]] if len(inner) else inner
+        gpu = inner["gpu_ms"].fillna(0.0)
+        busy = np.minimum(gpu, inner["host_ms"])
+        for name, idle in zip(inner["name"], inner["host_ms"] - busy, strict=True):
+            attr[name] = attr.get(name, 0.0) + float(idle)
+        uncovered = max(0.0, float(u["host_ms"] - inner["host_ms"].sum()))
+        nxt = units["start_ms"].iloc[i + 1] if i + 1 < len(units) else None
+        between = max(0.0, float(nxt - u["end_ms"])) if nxt is not None else 0.0
+        attr["(untimed, inside step)"] = attr.get("(untimed, inside step)", 0.0) + uncovered
+        attr["(between steps)"] = attr.get("(between steps)", 0.0) + between
+        idle = float((inner["host_ms"] - busy).sum()) + uncovered + between
+        per.append({"step": i, "start_ms": u["start_ms"], "wall_ms": u["host_ms"],
+                    "gpu_ms": float(busy.sum()), "gap_after_ms": between, "idle_ms": idle,
+                    "idle_fraction": idle / max(u["host_ms"] + between, 1e-12)})  # fmt: skip
+    per_step = pd.DataFrame(per)
+    span = float(units["end_ms"].max() - units["start_ms"].min())
+    total = float(sum(attr.values()))
+    a = pd.DataFrame({"phase": list(attr), "idle_ms": list(attr.values())})
+    a = a[a["idle_ms"] > 0].sort_values("idle_ms", ascending=False).reset_index(drop=True)
+    a["share"] = a["idle_ms"] / total if total > 0 else 0.0
+    return {"unit": unit, "per_step": per_step, "attribution": a, "span_ms": span,
+            "idle_ms": total, "idle_fraction": total / span if span > 0 else 0.0,
+            "steps": len(units), "step_ms_mean": float(units["host_ms"].mean())}  # fmt: skip
+
+
+def phase_trace_summary(root: Path | None = None) -> tuple[pd.DataFrame, dict]:
+    """``phase_idle`` for every shipped phase trace: a table (one row per trace) and the full
+    results keyed by the trace's folder name (e.g. ``graph_46000``)."""
+    rows, full = [], {}
+    for d in phase_trace_dirs(root):
+        res = phase_idle(load_phase_events(d / "phases.chrome.json"))
+        full[d.name] = res
+        top = res["attribution"].iloc[0] if len(res["attribution"]) else None
+        mode, _, context = d.name.rpartition("_")
+        rows.append({"trace": d.name, "mode": mode, "context": int(context) if context.isdigit()
+                     else None, "unit": res["unit"], "steps": res["steps"],
+                     "step_ms_mean": res["step_ms_mean"], "idle_fraction": res["idle_fraction"],
+                     "idle_ms_per_step": res["idle_ms"] / max(res["steps"], 1),
+                     "top_idle_phase": None if top is None else top["phase"],
+                     "top_idle_share": None if top is None else top["share"]})  # fmt: skip
+    return pd.DataFrame(rows), full
+
+
+# ---------------------------------------------------------------------------------------------
+# hypotheses (02), tree build (04), decode and step (05)
+# ---------------------------------------------------------------------------------------------
+
+
+def host_vs_gpu(steps: pd.DataFrame) -> pd.DataFrame:
+    """Median host and CUDA-event ms per (context, phase) of ``hypothesis_cuda_steps.csv``,
+    with the host-only share ``1 - gpu/host`` (NaN where no event time was recorded)."""
+    if missing := {"context", "phase", "host_ms", "gpu_ms"} - set(steps.columns):
+        raise ValueError(f"hypothesis steps: missing columns {sorted(missing)}")
+    m = steps.groupby(["context", "phase"])[["host_ms", "gpu_ms"]].median().reset_index()
+    m["host_only_share"] = (1.0 - m["gpu_ms"] / m["host_ms"]).clip(lower=0.0)
+    return m
+
+
+def metric_table(df: pd.DataFrame, metric: str, index: str = "x_value") -> pd.DataFrame:
+    """p50 of one metric as a table: ``index`` rows × provider columns (one name per suite)."""
+    g = df[df["metric"] == metric]
+    if g.empty:
+        raise ValueError(f"metric {metric!r}: not in these rows (have {sorted(set(df.metric))})")
+    g = g.assign(**{index: pd.to_numeric(g[index], errors="coerce")})
+    return g.pivot_table(index=["name", index], columns="provider", values="p50")
+
+
+def decode_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per decode mode of ``decode.csv``: tok/s (p50, p20, p80), TTFT, τ, forwards per
+    token and the mean ms per step of each recorded phase."""
+    rows = []
+    for name, g in df.groupby("name", sort=False):
+        v = g.set_index("metric")
+        rec = {"mode": str(v["mode"].iloc[0]), "name": name,
+               "context": int(float(v.loc["decode_tok_s", "x_value"]))}  # fmt: skip
+        for m in ("decode_tok_s", "ttft_s", "tau", "fwd_per_tok", "prefill_tok_s"):
+            rec[m] = float(v.loc[m, "p50"]) if m in v.index else np.nan
+        rec["decode_tok_s_p20"] = float(v.loc["decode_tok_s", "p20"])
+        rec["decode_tok_s_p80"] = float(v.loc["decode_tok_s", "p80"])
+        for m in v.index[v.index.str.startswith("phase_")]:
+            rec[m.removeprefix("phase_").removesuffix("_ms")] = float(v.loc[m, "p50"])
+        rows.append(rec)
+    out = pd.DataFrame(rows)
+    ar = out.loc[out["mode"] == "ar", "decode_tok_s"]
+    out["speedup_vs_ar"] = out["decode_tok_s"] / float(ar.iloc[0]) if len(ar) else np.nan
+    return out
+
+
+def step_phase_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``decode_step`` rows of ``step.csv`` per (provider, context): whole-step ms, GPU idle
+    fraction, kernels per step and ms of every recorded phase."""
+    s = df[df["name"] == "decode_step"].copy()
+    s["context"] = pd.to_numeric(s["x_value"], errors="coerce")
+    w = s.pivot_table(index=["provider", "context"], columns="metric", values="p50")
+    w.columns = [c.removeprefix("phase_") for c in w.columns]
+    return w.rename(columns={"time": "step_ms"}).reset_index()
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def verify_findings(versus: pd.DataFrame) -> list[str]:
+    """Conclusion bullets formatted from ``ours_vs_peers``: the floor fraction at the longest
+    prefix, the target check, the speed-up against peers, losses, and the MLA anchor."""
+    if versus is None or versus.empty:
+        return []
+    out = []
+    for layout, g in versus.groupby("layout"):
+        top = g[g["L"] == g["L"].max()].sort_values("T")
+        out.append(
+            f"`{layout}` at L = {int(top['L'].iloc[0]):,}: "
+            + ", ".join(
+                f"T={r.T} **{r.ours_ms:.3g} ms = {_pct(r.ours_frac)} of the floor**"
+                for r in top.itertuples()
+            )  # fmt: skip
+            + "."
+        )
+    tgt = versus[versus["target_applies"]]
+    if len(tgt):
+        best = tgt.loc[tgt["ours_frac"].idxmax()]
+        out.append(
+            f"Target (≥ {_pct(FLOOR_TARGET)} of the floor for L ≥ {FLOOR_TARGET_MIN_L // 1024}k): "
+            f"**met in {int(tgt['meets_target'].sum())} of {len(tgt)} cases**; the best is "
+            f"{_pct(best.ours_frac)} (`{best.layout}`, L={best.L:,}, T={best['T']}) and the "
+            f"worst {_pct(tgt['ours_frac'].min())}: the kernel misses the target everywhere it "
+            "applies." if not tgt["meets_target"].any() else
+            f"Target (≥ {_pct(FLOOR_TARGET)} for L ≥ 32k) met in "
+            f"{int(tgt['meets_target'].sum())} of {len(tgt)} cases."
+        )  # fmt: skip
+    short = versus[versus["L"] == versus["L"].min()].dropna(subset=["speedup_vs_peer"])
+    if len(short):
+        lose = short[short["speedup_vs_peer"] < 1]
+        out.append(
+            f"At L = {int(short['L'].iloc[0]):,} against the fastest of all peers: "
+            f"{short['speedup_vs_peer'].min():.2f}–{short['speedup_vs_peer'].max():.2f}× "
+            + ("(faster in every case)." if lose.empty else "(speed-up of ours); slower in "
+               + ", ".join(f"`{r.layout}` T={r.T} ({r.best_peer} {r.peer_ms:.3g} ms vs ours "
+                           f"{r.ours_ms:.3g} ms)" for r in lose.itertuples()) + ".")
+        )  # fmt: skip
+    long = versus[versus["L"] > versus["L"].min()].dropna(subset=["speedup_vs_peer"])
+    for peer, g in long.groupby("best_peer"):
+        out.append(
+            f"At L ≥ {int(g['L'].min()) // 1024}k against `{peer}` (the only peer measured "
+            f"there): {g['speedup_vs_peer'].min():.1f}–{g['speedup_vs_peer'].max():.1f}× faster."
+        )
+    mla = versus[versus["layout"].str.startswith("mla") & (versus["L"] == 131072)]
+    for r in mla.itertuples():
+        a = FLASHINFER_MLA_NOTES.get(int(r.T))
+        if a is None:
+            continue
+        scale = 16 / a["heads"]  # FLOPs grow with the heads; bytes do not
+        if a["frac_of_floor"]:
+            gap = f"{a['frac_of_floor'] / r.ours_frac:.1f}× further from the floor than it"
+        else:
+            gap = f"{r.ours_ms / (a['ms'] * scale):.1f}× slower even against {scale:g}× its time"
+        out.append(
+            f"MLA T={r.T}, L=128k: ours {r.ours_ms:.3g} ms ({_pct(r.ours_frac)} of the floor, "
+            f"h=16) against FlashInfer's MLA wrapper in the research notes ({a['ms']} ms at "
+            f"h={a['heads']}" + (f", {_pct(a['frac_of_floor'])} of its floor" if
+                                  a["frac_of_floor"] else "") + f"): ours is {gap}."
+        )  # fmt: skip
+    return out
+
+
+def idle_by_phase_per_step(full: dict) -> pd.DataFrame:
+    """Idle ms per step attributed to each phase / gap (columns), one row per phase trace, from
+    the results of ``phase_trace_summary``."""
+    return pd.DataFrame(
+        {k: v["attribution"].set_index("phase")["idle_ms"] / max(v["steps"], 1)
+         for k, v in full.items()}
+    ).T.fillna(0.0)  # fmt: skip
+
+
+#: Phase-trace mode → the ``step.csv`` provider that runs the same path (dense-mask eager
+#: steps are the generic path; graph is graph).
+TRACE_TO_STEP_PROVIDER = {"eager-dense": "generic", "graph": "graph", "eager": "eager"}
+
+
+def phase_findings(table: pd.DataFrame, kernel_idle: pd.DataFrame | None = None) -> list[str]:
+    """Conclusion bullets formatted from ``phase_trace_summary``'s table (and the kernel-level
+    idle fraction of ``step_phase_table`` when given)."""
+    out = []
+    for r in table.itertuples():
+        line = (
+            f"`{r.trace}`: {r.steps} {r.unit}s of **{r.step_ms_mean:.3g} ms**; at least "
+            f"**{r.idle_fraction:.1%}** of the span has no profiled GPU work "
+            f"({r.idle_ms_per_step:.3g} ms per step), most of it in **{r.top_idle_phase}** "
+            f"({r.top_idle_share:.0%})"
+        )
+        prov = TRACE_TO_STEP_PROVIDER.get(r.mode)
+        if kernel_idle is not None and prov is not None:
+            k = kernel_idle[
+                (kernel_idle["provider"] == prov) & (kernel_idle["context"] == r.context)
+            ]
+            if len(k):
+                kid = float(k["gpu_idle_fraction"].iloc[0])
+                line += (
+                    f"; the kernel-level GPU idle fraction of the `{prov}` step at this context "
+                    f"(step.csv, from a kernel trace) is **{kid:.0%}**"
+                )
+                if kid > 2 * r.idle_fraction:
+                    line += (
+                        " — so most of the idle time lies between kernels *inside* the phases "
+                        "(launch-bound), which phase intervals cannot see"
+                    )
+        out.append(line + ".")
+    for context, g in table.groupby("context"):
+        m = g.set_index("mode")["step_ms_mean"]
+        if {"eager-dense", "graph"} <= set(m.index):
+            out.append(
+                f"At {int(context):,} tokens a CUDA-graph step takes {m['graph']:.3g} ms against "
+                f"{m['eager-dense']:.3g} ms eager with the dense mask "
+                f"(**{m['eager-dense'] / m['graph']:.0f}×**)."
+            )
+    return out
+
+
+def hypothesis_findings(hvg: pd.DataFrame, gap_ms: float) -> list[str]:
+    """Conclusion bullets from ``host_vs_gpu`` of the shipped CUDA rows: the mask build's
+    host and GPU cost against the gap at each context, and the largest phase."""
+    out = []
+    for context, g in hvg.groupby("context"):
+        v = g.set_index("phase")
+        phases = v.drop(index="step", errors="ignore")
+        line = f"H200 at {int(context):,} tokens: "
+        if "prepare_for_verify" in v.index:
+            m = v.loc["prepare_for_verify"]
+            line += (
+                f"the mask build takes **{m.host_ms:.3g} ms host / {m.gpu_ms:.3g} ms GPU** per "
+                f"step = {m.gpu_ms / gap_ms:.1%} of the {gap_ms:g} ms gap"
+            )
+        if len(phases):
+            top = phases["host_ms"].idxmax()
+            line += f"; the largest phase is `{top}` ({phases.loc[top, 'host_ms']:.3g} ms)"
+        if "step" in v.index:
+            line += f" of a {v.loc['step', 'host_ms']:.3g} ms step"
+        out.append(line + ".")
+    return out
+
+
+def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Heap vs every device builder of ``tree_build.csv``: ms per step by (batch, budget) and
+    provider, plus the fastest device provider and its speed-up over the heap."""
+    t = df[df["metric"] == "time"].copy()
+    t["batch"] = t["name"].str.extract(r"_b(\d+)$")[0].astype(int)
+    t["budget"] = pd.to_numeric(t["x_value"]).astype(int)
+    w = t.pivot_table(index=["batch", "budget"], columns="provider", values="p50")
+    if "heap" not in w.columns:
+        raise ValueError("tree_build rows: no 'heap' provider to compare the device builders with")
+    dev = w.drop(columns="heap")
+    w["fastest_device"] = dev.idxmin(axis=1)
+    w["fastest_device_ms"] = dev.min(axis=1)
+    w["speedup_vs_heap"] = w["heap"] / w["fastest_device_ms"]
+    return w.reset_index()
+
+
+def tree_build_findings(table: pd.DataFrame) -> list[str]:
+    """Conclusion bullets formatted from ``tree_build_table``."""
+    out = []
+    for batch, g in table.groupby("batch"):
+        line = f"H200, batch {batch}: heap {g['heap'].min():.3g}–{g['heap'].max():.3g} ms; "
+        line += ", ".join(
+            f"B={r.budget} `{r.fastest_device}` {r.fastest_device_ms:.3g} ms "
+            f"(**{r.speedup_vs_heap:.3g}×**)"
+            for r in g.itertuples()
+        )
+        out.append(line + ".")
+    if "device_torch" in table.columns:
+        slow = table[table["device_torch"] > table["heap"]]
+        if len(slow):
+            out.append(
+                f"The eager torch builder (`device_torch`, not graph-captured) is slower than "
+                f"the heap in {len(slow)} of {len(table)} cases (e.g. batch {slow.iloc[0].batch},"
+                f" B={slow.iloc[0].budget}: {slow.iloc[0].device_torch:.3g} ms vs "
+                f"{slow.iloc[0].heap:.3g} ms); only graph capture or the Triton kernel make the "
+                "device build pay off at small batch."
+            )
+    return out
+
+
+def decode_findings(dec: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
+    """Conclusion bullets from ``decode_table`` (and ``step_phase_table``): tok/s, τ and the
+    speed-up of every mode, the verify share of a tree step, and eager vs graph steps."""
+    out = []
+    ctx = int(dec["context"].iloc[0])
+    out.append(
+        f"H200 at {ctx:,} tokens of context (shipped trained pair): "
+        + ", ".join(
+            f"`{r.mode}` **{r.decode_tok_s:.1f} tok/s** (τ {r.tau:.2f}, {r.speedup_vs_ar:.2f}× ar)"
+            for r in dec.itertuples()
+        )
+        + "."
+    )
+    phases = [c for c in ("draft", "tree_build", "prepare_for_verify", "verify", "accept",
+                          "commit") if c in dec.columns]  # fmt: skip
+    for r in dec[dec["mode"] == "tree"].itertuples():
+        total = sum(getattr(r, p) for p in phases if pd.notna(getattr(r, p)))
+        if total > 0:
+            out.append(
+                f"A `{r.name}` step spends {r.verify:.3g} ms of {total:.3g} ms in its phases in "
+                f"verify (**{r.verify / total:.0%}**); the tree build is {r.tree_build:.3g} ms."
+            )
+    if steps is not None and len(steps):
+        top = steps[steps["context"] == steps["context"].max()].set_index("provider")
+        if {"eager", "graph"} <= set(top.index):
+            e, g = top.loc["eager"], top.loc["graph"]
+            out.append(
+                f"Step bench at {int(steps['context'].max()):,} tokens (tiny-llama, B=64): "
+                f"eager {e.step_ms:.3g} ms with the GPU idle {e.gpu_idle_fraction:.0%}, CUDA "
+                f"graph {g.step_ms:.3g} ms with it idle {g.gpu_idle_fraction:.0%} "
+                f"(**{e.step_ms / g.step_ms:.1f}×**)"
+                + (
+                    f"; the generic dense-mask path takes {top.loc['generic'].step_ms:.3g} ms."
+                    if "generic" in top.index
+                    else "."
+                )
+            )
+    return out

@@ -1,0 +1,103 @@
+"""kdtree.nb_shipped: tidy views of shipped GPU rows and phase traces (synthetic inputs)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kdtree import nb_shipped as ns
+
+
+def _row(name, provider, metric, p50, **cfg):
+    return {"name": name, "provider": provider, "metric": metric, "p50": p50,
+            "config_json": json.dumps(cfg)}  # fmt: skip
+
+
+def test_parse_case_and_bad_name():
+    assert ns.parse_case("mla_h16/B1/L131072/T65") == {
+        "layout": "mla_h16", "B": 1, "L": 131072, "T": 65,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="LAYOUT/B"):
+        ns.parse_case("ceilings")
+
+
+def test_verify_rows_and_ours_vs_peers():
+    case = "gqa/B1/L65536/T17"
+    df = pd.DataFrame([
+        _row("ceilings", "device", "copy_bandwidth", 4.2),
+        _row(case, "ours", "time", 0.2, floor_ms=0.1),
+        _row(case, "ours", "frac_of_floor", 0.5, floor_ms=0.1),
+        _row(case, "ours_graph", "time", 0.125, floor_ms=0.1),
+        _row(case, "ours_graph", "frac_of_floor", 0.8, floor_ms=0.1),
+        _row(case, "sdpa_dense", "time", 1.0, floor_ms=0.1),
+        _row(case, "sdpa_dense", "frac_of_floor", 0.1, floor_ms=0.1),
+        _row(case, "flex", "error", np.nan, reason="skipped: compiles per shape"),
+    ])  # fmt: skip
+    tidy = ns.verify_rows(df)
+    assert set(tidy["provider"]) == {"ours", "ours_graph", "sdpa_dense", "flex"}
+    assert tidy.set_index("provider").loc["flex", "status"].startswith("skipped")
+    v = ns.ours_vs_peers(tidy).iloc[0]
+    assert v["ours"] == "ours_graph" and v["best_peer"] == "sdpa_dense"
+    assert v["speedup_vs_peer"] == pytest.approx(8.0)
+    assert v["meets_target"] and v["target_applies"]
+    lines = ns.verify_findings(ns.ours_vs_peers(tidy))
+    assert any("80 % of the floor" in line for line in lines), lines
+    assert any("Target (≥ 60 % for L ≥ 32k)" in line for line in lines), lines
+    assert any("8.00–8.00× (faster in every case)" in line for line in lines), lines
+
+
+def _x(name, ts, dur, step, gpu=None):
+    args = {"step": step} | ({"gpu_ms": gpu} if gpu is not None else {})
+    return {"name": name, "ph": "X", "ts": ts, "dur": dur, "args": args}
+
+
+def test_phase_idle_eager_attribution(tmp_path):
+    # two 10 ms steps 1 ms apart; verify 6 ms host / 5 ms GPU, accept 2 ms host / 0.5 ms GPU,
+    # 2 ms of each step uncovered -> idle per step 1 + 1.5 + 2 (+ 1 between the two steps)
+    ev = []
+    for i, t0 in enumerate((0.0, 11_000.0)):
+        ev += [_x("step", t0, 10_000, i), _x("verify", t0, 6_000, i, 5.0),
+               _x("accept", t0 + 6_000, 2_000, i, 0.5)]  # fmt: skip
+    path = tmp_path / "phases.chrome.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    res = ns.phase_idle(ns.load_phase_events(path))
+    a = res["attribution"].set_index("phase")["idle_ms"]
+    assert res["unit"] == "step" and res["steps"] == 2
+    assert a["verify"] == pytest.approx(2.0) and a["accept"] == pytest.approx(3.0)
+    assert a["(untimed, inside step)"] == pytest.approx(4.0)
+    assert a["(between steps)"] == pytest.approx(1.0)
+    assert res["idle_fraction"] == pytest.approx(10.0 / 21.0)
+    assert res["attribution"]["share"].sum() == pytest.approx(1.0)
+
+
+def test_phase_idle_graph_unit(tmp_path):
+    ev = [_x("graph_step", 0, 2_000, 0, 2.0), _x("step", 0, 2_100, 0),
+          _x("graph_step", 2_500, 2_000, 1, 1.5)]  # fmt: skip
+    path = tmp_path / "phases.chrome.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    res = ns.phase_idle(ns.load_phase_events(path))
+    a = res["attribution"].set_index("phase")["idle_ms"]
+    assert res["unit"] == "graph_step"
+    assert a["(between steps)"] == pytest.approx(0.5) and a["graph_step"] == pytest.approx(0.5)
+
+
+def test_decode_and_tree_build_tables():
+    rows = []
+    for mode, tps, tau in (("ar", 50.0, 1.0), ("tree", 150.0, 3.0)):
+        for metric, v in (("decode_tok_s", tps), ("tau", tau), ("phase_verify_ms", 4.0)):
+            rows.append({"name": mode, "mode": mode, "metric": metric, "x_value": 1024,
+                         "p50": v, "p20": v, "p80": v})  # fmt: skip
+    dec = ns.decode_table(pd.DataFrame(rows)).set_index("mode")
+    assert dec.loc["tree", "speedup_vs_ar"] == pytest.approx(3.0)
+    assert dec.loc["tree", "verify"] == 4.0
+    tb = pd.DataFrame([
+        {"name": "tree_build_b1", "provider": p, "metric": "time", "x_value": 16, "p50": v}
+        for p, v in (("heap", 1.0), ("device_torch", 4.0), ("device_triton", 0.25))
+    ])  # fmt: skip
+    t = ns.tree_build_table(tb).iloc[0]
+    assert t["fastest_device"] == "device_triton" and t["speedup_vs_heap"] == pytest.approx(4.0)
+    assert any("slower than the heap" in line for line in ns.tree_build_findings(
+        ns.tree_build_table(tb)))  # fmt: skip
