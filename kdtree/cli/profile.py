@@ -224,7 +224,8 @@ def hypothesis_cmd(
     csv_path = out / f"hypothesis_{tag}.csv"
     steps_path = out / f"hypothesis_{tag}_steps.csv"
     n = append_rows(csv_path, to_bench_rows(res), command=command)
-    res.steps.to_csv(steps_path, index=False)
+    # Per-step table: not schema rows, but it carries its command like every file in data/bench.
+    res.steps.assign(command=command).to_csv(steps_path, index=False)
 
     med = (
         res.steps.groupby(["batch", "context", "phase"])["host_ms"]
