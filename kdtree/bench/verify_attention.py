@@ -320,61 +320,47 @@ def make_tree_inputs(wl: Workload, t: int, seed: int) -> TreeInputs:
 # Each setup returns (fn(r) -> output, calls per fn, extra rows-info dict); raises Skip.
 
 
+def _head_tensors(wl: Workload, ti: TreeInputs) -> tuple[torch.Tensor, ...]:
+    """The layout's leading attention arguments: ``(q, k, v)`` or ``(q_nope, q_pe, kv)``."""
+    if wl.layout.kind == "gqa":
+        return ti.q, wl.k, wl.v
+    return ti.q_nope, ti.q_pe, wl.kv
+
+
 def _ours_fn(wl: Workload, ti: TreeInputs):
     from kdtree.kernels import TreeAttentionPlan, tree_attention_mla_triton, tree_attention_triton
 
-    lay, b = wl.layout, wl.batch
-    cap = wl.pages_per_req * wl.page_size
+    lay = wl.layout
+    sizes = dict(
+        max_batch=wl.batch,
+        max_tree=ti.t,
+        max_prefix_len=wl.pages_per_req * wl.page_size,
+        device=wl.device,
+    )
     if lay.kind == "gqa":
         plan = TreeAttentionPlan.for_gqa(
-            max_batch=b,
-            max_tree=ti.t,
-            num_q_heads=lay.hq,
-            num_kv_heads=lay.hkv,
-            head_dim=lay.d,
-            max_prefix_len=cap,
-            device=wl.device,
+            num_q_heads=lay.hq, num_kv_heads=lay.hkv, head_dim=lay.d, **sizes
         )
-        out = torch.empty_like(ti.q)
-
-        def fn(r):
-            return tree_attention_triton(
-                ti.q,
-                wl.k,
-                wl.v,
-                wl.tables[r],
-                wl.prefix_lens,
-                ti.tree_mask,
-                sm_scale=ti.scale,
-                plan=plan,
-                out=out,
-                check_values=False,
-            )
+        attend = tree_attention_triton
     else:
         plan = TreeAttentionPlan.for_mla(
-            max_batch=b,
-            max_tree=ti.t,
-            num_heads=lay.hq,
-            kv_lora_rank=lay.d,
-            rope_dim=lay.rope,
-            max_prefix_len=cap,
-            device=wl.device,
+            num_heads=lay.hq, kv_lora_rank=lay.d, rope_dim=lay.rope, **sizes
         )
-        out = torch.empty_like(ti.q_nope)
+        attend = tree_attention_mla_triton
+    head = _head_tensors(wl, ti)
+    out = torch.empty_like(head[0])
 
-        def fn(r):
-            return tree_attention_mla_triton(
-                ti.q_nope,
-                ti.q_pe,
-                wl.kv,
-                wl.tables[r],
-                wl.prefix_lens,
-                ti.tree_mask,
-                sm_scale=ti.scale,
-                plan=plan,
-                out=out,
-                check_values=False,
-            )
+    def fn(r):
+        return attend(
+            *head,
+            wl.tables[r],
+            wl.prefix_lens,
+            ti.tree_mask,
+            sm_scale=ti.scale,
+            plan=plan,
+            out=out,
+            check_values=False,
+        )
 
     return fn, plan
 
@@ -407,39 +393,15 @@ def setup_ref(wl, ti, opts):
 
     if not opts.all_points and (wl.batch > 1 or wl.length > 16384) and wl.device.type == "cuda":
         raise Skip("ref runs at batch 1, L <= 16k (use --all-points)")
-    if wl.layout.kind == "gqa":
-        return (
-            (
-                lambda r: tree_attention(
-                    ti.q,
-                    wl.k,
-                    wl.v,
-                    wl.tables[r],
-                    wl.prefix_lens,
-                    ti.tree_mask,
-                    sm_scale=ti.scale,
-                    backend="ref",
-                )
-            ),
-            1,
-            {},
+    attend = tree_attention if wl.layout.kind == "gqa" else tree_attention_mla
+    head = _head_tensors(wl, ti)
+
+    def fn(r):
+        return attend(
+            *head, wl.tables[r], wl.prefix_lens, ti.tree_mask, sm_scale=ti.scale, backend="ref"
         )
-    return (
-        (
-            lambda r: tree_attention_mla(
-                ti.q_nope,
-                ti.q_pe,
-                wl.kv,
-                wl.tables[r],
-                wl.prefix_lens,
-                ti.tree_mask,
-                sm_scale=ti.scale,
-                backend="ref",
-            )
-        ),
-        1,
-        {},
-    )
+
+    return fn, 1, {}
 
 
 def _dense_additive(wl: Workload, ti: TreeInputs) -> torch.Tensor:
@@ -600,23 +562,15 @@ def _fi_workspaces(n: int, device) -> list[torch.Tensor]:
     return _FI_WS[:n]
 
 
-def setup_fi_mask(wl, ti, opts):
-    if wl.layout.kind != "gqa":
-        raise Skip("GQA only")
-    if wl.device.type != "cuda":
-        raise Skip("FlashInfer needs a GPU")
-    fi = _flashinfer()
+def _fi_prefill_wrappers(fi, wl, ti, n, n_keys, wrapper_kwargs, plan_kwargs):
+    """``(wrappers, plan_ms)``: one GQA paged-prefill wrapper per rotation ``0..n-1``, planned
+    over ``n_keys`` keys per request (``plan_kwargs``: the mask), and the first plan's host ms."""
     lay, b, t = wl.layout, wl.batch, ti.t
-    n_keys = wl.length + t
-    n = min(wl.n_rot, 8)
-    allowed = torch.ones(b, t, n_keys, dtype=torch.bool, device=wl.device)
-    allowed[:, :, wl.length :] = ti.vis
-    flat_mask = allowed.reshape(-1)
     qo_indptr = torch.arange(b + 1, dtype=torch.int32, device=wl.device) * t
     wrappers = []
     plan_ms = 0.0
     for r, ws in zip(range(n), _fi_workspaces(n, wl.device), strict=True):
-        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", **wrapper_kwargs)
         indptr, indices, last = _fi_indices(wl, r, n_keys)
 
         def plan(w=w, indptr=indptr, indices=indices, last=last):
@@ -629,7 +583,7 @@ def setup_fi_mask(wl, ti, opts):
                 lay.hkv,
                 lay.d,
                 wl.page_size,
-                custom_mask=flat_mask,
+                **plan_kwargs,
                 q_data_type=wl.dtype,
                 kv_data_type=wl.dtype,
                 sm_scale=ti.scale,
@@ -639,6 +593,22 @@ def setup_fi_mask(wl, ti, opts):
         if r:
             plan()
         wrappers.append(w)
+    return wrappers, plan_ms
+
+
+def setup_fi_mask(wl, ti, opts):
+    if wl.layout.kind != "gqa":
+        raise Skip("GQA only")
+    if wl.device.type != "cuda":
+        raise Skip("FlashInfer needs a GPU")
+    fi = _flashinfer()
+    lay, b, t = wl.layout, wl.batch, ti.t
+    n_keys = wl.length + t
+    n = min(wl.n_rot, 8)
+    allowed = torch.ones(b, t, n_keys, dtype=torch.bool, device=wl.device)
+    allowed[:, :, wl.length :] = ti.vis
+    flat_mask = allowed.reshape(-1)
+    wrappers, plan_ms = _fi_prefill_wrappers(fi, wl, ti, n, n_keys, {}, {"custom_mask": flat_mask})
     q = ti.q.reshape(b * t, lay.hq, lay.d)
 
     def fn(r):
@@ -660,33 +630,9 @@ def setup_fi_cascade(wl, ti, opts):
     fi = _flashinfer()
     lay, b, t = wl.layout, wl.batch, ti.t
     n = min(wl.n_rot, 8)
-    qo_indptr = torch.arange(b + 1, dtype=torch.int32, device=wl.device) * t
-    wrappers = []
-    plan_ms = 0.0
-    for r, ws in zip(range(n), _fi_workspaces(n, wl.device), strict=True):
-        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa3")
-        indptr, indices, last = _fi_indices(wl, r, wl.length)
-
-        def plan(w=w, indptr=indptr, indices=indices, last=last):
-            w.plan(
-                qo_indptr,
-                indptr,
-                indices,
-                last,
-                lay.hq,
-                lay.hkv,
-                lay.d,
-                wl.page_size,
-                causal=False,
-                q_data_type=wl.dtype,
-                kv_data_type=wl.dtype,
-                sm_scale=ti.scale,
-            )
-
-        plan_ms = _host_ms(plan, wl.device) if r == 0 else plan_ms
-        if r:
-            plan()
-        wrappers.append(w)
+    wrappers, plan_ms = _fi_prefill_wrappers(
+        fi, wl, ti, n, wl.length, {"backend": "fa3"}, {"causal": False}
+    )
     q = ti.q.reshape(b * t, lay.hq, lay.d)
     k_tree = _tree_kv(wl, wl.k, t)  # [B, T, Hkv, D]: contiguous, as right after projection
     v_tree = _tree_kv(wl, wl.v, t)

@@ -169,6 +169,70 @@ def _merge_kernel(
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
+def split_launch_args(
+    grid_z: int,
+    rows: int,
+    head_args: tuple,
+    page_table,
+    tree_mask,
+    out,
+    part,
+    lse,
+    part_dims: tuple[int, ...],
+    lse_dims: tuple[int, ...],
+    tail_args: tuple,
+    dims: dict,
+    page_size: int,
+    *,
+    qk_scale: float,
+    num_splits: int,
+    cfg,
+    dot_precision: str,
+):
+    """``(grid, args after the nine tensors, launch keywords)`` shared by the GQA and MLA split
+    launches: ``head_args`` are the kernel's query/cache strides, ``part_dims``/``lse_dims``
+    the workspace dims it takes strides of (0 with one split: the kernel writes ``out``),
+    ``tail_args`` its runtime sizes before ``NUM_SPLITS`` and ``dims`` its head-dim constexprs."""
+    direct = num_splits == 1
+    grid = (triton.cdiv(rows, cfg.block_m), num_splits, grid_z)
+    args = (
+        qk_scale,
+        *head_args,
+        page_table.stride(0),
+        page_table.shape[1],
+        tree_mask.stride(0),
+        tree_mask.stride(1),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        *(0 if direct else part.stride(i) for i in part_dims),
+        *(0 if direct else lse.stride(i) for i in lse_dims),
+        *tail_args,
+        num_splits,
+    )
+    kwargs = dict(
+        **dims,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        PAGE_SIZE=page_size,
+        DIRECT_OUT=direct,
+        DOT_PRECISION=dot_precision,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return grid, args, kwargs
+
+
+def launch_split(kernel, builder, tensors, **options) -> None:
+    """Launch a split ``kernel`` on its nine ``tensors`` (``q...``, ``out``, ``part``, ``lse``)
+    with the launch ``builder`` gives; ``part``/``lse`` are unused with one split."""
+    grid, args, kwargs = builder(*tensors, **options)
+    if kwargs["DIRECT_OUT"]:
+        out = tensors[6]
+        tensors = (*tensors[:7], out, out)  # placeholders: never touched with DIRECT_OUT
+    kernel[grid](*tensors, *args, **kwargs)
+
+
 def merge_launch_args(part, lse, out, num_kv_heads: int, group: int, rows: int, num_splits: int):
     """``(grid, positional args after the three tensors, keyword args)`` of the merge
     launch for these views (computed once per shape by the callers' launch cache)."""

@@ -13,7 +13,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kdtree.kernels._common import kv_slots, online_update, store_result, tree_bits
+from kdtree.kernels._common import (
+    kv_slots,
+    launch_split,
+    online_update,
+    split_launch_args,
+    store_result,
+    tree_bits,
+)
 
 # Runtime values that change with T, batch or the split count: no recompiles for them.
 _DYNAMIC = (
@@ -251,84 +258,29 @@ def gqa_split_args(
     b, t, hq, d = q.shape
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
     g = hq // hkv
-    rows = g * t
-    grid = (triton.cdiv(rows, cfg.block_m), num_splits, b * hkv)
-    direct = num_splits == 1
-    args = (
-        qk_scale,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        page_table.stride(0),
-        page_table.shape[1],
-        tree_mask.stride(0),
-        tree_mask.stride(1),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        0 if direct else part.stride(0),
-        0 if direct else part.stride(1),
-        0 if direct else part.stride(2),
-        0 if direct else part.stride(3),
-        0 if direct else lse.stride(0),
-        0 if direct else lse.stride(1),
-        0 if direct else lse.stride(2),
-        t,
-        g,
-        hkv,
-        num_splits,
-    )
-    kwargs = dict(
-        HEAD_DIM=d,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        PAGE_SIZE=page_size,
-        DIRECT_OUT=direct,
-        DOT_PRECISION=dot_precision,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    return grid, args, kwargs
-
-
-def launch_gqa_split(
-    q,
-    k_cache,
-    v_cache,
-    page_table,
-    prefix_lens,
-    tree_mask,
-    out,
-    part,
-    lse,
-    *,
-    qk_scale: float,
-    num_splits: int,
-    cfg,
-    dot_precision: str,
-):
-    """Launch the split kernel (``part``/``lse`` unused with one split)."""
-    grid, args, kwargs = gqa_split_args(
-        q,
-        k_cache,
-        v_cache,
+    return split_launch_args(
+        b * hkv,
+        g * t,
+        (*q.stride()[:3], *k_cache.stride()[1:3], *v_cache.stride()[1:3]),
         page_table,
-        prefix_lens,
         tree_mask,
         out,
         part,
         lse,
+        (0, 1, 2, 3),
+        (0, 1, 2),
+        (t, g, hkv),
+        {"HEAD_DIM": d},
+        page_size,
         qk_scale=qk_scale,
         num_splits=num_splits,
         cfg=cfg,
         dot_precision=dot_precision,
     )
-    if kwargs["DIRECT_OUT"]:
-        part, lse = out, out  # placeholders: never touched with DIRECT_OUT
-    _gqa_split_kernel[grid](
-        q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part, lse, *args, **kwargs
-    )
+
+
+def launch_gqa_split(*tensors, **options) -> None:
+    """Launch the split kernel on ``(q, k_cache, v_cache, page_table, prefix_lens, tree_mask,
+    out, part, lse)`` with :func:`gqa_split_args`'s keywords (``part``/``lse`` unused with one
+    split)."""
+    launch_split(_gqa_split_kernel, gqa_split_args, tensors, **options)

@@ -272,7 +272,6 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(32, 64, 4, 4),
             TileConfig(16, 128, 4, 3),
         ]
-        extra = [c for c in extra if c.block_m <= _pow2_at_least(rows, 16)]
     else:
         first = mla_configs(rows)[0]
         extra = [
@@ -283,7 +282,7 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(32, 64, 4, 2),
             TileConfig(16, 64, 4, 2),
         ]
-        extra = [c for c in extra if c.block_m <= _pow2_at_least(rows, 16)]
+    extra = [c for c in extra if c.block_m <= _pow2_at_least(rows, 16)]
     shared = kind == "mla"
     dv = 512 if shared else head_dim_k
     return _fitting([first, *extra], head_dim_k, dv, shared_kv=shared)

@@ -12,7 +12,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kdtree.kernels._common import kv_slots, online_update, store_result, tree_bits
+from kdtree.kernels._common import (
+    kv_slots,
+    launch_split,
+    online_update,
+    split_launch_args,
+    store_result,
+    tree_bits,
+)
 
 # Runtime values that change with T, batch or the split count: no recompiles for them.
 _DYNAMIC = ("T", "H", "NUM_SPLITS", "max_pages", "stride_ptb", "stride_mb", "stride_mt")
@@ -245,84 +252,29 @@ def mla_split_args(
     (computed once per shape by the launch cache): ``part [B, 1, S, R, RANK]``,
     ``lse [B, 1, S, R]``."""
     b, t, h, rank = q_nope.shape
-    rope = q_pe.shape[3]
-    page_size = kv_cache.shape[1]
-    rows = h * t
-    grid = (triton.cdiv(rows, cfg.block_m), num_splits, b)
-    direct = num_splits == 1
-    args = (
-        qk_scale,
-        q_nope.stride(0),
-        q_nope.stride(1),
-        q_nope.stride(2),
-        q_pe.stride(0),
-        q_pe.stride(1),
-        q_pe.stride(2),
-        kv_cache.stride(1),
-        page_table.stride(0),
-        page_table.shape[1],
-        tree_mask.stride(0),
-        tree_mask.stride(1),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        0 if direct else part.stride(0),
-        0 if direct else part.stride(2),
-        0 if direct else part.stride(3),
-        0 if direct else lse.stride(0),
-        0 if direct else lse.stride(2),
-        t,
-        h,
-        num_splits,
-    )
-    kwargs = dict(
-        RANK=rank,
-        ROPE=rope,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        PAGE_SIZE=page_size,
-        DIRECT_OUT=direct,
-        DOT_PRECISION=dot_precision,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    return grid, args, kwargs
-
-
-def launch_mla_split(
-    q_nope,
-    q_pe,
-    kv_cache,
-    page_table,
-    prefix_lens,
-    tree_mask,
-    out,
-    part,
-    lse,
-    *,
-    qk_scale: float,
-    num_splits: int,
-    cfg,
-    dot_precision: str,
-):
-    """Launch the split kernel (``part``/``lse`` unused with one split)."""
-    grid, args, kwargs = mla_split_args(
-        q_nope,
-        q_pe,
-        kv_cache,
+    return split_launch_args(
+        b,
+        h * t,
+        (*q_nope.stride()[:3], *q_pe.stride()[:3], kv_cache.stride(1)),
         page_table,
-        prefix_lens,
         tree_mask,
         out,
         part,
         lse,
+        (0, 2, 3),
+        (0, 2),
+        (t, h),
+        {"RANK": rank, "ROPE": q_pe.shape[3]},
+        kv_cache.shape[1],
         qk_scale=qk_scale,
         num_splits=num_splits,
         cfg=cfg,
         dot_precision=dot_precision,
     )
-    if kwargs["DIRECT_OUT"]:
-        part, lse = out, out  # placeholders: never touched with DIRECT_OUT
-    _mla_split_kernel[grid](
-        q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part, lse, *args, **kwargs
-    )
+
+
+def launch_mla_split(*tensors, **options) -> None:
+    """Launch the split kernel on ``(q_nope, q_pe, kv_cache, page_table, prefix_lens,
+    tree_mask, out, part, lse)`` with :func:`mla_split_args`'s keywords (``part``/``lse``
+    unused with one split)."""
+    launch_split(_mla_split_kernel, mla_split_args, tensors, **options)

@@ -286,6 +286,61 @@ def _wants_check(check_values, prefix_lens) -> bool:
     return prefix_lens.device.type == "cpu" if check_values is None else bool(check_values)
 
 
+def _launch_for(kind, tensors, out, plan, num_splits, config, sm_scale, build) -> _Launch:
+    """The cached launch of this call signature; ``build(*tensors, sm_scale, plan, out,
+    num_splits, config)`` validates a new signature and makes its launch."""
+    key = (
+        kind,
+        *map(_sig, tensors),
+        None if out is None else _sig(out),
+        None if plan is None else id(plan),
+        num_splits,
+        config,
+        sm_scale,
+        False if tensors[0].is_cuda else interpreting(),  # CPU tensors need the interpreter
+    )
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        launch = _remember(key, build(*tensors, sm_scale, plan, out, num_splits, config))
+    return launch
+
+
+def _new_launch(
+    kind,
+    q,
+    caches,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    out_shape,
+    sm_scale,
+    plan,
+    out,
+    num_splits,
+    config,
+    *,
+    num_kv_heads: int,
+    group: int,
+    dk: int,
+    dv: int,
+    cfg_dims: tuple[int, ...],
+) -> _Launch:
+    """Shared tail of :func:`_gqa_launch` / :func:`_mla_launch`: the common checks, then the
+    workspace plan, config ladder and fixed launch keywords of a ``kind`` launch."""
+    page_size = caches[0][1].shape[1]
+    _check_common(q, caches, page_table, prefix_lens, tree_mask, page_size, plan)
+    _check_out(out, out_shape, q)
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits={num_splits}: expected >= 1")
+    rows = group * q.shape[1]
+    ws = _plan_for(kind, q, page_table, page_size, num_kv_heads, group, dk, dv, plan, num_splits)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    configs = [config] if config is not None else configs_for(kind, rows, dk, interpreting())
+    cfg_key = (kind, q.device.type, q.dtype, *cfg_dims, page_size, configs[0])
+    fixed = {"qk_scale": sm_scale * LOG2E, "dot_precision": precision}
+    return _Launch(kind, ws, configs, cfg_key, config, num_splits, fixed, rows, group)
+
+
 def tree_attention_triton(
     q,
     k_cache,
@@ -306,44 +361,13 @@ def tree_attention_triton(
     ``[B, T, Hq, D]`` in ``q``'s dtype. ``dense_mask`` is accepted and ignored. Shapes are
     validated once per call signature; later calls with the same signature go straight to
     the cached launch."""
-    key = (
-        "gqa",
-        _sig(q),
-        _sig(k_cache),
-        _sig(v_cache),
-        _sig(page_table),
-        _sig(prefix_lens),
-        _sig(tree_mask),
-        None if out is None else _sig(out),
-        None if plan is None else id(plan),
-        num_splits,
-        config,
-        sm_scale,
-        False if q.is_cuda else interpreting(),  # CPU tensors need the interpreter
-    )
-    launch = _LAUNCHES.get(key)
-    if launch is None:
-        launch = _remember(
-            key,
-            _gqa_launch(
-                q,
-                k_cache,
-                v_cache,
-                page_table,
-                prefix_lens,
-                tree_mask,
-                sm_scale,
-                plan,
-                out,
-                num_splits,
-                config,
-            ),
-        )
+    tensors = (q, k_cache, v_cache, page_table, prefix_lens, tree_mask)
+    launch = _launch_for("gqa", tensors, out, plan, num_splits, config, sm_scale, _gqa_launch)
     if _wants_check(check_values, prefix_lens):
         _check_lengths(prefix_lens, q.shape[1], page_table, k_cache.shape[1])
     if out is None:
         out = torch.empty_like(q)
-    return launch((q, k_cache, v_cache, page_table, prefix_lens, tree_mask), out)
+    return launch(tensors, out)
 
 
 def _gqa_launch(
@@ -377,27 +401,25 @@ def _gqa_launch(
         raise ValueError(f"q: {hq} query heads are not a multiple of {hkv} kv heads")
     if q.stride(-1) != 1:
         raise ValueError("q: expected a contiguous last dim")
-    page_size = k_cache.shape[1]
-    _check_common(
+    return _new_launch(
+        "gqa",
         q,
         [("k_cache", k_cache), ("v_cache", v_cache)],
         page_table,
         prefix_lens,
         tree_mask,
-        page_size,
+        (b, t, hq, d),
+        sm_scale,
         plan,
+        out,
+        num_splits,
+        config,
+        num_kv_heads=hkv,
+        group=hq // hkv,
+        dk=d,
+        dv=d,
+        cfg_dims=(d,),
     )
-    _check_out(out, (b, t, hq, d), q)
-    if num_splits is not None and num_splits < 1:
-        raise ValueError(f"num_splits={num_splits}: expected >= 1")
-    g = hq // hkv
-    rows = g * t
-    ws = _plan_for("gqa", q, page_table, page_size, hkv, g, d, d, plan, num_splits)
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    configs = [config] if config is not None else configs_for("gqa", rows, d, interpreting())
-    cfg_key = ("gqa", q.device.type, q.dtype, d, page_size, configs[0])
-    fixed = {"qk_scale": sm_scale * LOG2E, "dot_precision": precision}
-    return _Launch("gqa", ws, configs, cfg_key, config, num_splits, fixed, rows, g)
 
 
 def tree_attention_mla_triton(
@@ -419,45 +441,14 @@ def tree_attention_mla_triton(
     """Absorbed-MLA tree-verify attention (see :func:`kdtree.attention.tree_attention_mla`);
     returns ``[B, T, H, kv_lora_rank]`` in ``q_nope``'s dtype. Validated once per call
     signature, like :func:`tree_attention_triton`."""
-    key = (
-        "mla",
-        _sig(q_nope),
-        _sig(q_pe),
-        _sig(kv_cache),
-        _sig(page_table),
-        _sig(prefix_lens),
-        _sig(tree_mask),
-        None if out is None else _sig(out),
-        None if plan is None else id(plan),
-        num_splits,
-        config,
-        sm_scale,
-        False if q_nope.is_cuda else interpreting(),  # CPU tensors need the interpreter
-    )
-    launch = _LAUNCHES.get(key)
-    if launch is None:
-        launch = _remember(
-            key,
-            _mla_launch(
-                q_nope,
-                q_pe,
-                kv_cache,
-                page_table,
-                prefix_lens,
-                tree_mask,
-                sm_scale,
-                plan,
-                out,
-                num_splits,
-                config,
-            ),
-        )
+    tensors = (q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask)
+    launch = _launch_for("mla", tensors, out, plan, num_splits, config, sm_scale, _mla_launch)
     if _wants_check(check_values, prefix_lens):
         _check_lengths(prefix_lens, q_nope.shape[1], page_table, kv_cache.shape[1])
     if out is None:
         b, t, h, rank = q_nope.shape
         out = q_nope.new_empty(b, t, h, rank)
-    return launch((q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask), out)
+    return launch(tensors, out)
 
 
 def _mla_launch(
@@ -497,28 +488,25 @@ def _mla_launch(
         )
     if q_nope.stride(-1) != 1 or q_pe.stride(-1) != 1:
         raise ValueError("q_nope, q_pe: expected a contiguous last dim")
-    page_size = kv_cache.shape[1]
-    _check_common(
+    return _new_launch(
+        "mla",
         q_nope,
         [("kv_cache", kv_cache)],
         page_table,
         prefix_lens,
         tree_mask,
-        page_size,
+        (b, t, h, rank),
+        sm_scale,
         plan,
+        out,
+        num_splits,
+        config,
+        num_kv_heads=1,
+        group=h,
+        dk=rank + rope,
+        dv=rank,
+        cfg_dims=(rank, rope),
     )
-    _check_out(out, (b, t, h, rank), q_nope)
-    if num_splits is not None and num_splits < 1:
-        raise ValueError(f"num_splits={num_splits}: expected >= 1")
-    rows = h * t
-    ws = _plan_for("mla", q_nope, page_table, page_size, 1, h, rank + rope, rank, plan, num_splits)
-    precision = "ieee" if q_nope.dtype == torch.float32 else "tf32"
-    configs = (
-        [config] if config is not None else configs_for("mla", rows, rank + rope, interpreting())
-    )
-    cfg_key = ("mla", q_nope.device.type, q_nope.dtype, rank, rope, page_size, configs[0])
-    fixed = {"qk_scale": sm_scale * LOG2E, "dot_precision": precision}
-    return _Launch("mla", ws, configs, cfg_key, config, num_splits, fixed, rows, h)
 
 
 def default_sm_scale(head_dim: int) -> float:

@@ -216,16 +216,14 @@ def get_preset(name: str, **overrides: Any) -> Preset:
         p = PRESETS[name]
     except KeyError:
         raise ValueError(f"preset={name!r}: expected one of {', '.join(PRESETS)}") from None
-    t_over = {
-        k.removeprefix("target_"): v
-        for k, v in overrides.items()
-        if k.startswith("target_") and v is not None
-    }
-    d_over = {
-        k.removeprefix("drafter_"): v
-        for k, v in overrides.items()
-        if k.startswith("drafter_") and v is not None
-    }
+    t_over, d_over = (
+        {
+            k.removeprefix(pre): v
+            for k, v in overrides.items()
+            if k.startswith(pre) and v is not None
+        }
+        for pre in ("target_", "drafter_")
+    )
     bad = [k for k in overrides if not k.startswith(("target_", "drafter_"))]
     if bad:
         raise ValueError(f"overrides {bad}: expected keys starting with target_ or drafter_")

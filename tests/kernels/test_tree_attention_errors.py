@@ -68,32 +68,27 @@ def test_tree_above_compiled_max(gen):
         gqa(q, k, k, table, torch.zeros(1, dtype=torch.int32), mask, sm_scale=0.1)
 
 
-def test_plan_too_small(args):
+@pytest.mark.parametrize(
+    ("max_batch", "num_q_heads", "options", "match"),
+    [
+        (1, 4, {}, "plan"),
+        (4, 8, {}, "plan: built for"),
+        (2, 4, {"num_splits": 10_000}, "workspace holds"),
+    ],
+    ids=["too_small", "wrong_layout", "forced_splits_beyond_the_plan"],
+)
+def test_plan_mismatch(args, max_batch, num_q_heads, options, match):
     plan = TreeAttentionPlan.for_gqa(
-        max_batch=1,
+        max_batch=max_batch,
         max_tree=8,
-        num_q_heads=4,
+        num_q_heads=num_q_heads,
         num_kv_heads=2,
         head_dim=32,
         max_prefix_len=64,
         device="cpu",
     )
-    with pytest.raises(ValueError, match="plan"):
-        gqa(*args, sm_scale=0.1, plan=plan)
-
-
-def test_plan_wrong_layout(args):
-    plan = TreeAttentionPlan.for_gqa(
-        max_batch=4,
-        max_tree=8,
-        num_q_heads=8,
-        num_kv_heads=2,
-        head_dim=32,
-        max_prefix_len=64,
-        device="cpu",
-    )
-    with pytest.raises(ValueError, match="plan: built for"):
-        gqa(*args, sm_scale=0.1, plan=plan)
+    with pytest.raises(ValueError, match=match):
+        gqa(*args, sm_scale=0.1, plan=plan, **options)
 
 
 def test_out_shape(args):
@@ -117,17 +112,3 @@ def test_mla_q_pe_shape(gen):
     qn, qp, kv, pt, pl, m = mla_inputs([10], 3, 2, 64, 16, 16, torch.float32, gen)
     with pytest.raises(ValueError, match="q_pe"):
         mla(qn, qp[:, :2], kv, pt, pl, m, sm_scale=0.1)
-
-
-def test_forced_splits_beyond_the_plan(args):
-    plan = TreeAttentionPlan.for_gqa(
-        max_batch=2,
-        max_tree=8,
-        num_q_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        max_prefix_len=64,
-        device="cpu",
-    )
-    with pytest.raises(ValueError, match="workspace holds"):
-        gqa(*args, sm_scale=0.1, plan=plan, num_splits=10_000)
