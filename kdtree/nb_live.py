@@ -399,7 +399,7 @@ def draft_after_prompt(pair: Pair, prompt: list[int], *, depth: int | None = Non
     """Prefill the engine on ``prompt``, run one draft pass, and decode the target greedily for
     as many tokens as the draft block is deep (the reference the accepted path follows)."""
     from kdtree.spec.engine import SpecEngine
-    from kdtree.spec.generate import generate
+    from kdtree.spec.loop import generate
 
     eng = SpecEngine(pair.target, pair.drafter, mode="tree", budget=1, top_k=1)
     state = eng.prefill([prompt])
@@ -433,7 +433,7 @@ def tau_by_budget(
     pair: Pair, prompt: list[int], budgets: list[int], *, top_k: int, new_tokens: int
 ) -> pd.DataFrame:
     """Mean acceptance length τ of greedy ``tree`` decoding per budget (plus ``chain``)."""
-    from kdtree.spec.generate import generate
+    from kdtree.spec.loop import generate
 
     rows = []
     for mode, b in [("chain", 0)] + [("tree", b) for b in budgets]:
@@ -590,7 +590,7 @@ def engine_tokens_by_backend(
     new_tokens: int = 8,
 ) -> dict:
     """Greedy ``tree`` decoding with each verify backend: the token lists (they must agree)."""
-    from kdtree.spec.generate import generate
+    from kdtree.spec.loop import generate
 
     return {be: generate(pair.target, pair.drafter, [prompt], mode="tree", budget=budget,
                          top_k=top_k, max_new_tokens=new_tokens, backend=be).tokens[0]

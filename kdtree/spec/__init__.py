@@ -1,7 +1,9 @@
 """The DDTree engine: tree build, verify inputs, acceptance walk, KV commit and ``generate``.
 
 Exports resolve lazily: ``kdtree.attention`` imports ``kdtree.spec.bitmask``, and the engine
-imports ``kdtree.attention``, so this package must not import the engine eagerly.
+imports ``kdtree.attention``, so this package must not import the engine eagerly. No submodule
+is named like an export (``generate`` lives in ``loop.py``): importing a submodule binds its
+name on the package, which would shadow the lazily resolved function.
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kdtree.spec.engine import SpecEngine
-    from kdtree.spec.generate import generate
+    from kdtree.spec.loop import generate
     from kdtree.spec.records import PHASES, GenerateResult, StepRecord
 
 __all__ = ["PHASES", "GenerateResult", "SpecEngine", "StepRecord", "generate"]
 
 _WHERE = {
-    "generate": "kdtree.spec.generate",
+    "generate": "kdtree.spec.loop",
     "SpecEngine": "kdtree.spec.engine",
     "PHASES": "kdtree.spec.records",
     "GenerateResult": "kdtree.spec.records",
@@ -28,8 +30,6 @@ _WHERE = {
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name]), name)
-        # Importing ``kdtree.spec.generate`` binds the *module* as ``generate`` here; the
-        # function wins (a loaded submodule is not rebound by later imports).
         globals()[name] = value
         return value
     raise AttributeError(f"module 'kdtree.spec' has no attribute {name!r}")

@@ -9,7 +9,7 @@ import torch
 from kdtree.models import DFlashDrafter, build_model, dflash_config_for
 from kdtree.scale.budget import CostAwareEngine, TableLatency, choose_budget, simulate
 from kdtree.scale.record import Round, record_rounds, tau_at_budget
-from kdtree.spec.generate import generate
+from kdtree.spec.loop import generate
 from kdtree.spec.testing import OracleDrafter
 
 
