@@ -987,11 +987,16 @@ class _Runner:
     def run_tune(self, wl: Workload, ti: TreeInputs, name: str, cfg: dict) -> None:
         """Time our kernels under each tuning candidate config and split count 0.5x/1x/2x the
         heuristic's; one row set per (config, splits), provider ``ours_tune[...]``."""
-        from kdtree.kernels import TreeAttentionPlan, tree_attention_mla_triton
-        from kdtree.kernels import tree_attention_triton as gqa
+        from kdtree.kernels import (
+            TreeAttentionPlan,
+            tree_attention_mla_triton,
+            tree_attention_triton,
+        )
         from kdtree.kernels.heuristics import tuning_candidates
 
         lay, b, t = wl.layout, wl.batch, ti.t
+        kernel = tree_attention_triton if lay.kind == "gqa" else tree_attention_mla_triton
+        head = _head_tensors(wl, ti)
         if not self.opts.all_points and (b != 1 or wl.length not in QUICK_L or t not in QUICK_T):
             return
         rows = t * lay.hq // lay.hkv
@@ -1016,38 +1021,19 @@ class _Runner:
                 if self.over_budget():
                     return
                 try:
-                    if lay.kind == "gqa":
 
-                        def fn(r, tc=tc, s=s):
-                            return gqa(
-                                ti.q,
-                                wl.k,
-                                wl.v,
-                                wl.tables[r],
-                                wl.prefix_lens,
-                                ti.tree_mask,
-                                sm_scale=ti.scale,
-                                plan=plan,
-                                num_splits=s,
-                                config=tc,
-                                check_values=False,
-                            )
-                    else:
-
-                        def fn(r, tc=tc, s=s):
-                            return tree_attention_mla_triton(
-                                ti.q_nope,
-                                ti.q_pe,
-                                wl.kv,
-                                wl.tables[r],
-                                wl.prefix_lens,
-                                ti.tree_mask,
-                                sm_scale=ti.scale,
-                                plan=plan,
-                                num_splits=s,
-                                config=tc,
-                                check_values=False,
-                            )
+                    def fn(r, tc=tc, s=s):
+                        return kernel(
+                            *head,
+                            wl.tables[r],
+                            wl.prefix_lens,
+                            ti.tree_mask,
+                            sm_scale=ti.scale,
+                            plan=plan,
+                            num_splits=s,
+                            config=tc,
+                            check_values=False,
+                        )
 
                     q = time_calls(fn, wl.n_rot, self.device)
                     self.time_rows(
