@@ -46,6 +46,8 @@ CORE_L = (16384, 131072, 65536, 262144)  # in this order
 CORE_T = (1, 17, 65)
 QUICK_L = (16384, 131072)
 QUICK_T = (17, 65)
+#: Lengths the ``--tune`` sweep visits (batch 1, T in QUICK_T).
+TUNE_L = (16384, 65536, 131072)
 QUICK_B = (1,)
 SMOKE_L = (40, 97)
 SMOKE_T = (1, 5)
@@ -386,6 +388,24 @@ def setup_ours_graph(wl, ti, opts):
         for r in range(wl.n_rot):
             out = fn(r)
     return (lambda r: (graph.replay(), out)[1]), wl.n_rot, {}
+
+
+def _graphed(fn: Callable[[int], object], n_rot: int, device: torch.device):
+    """``(replay, per_call)``: ``fn(0..n_rot-1)`` captured in one CUDA graph (after a warm
+    call on a side stream); on the CPU, ``fn`` itself with ``per_call = 1``."""
+    if device.type != "cuda":
+        return fn, 1
+    fn(0)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn(0)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for r in range(n_rot):
+            fn(r)
+    return (lambda _r: graph.replay()), n_rot
 
 
 def setup_ref(wl, ti, opts):
@@ -985,19 +1005,21 @@ class _Runner:
                 torch.cuda.empty_cache()
 
     def run_tune(self, wl: Workload, ti: TreeInputs, name: str, cfg: dict) -> None:
-        """Time our kernels under each tuning candidate config and split count 0.5x/1x/2x the
-        heuristic's; one row set per (config, splits), provider ``ours_tune[...]``."""
+        """Time our kernels under each tuning candidate config and split counts 0.5x-4x the
+        heuristic's, each replayed from a CUDA graph holding one call per rotation (eager
+        timing would measure the host launch path, not the kernel); one row set per
+        (config, splits), provider ``ours_tune[...]``, mode ``graph``."""
         from kdtree.kernels import (
             TreeAttentionPlan,
             tree_attention_mla_triton,
             tree_attention_triton,
         )
-        from kdtree.kernels.heuristics import tuning_candidates
+        from kdtree.kernels.heuristics import MAX_SPLITS, tuning_candidates
 
         lay, b, t = wl.layout, wl.batch, ti.t
         kernel = tree_attention_triton if lay.kind == "gqa" else tree_attention_mla_triton
         head = _head_tensors(wl, ti)
-        if not self.opts.all_points and (b != 1 or wl.length not in QUICK_L or t not in QUICK_T):
+        if not self.opts.all_points and (b != 1 or wl.length not in TUNE_L or t not in QUICK_T):
             return
         rows = t * lay.hq // lay.hkv
         cap = wl.pages_per_req * wl.page_size
@@ -1012,11 +1034,12 @@ class _Runner:
             head_dim_v=lay.d,
             max_prefix_len=cap,
             device=wl.device,
-            min_capacity_rows=b * lay.hkv * 256 * (-(-rows // 16) * 16),
+            min_capacity_rows=b * lay.hkv * MAX_SPLITS * (-(-rows // 16) * 16),
         )
         for tc in tuning_candidates(lay.kind, rows, dk):
             base = plan.num_splits(tc, b, t)
-            for s in sorted({max(1, base // 2), base, min(256, 2 * base)}):
+            splits = {max(1, base // 2), base, 2 * base, 4 * base}
+            for s in sorted(x for x in splits if x <= MAX_SPLITS):
                 label = f"ours_tune[{tc.block_m}x{tc.block_n}w{tc.num_warps}s{tc.num_stages}/S{s}]"
                 if self.over_budget():
                     return
@@ -1035,13 +1058,14 @@ class _Runner:
                             check_values=False,
                         )
 
-                    q = time_calls(fn, wl.n_rot, self.device)
+                    replay, per_call = _graphed(fn, wl.n_rot, self.device)
+                    q = time_calls(replay, 1, self.device, per_call=per_call)
                     self.time_rows(
                         label,
                         name,
                         dict(cfg, tile=str(tc), splits=s, heuristic_splits=base),
                         q,
-                        "eager",
+                        "graph" if self.device.type == "cuda" else "eager",
                     )
                     self.log(f"{name:34} {label:40} {q[0]:9.4f} ms")
                 except Exception as exc:

@@ -12,6 +12,7 @@ most 8 files), and a one-line-per-stage summary is printed last.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -43,16 +44,20 @@ def main() -> int:
         log = res / "logs" / f"{name}.log"
         t0 = time.monotonic()
         with log.open("w") as fh:
+            # own process group: a timeout kills the whole stage (python children included),
+            # so a stuck stage never keeps the GPU busy under the next one
+            proc = subprocess.Popen(
+                ["bash", "-c", cmd],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
             try:
-                rc = subprocess.run(
-                    ["bash", "-c", cmd],
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    timeout=timeout_s,
-                    check=False,
-                ).returncode
+                rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 rc = "TIMEOUT"
         dt = time.monotonic() - t0
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
