@@ -52,3 +52,6 @@ VERIFY_BACKEND: str = os.environ.get("KDTREE_VERIFY_BACKEND", "auto")
 #: Folder holding ``libcupti.so`` for DRAM sampling (the ``nvidia-cuda-cupti`` wheel's lib dir).
 #: Empty: searched under the installed ``nvidia`` packages.
 CUPTI_LIB_DIR: str = os.environ.get("KDTREE_CUPTI_LIB_DIR", "")
+#: Tuning table for the tree-verify kernels (``kdtree.kernels.tuned``): a JSON path, ``off``, or
+#: empty (the packaged table of the running device kind, if any).
+KERNEL_TUNING: str = os.environ.get("KDTREE_KERNEL_TUNING", "")

@@ -24,9 +24,10 @@ separately (``mode="plan"``).
 from __future__ import annotations
 
 import math
+import re
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -1014,7 +1015,7 @@ class _Runner:
             tree_attention_mla_triton,
             tree_attention_triton,
         )
-        from kdtree.kernels.heuristics import MAX_SPLITS, tuning_candidates
+        from kdtree.kernels.heuristics import MAX_SPLITS
 
         lay, b, t = wl.layout, wl.batch, ti.t
         kernel = tree_attention_triton if lay.kind == "gqa" else tree_attention_mla_triton
@@ -1036,6 +1037,18 @@ class _Runner:
             device=wl.device,
             min_capacity_rows=b * lay.hkv * MAX_SPLITS * (-(-rows // 16) * 16),
         )
+        from kdtree import env as kenv
+
+        saved, kenv.KERNEL_TUNING = kenv.KERNEL_TUNING, "off"  # heuristics only, explicit choices
+        try:
+            self._tune_candidates(wl, ti, name, cfg, kernel, head, plan, rows, dk)
+        finally:
+            kenv.KERNEL_TUNING = saved
+
+    def _tune_candidates(self, wl, ti, name, cfg, kernel, head, plan, rows, dk) -> None:
+        from kdtree.kernels.heuristics import MAX_SPLITS, tuning_candidates
+
+        lay, b, t = wl.layout, wl.batch, ti.t
         for tc in tuning_candidates(lay.kind, rows, dk):
             base = plan.num_splits(tc, b, t)
             splits = {max(1, base // 2), base, 2 * base, 4 * base}
@@ -1063,7 +1076,15 @@ class _Runner:
                     self.time_rows(
                         label,
                         name,
-                        dict(cfg, tile=str(tc), splits=s, heuristic_splits=base),
+                        dict(
+                            cfg,
+                            tile=str(tc),
+                            splits=s,
+                            heuristic_splits=base,
+                            static_L=plan.max_prefix_len,
+                            group=lay.hq // lay.hkv,
+                            dk=dk,
+                        ),
                         q,
                         "graph" if self.device.type == "cuda" else "eager",
                     )
@@ -1189,3 +1210,46 @@ def run_suite(
         "disabled": runner.disabled,
     }
     return runner.result
+
+
+_TILE_RE = re.compile(r"block_m=(\d+), block_n=(\d+), num_warps=(\d+), num_stages=(\d+)")
+
+
+def tuned_table(rows: Iterable[BenchRow], device_name: str, min_gain: float = 0.03) -> dict:
+    """The ``--tune`` rows (``ours_tune[...]`` time rows) as a kernel tuning table
+    (:mod:`kdtree.kernels.tuned`): per shape, the winner when it beats the heuristic's own
+    config and split count by more than ``min_gain``."""
+    from kdtree.kernels.heuristics import TileConfig, configs_for
+    from kdtree.kernels.tuned import best_entries
+
+    cands = []
+    for r in rows:
+        c = r.config
+        if not r.provider.startswith("ours_tune[") or r.metric != "time" or "tile" not in c:
+            continue
+        m = _TILE_RE.search(str(c["tile"]))
+        if m is None:
+            raise ValueError(f"tune row {r.name} {r.provider}: unreadable tile {c['tile']!r}")
+        tc = TileConfig(*map(int, m.groups()))
+        group = int(c.get("group", c["hq"] // c["hkv"]))
+        dk = int(c.get("dk", c["d"] + c.get("rope", 0)))
+        first = configs_for(c["kind"], group * int(c["T"]), dk, False)[0]
+        cands.append(
+            dict(
+                kind=c["kind"],
+                group=group,
+                T=int(c["T"]),
+                dk=dk,
+                batch=int(c["batch"]),
+                L=int(c.get("static_L", c["L"])),
+                tile=tc,
+                splits=int(c["splits"]),
+                p50=float(r.p50),
+                heuristic=tc == first and int(c["splits"]) == int(c["heuristic_splits"]),
+            )
+        )
+    return {
+        "device": device_name,
+        "note": "CUDA-graph p50 of every tuning candidate; winners that beat the heuristic",
+        "entries": best_entries(cands, min_gain),
+    }

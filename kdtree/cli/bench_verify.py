@@ -179,6 +179,11 @@ def verify_attention(
         ceilings=ceilings.as_dict() if ceilings else None,
         headline_L128k_B1_ms=headline,
     )
+    if tune:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+        table = va.tuned_table(result.rows, name)
+        (out / "tuned.json").write_text(json.dumps(table, indent=1))
+        summary["tuned"] = {"path": str(out / "tuned.json"), "entries": len(table["entries"])}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(json.dumps(summary, default=str))
 

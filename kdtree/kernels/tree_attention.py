@@ -336,6 +336,10 @@ def _new_launch(
     ws = _plan_for(kind, q, page_table, page_size, num_kv_heads, group, dk, dv, plan, num_splits)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     configs = [config] if config is not None else configs_for(kind, rows, dk, interpreting())
+    if config is None:
+        tuned = ws.tuned(q.shape[0], q.shape[1])  # a measured winner goes first
+        if tuned is not None:
+            configs = [tuned.config, *(c for c in configs if c != tuned.config)]
     cfg_key = (kind, q.device.type, q.dtype, *cfg_dims, page_size, configs[0])
     fixed = {"qk_scale": sm_scale * LOG2E, "dot_precision": precision}
     return _Launch(kind, ws, configs, cfg_key, config, num_splits, fixed, rows, group)

@@ -15,6 +15,7 @@ from functools import lru_cache
 import torch
 
 from kdtree.kernels.heuristics import MAX_TREE_TOKENS, configs_for, splits_for
+from kdtree.kernels.tuned import tuned_choice
 
 __all__ = ["TreeAttentionPlan", "device_sm_count", "interpreting"]
 
@@ -179,8 +180,26 @@ class TreeAttentionPlan:
             max_len=self.max_prefix_len,
             num_sms=device_sm_count(self.device),
         )
+        tuned = self.tuned(batch, tree)
+        if tuned is not None and tuned.config == cfg:
+            s = tuned.splits
         fit = self.capacity_rows // (batch * self.num_kv_heads * self.padded_rows(tree))
         return max(1, min(s, fit))
+
+    def tuned(self, batch: int, tree: int):
+        """The measured launch choice for ``(batch, tree)`` under this plan's length bound
+        (:mod:`kdtree.kernels.tuned`), or None."""
+        if interpreting():
+            return None
+        return tuned_choice(
+            self.kind,
+            self.device,
+            group=self.group,
+            tree=tree,
+            dk=self.head_dim_k,
+            batch=batch,
+            max_len=self.max_prefix_len,
+        )
 
     def _capacity(self) -> int:
         trees = sorted({self.max_tree, *(1 << k for k in range(11) if (1 << k) < self.max_tree)})
@@ -200,6 +219,9 @@ class TreeAttentionPlan:
                     max_len=self.max_prefix_len,
                     num_sms=device_sm_count(self.device),
                 )
+                tuned = self.tuned(b, t)
+                if tuned is not None:
+                    s = max(s, tuned.splits)
                 best = max(best, b * self.num_kv_heads * s * self.padded_rows(t))
         return best
 
