@@ -23,5 +23,8 @@ mkdir -p .whl-nb
 python3 -m pip download -q "${PLAT[@]}" -d .whl-nb papermill ipykernel plotly ipywidgets nbconvert jupytext
 (cd .whl-nb && rm -f tzdata-* python_dateutil-* certifi-* charset_normalizer-* idna-* requests-* \
   urllib3-* packaging-* tqdm-* click-* pygments-* markdown_it_py-* mdurl-* typing_extensions-* \
-  psutil-* jinja2-* markupsafe-* numpy-* pandas-*)
+  psutil-* jinja2-* markupsafe-* numpy-* pandas-* \
+  debugpy-* jedi-* widgetsnbextension-*)  # optional for a headless papermill run (IPython and
+# ipykernel import them only if present); dropping them keeps the set at ~17 MB so it fits one
+# device call beside the FlashInfer wheels
 du -sh .whl-base .whl-fi .whl-cupti .whl-cb .whl-nb
