@@ -1053,7 +1053,10 @@ class _Runner:
             base = plan.num_splits(tc, b, t)
             splits = {max(1, base // 2), base, 2 * base, 4 * base}
             for s in sorted(x for x in splits if x <= MAX_SPLITS):
-                label = f"ours_tune[{tc.block_m}x{tc.block_n}w{tc.num_warps}s{tc.num_stages}/S{s}]"
+                pf = "p" if tc.pt_prefetch else ""
+                label = (
+                    f"ours_tune[{tc.block_m}x{tc.block_n}w{tc.num_warps}s{tc.num_stages}{pf}/S{s}]"
+                )
                 if self.over_budget():
                     return
                 try:
@@ -1212,7 +1215,9 @@ def run_suite(
     return runner.result
 
 
-_TILE_RE = re.compile(r"block_m=(\d+), block_n=(\d+), num_warps=(\d+), num_stages=(\d+)")
+_TILE_RE = re.compile(
+    r"block_m=(\d+), block_n=(\d+), num_warps=(\d+), num_stages=(\d+)(?:, pt_prefetch=(\d+))?"
+)
 
 
 def tuned_table(rows: Iterable[BenchRow], device_name: str, min_gain: float = 0.03) -> dict:
@@ -1230,7 +1235,7 @@ def tuned_table(rows: Iterable[BenchRow], device_name: str, min_gain: float = 0.
         m = _TILE_RE.search(str(c["tile"]))
         if m is None:
             raise ValueError(f"tune row {r.name} {r.provider}: unreadable tile {c['tile']!r}")
-        tc = TileConfig(*map(int, m.groups()))
+        tc = TileConfig(*(int(g) for g in m.groups() if g is not None))
         group = int(c.get("group", c["hq"] // c["hkv"]))
         dk = int(c.get("dk", c["d"] + c.get("rope", 0)))
         first = configs_for(c["kind"], group * int(c["T"]), dk, False)[0]

@@ -217,6 +217,7 @@ def split_launch_args(
         PAGE_SIZE=page_size,
         DIRECT_OUT=direct,
         DOT_PRECISION=dot_precision,
+        PT_PREFETCH=bool(getattr(cfg, "pt_prefetch", 0)),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

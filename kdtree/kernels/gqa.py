@@ -108,6 +108,7 @@ def _gqa_split_kernel(
     PAGE_SIZE: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PT_PREFETCH: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -143,25 +144,39 @@ def _gqa_split_kernel(
     start = pid_s * chunk
     end = tl.minimum(start + chunk, length)
     n_full = tl.maximum(end - start, 0) // BLOCK_N
-    for i in range(n_full):
-        pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        s, slot, ok = _gqa_scores(
-            q,
-            pos,
-            pos < end,
-            pt_row,
-            max_pages,
-            k_base,
-            stride_ks,
-            d_offs,
-            qk_scale,
-            PAGE_SIZE,
-            False,
-            DOT_PRECISION,
-        )
-        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
-        v = tl.load(v_base + slot[:, None] * stride_vs + d_offs[None, :])
-        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    if PT_PREFETCH:
+        # slots of tile i were loaded in iteration i - 1 (the first before the loop)
+        pos = start + tl.arange(0, BLOCK_N)
+        slot_next, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
+        for i in range(n_full):
+            slot = slot_next
+            pos = start + (i + 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            slot_next, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
+            k = tl.load(k_base + slot[:, None] * stride_ks + d_offs[None, :])
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
+            v = tl.load(v_base + slot[:, None] * stride_vs + d_offs[None, :])
+            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    else:
+        for i in range(n_full):
+            pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
+            s, slot, ok = _gqa_scores(
+                q,
+                pos,
+                pos < end,
+                pt_row,
+                max_pages,
+                k_base,
+                stride_ks,
+                d_offs,
+                qk_scale,
+                PAGE_SIZE,
+                False,
+                DOT_PRECISION,
+            )
+            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
+            v = tl.load(v_base + slot[:, None] * stride_vs + d_offs[None, :])
+            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     tail = start + n_full * BLOCK_N
     if tail < end:
         pos = tail + tl.arange(0, BLOCK_N)

@@ -47,6 +47,9 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    #: 1: the prefix loop loads the next tile's page-table entries one iteration ahead, so a
+    #: tile's K/V addresses never wait on a page-table load issued in the same iteration
+    pt_prefetch: int = 0
 
     def smem_bytes(self, dk: int, dv: int, elem: int = 2, shared_kv: bool = False) -> int:
         """Shared-memory estimate that matches what Triton 3.x allocates on Hopper: the Q
@@ -283,6 +286,10 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(16, 64, 4, 2),
         ]
     extra = [c for c in extra if c.block_m <= _pow2_at_least(rows, 16)]
+    # the page-table prefetch variant of the heuristic's config and of the two strongest others
+    extra += [
+        TileConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, 1) for c in [first, *extra[:2]]
+    ]
     shared = kind == "mla"
     dv = 512 if shared else head_dim_k
     return _fitting([first, *extra], head_dim_k, dv, shared_kv=shared)

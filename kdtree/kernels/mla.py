@@ -100,6 +100,7 @@ def _mla_split_kernel(
     PAGE_SIZE: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PT_PREFETCH: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -141,27 +142,42 @@ def _mla_split_kernel(
     start = pid_s * chunk
     end = tl.minimum(start + chunk, length)
     n_full = tl.maximum(end - start, 0) // BLOCK_N
-    for i in range(n_full):
-        pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        s, c = _mla_tile(
-            qn,
-            qp,
-            pos,
-            pos < end,
-            pt_row,
-            max_pages,
-            kv_ptr,
-            stride_ks,
-            r_offs,
-            p_offs,
-            qk_scale,
-            RANK,
-            PAGE_SIZE,
-            False,
-            DOT_PRECISION,
-        )
-        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
-        acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+    if PT_PREFETCH:
+        # slots of tile i were loaded in iteration i - 1 (the first before the loop)
+        pos = start + tl.arange(0, BLOCK_N)
+        slot_next, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
+        for i in range(n_full):
+            base = kv_ptr + slot_next[:, None] * stride_ks
+            pos = start + (i + 1) * BLOCK_N + tl.arange(0, BLOCK_N)
+            slot_next, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
+            c = tl.load(base + r_offs[None, :])
+            kp = tl.load(base + RANK + p_offs[None, :])
+            s = tl.dot(qn, tl.trans(c), input_precision=DOT_PRECISION)
+            s = tl.dot(qp, tl.trans(kp), s, input_precision=DOT_PRECISION) * qk_scale
+            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
+            acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+    else:
+        for i in range(n_full):
+            pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
+            s, c = _mla_tile(
+                qn,
+                qp,
+                pos,
+                pos < end,
+                pt_row,
+                max_pages,
+                kv_ptr,
+                stride_ks,
+                r_offs,
+                p_offs,
+                qk_scale,
+                RANK,
+                PAGE_SIZE,
+                False,
+                DOT_PRECISION,
+            )
+            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
+            acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
     tail = start + n_full * BLOCK_N
     if tail < end:
         pos = tail + tl.arange(0, BLOCK_N)

@@ -76,7 +76,7 @@ def _truth_mla(qn, qp, kv, table, lens, mask, scale):
     return out
 
 
-def _case_gqa(lens, t, hq, hkv, d, ps, dtype, dev, gen):
+def _case_gqa(lens, t, hq, hkv, d, ps, dtype, dev, gen, config=None):
     from kdtree.attention import tree_attention_ref
     from kdtree.kernels import tree_attention_triton
 
@@ -93,12 +93,12 @@ def _case_gqa(lens, t, hq, hkv, d, ps, dtype, dev, gen):
     args = [a.to(dev) for a in args]
     scale = d**-0.5
     out = torch.full_like(args[0], float("nan"))
-    got = tree_attention_triton(*args, sm_scale=scale, out=out)
+    got = tree_attention_triton(*args, sm_scale=scale, out=out, config=config)
     base = tree_attention_ref(*args, sm_scale=scale)
     return got, base, _truth_gqa(*args, scale)
 
 
-def _case_mla(lens, t, h, ps, dtype, dev, gen, rank=512, rope=64):
+def _case_mla(lens, t, h, ps, dtype, dev, gen, rank=512, rope=64, config=None):
     from kdtree.attention import tree_attention_mla_ref
     from kdtree.kernels import tree_attention_mla_triton
 
@@ -115,7 +115,7 @@ def _case_mla(lens, t, h, ps, dtype, dev, gen, rank=512, rope=64):
     args = [a.to(dev) for a in args]
     scale = (rank + rope) ** -0.5
     out = torch.full((len(lens), t, h, rank), float("nan"), dtype=dtype, device=dev)
-    got = tree_attention_mla_triton(*args, sm_scale=scale, out=out)
+    got = tree_attention_mla_triton(*args, sm_scale=scale, out=out, config=config)
     base = tree_attention_mla_ref(*args, sm_scale=scale)
     return got, base, _truth_mla(*args, scale)
 
@@ -177,8 +177,18 @@ def _graph_check(dev, dtype, gen) -> tuple[bool, str]:
 
 
 def _cases(tiny: bool):
+    """``(kind, case, config)`` triples; ``config`` None: the launch's own choice. Both
+    lists include the page-table prefetch variant of the prefix loop."""
+    from kdtree.kernels.heuristics import TileConfig
+
+    pf_gqa, pf_mla = TileConfig(64, 32, 4, 3, pt_prefetch=1), TileConfig(16, 32, 4, 2, 1)
     if tiny:
-        return [("gqa", ([300, 17], 9, 8, 2, 128, 16)), ("mla", ([300, 17], 5, 8, 16))]
+        return [
+            ("gqa", ([300, 17], 9, 8, 2, 128, 16), None),
+            ("mla", ([300, 17], 5, 8, 16), None),
+            ("gqa", ([300, 17], 9, 8, 2, 128, 16), pf_gqa),
+            ("mla", ([300, 17], 5, 8, 16), pf_mla),
+        ]
     gqa = [
         ([4000, 1, 777], 17, 32, 8, 128, 16),
         ([4000, 1, 777], 65, 32, 8, 128, 1),
@@ -195,7 +205,11 @@ def _cases(tiny: bool):
         ([1500, 700], 9, 128, 64),
         ([800], 65, 8, 16),
     ]
-    return [("gqa", c) for c in gqa] + [("mla", c) for c in mla]
+    return (
+        [("gqa", c, None) for c in gqa]
+        + [("mla", c, None) for c in mla]
+        + [("gqa", gqa[0], pf_gqa), ("mla", mla[0], pf_mla)]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,17 +233,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(f"{'kind':4} {'case':38} {'dtype':9} {'err':>9} {'ref_err':>9} {'ratio':>6}  ok")
     for dtype in dtypes:
-        for kind, case in _cases(args.tiny):
+        for kind, case, config in _cases(args.tiny):
             label = f"L={case[0]} T={case[1]} " + (
                 f"{case[2]}q/{case[3]}kv d{case[4]} ps{case[5]}"
                 if kind == "gqa"
                 else f"h={case[2]} ps{case[3]}"
             )
+            label += " prefetch" if config is not None and config.pt_prefetch else ""
             try:
                 if kind == "gqa":
-                    got, base, truth = _case_gqa(*case, dtype=dtype, dev=dev, gen=gen)
+                    got, base, truth = _case_gqa(
+                        *case, dtype=dtype, dev=dev, gen=gen, config=config
+                    )
                 else:
-                    got, base, truth = _case_mla(*case, dtype=dtype, dev=dev, gen=gen)
+                    got, base, truth = _case_mla(
+                        *case, dtype=dtype, dev=dev, gen=gen, config=config
+                    )
                 torch.cuda.synchronize()
                 finite = bool(torch.isfinite(got).all())
                 err = (got.double() - truth).abs().max().item()

@@ -119,7 +119,9 @@ def tuned_choice(
         return None
     source, e = best
     splits = max(1, min(MAX_SPLITS, round(e["splits"] * max_len / e["L"])))
-    cfg = TileConfig(e["block_m"], e["block_n"], e["num_warps"], e["num_stages"])
+    cfg = TileConfig(
+        e["block_m"], e["block_n"], e["num_warps"], e["num_stages"], int(e.get("pt_prefetch", 0))
+    )
     return TunedChoice(cfg, splits, source)
 
 
@@ -146,6 +148,7 @@ def best_entries(rows: list[dict], min_gain: float = 0.03) -> list[dict]:
                 block_n=tc.block_n,
                 num_warps=tc.num_warps,
                 num_stages=tc.num_stages,
+                pt_prefetch=tc.pt_prefetch,
                 splits=int(win["splits"]),
                 p50_ms=round(float(win["p50"]), 5),
                 heuristic_ms=round(float(heur[0]["p50"]), 5),

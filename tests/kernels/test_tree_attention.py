@@ -135,3 +135,35 @@ def test_mla_bf16_gpu(t, h, gen):
     truth = mla_dense(qn, qp, kv, pt, pl, m, 576**-0.5, torch.float64)
     base = mla_dense(qn, qp, kv, pt, pl, m, 576**-0.5, torch.bfloat16)
     assert_close_to_truth(got, truth, base, ATOL[torch.bfloat16], f"mla bf16 h={h} T={t}")
+
+
+# the page-table prefetch variant of the prefix loop (TileConfig.pt_prefetch): same results
+# with several full tiles per split, a ragged tail and requests of different lengths
+@pytest.mark.parametrize("ps", [1, 16])
+def test_gqa_pt_prefetch_matches_fp64(ps, gen):
+    from kdtree.kernels.heuristics import TileConfig
+
+    lens, t, hq, hkv, d = [131, 40, 1], 9, 4, 2, 32
+    q, k, v, pt, pl, m = gqa_inputs(lens, t, hq, hkv, d, ps, torch.float32, gen)
+    truth = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float64)
+    base = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float32)
+    for splits in (1, 3):
+        got = tree_attention_triton(
+            q, k, v, pt, pl, m, sm_scale=d**-0.5, num_splits=splits,
+            config=TileConfig(32, 16, 4, 1, pt_prefetch=1),
+        )  # fmt: skip
+        assert_close_to_truth(got, truth, base, ATOL[torch.float32], f"prefetch S{splits}")
+
+
+def test_mla_pt_prefetch_matches_fp64(gen):
+    from kdtree.kernels.heuristics import TileConfig
+
+    lens, t, h, rank, rope, ps = [131, 17], 5, 2, 64, 16, 16
+    qn, qp, kv, pt, pl, m = mla_inputs(lens, t, h, rank, rope, ps, torch.float32, gen)
+    truth = mla_dense(qn, qp, kv, pt, pl, m, 0.1, torch.float64)
+    base = mla_dense(qn, qp, kv, pt, pl, m, 0.1, torch.float32)
+    got = tree_attention_mla_triton(
+        qn, qp, kv, pt, pl, m, sm_scale=0.1, num_splits=2,
+        config=TileConfig(16, 16, 4, 1, pt_prefetch=1),
+    )  # fmt: skip
+    assert_close_to_truth(got, truth, base, ATOL[torch.float32], "mla prefetch")
