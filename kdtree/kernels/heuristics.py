@@ -273,8 +273,6 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(64, 64, 4, 3),
             TileConfig(128, 64, 8, 4),
             TileConfig(64, 128, 4, 2),
-            TileConfig(128, 32, 8, 4),
-            TileConfig(32, 64, 4, 4),
         ]
     else:
         first = mla_configs(rows)[0]
@@ -283,7 +281,6 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(64, 32, 8, 2),
             TileConfig(64, 32, 8, 3),
             TileConfig(32, 64, 4, 2),
-            TileConfig(16, 64, 4, 2),
         ]
     extra = [c for c in extra if c.block_m <= _pow2_at_least(rows, 16)]
     # the page-table prefetch variant of the heuristic's config and of the two strongest others
