@@ -4,6 +4,10 @@ Prints one row per point (``ctx_req prompt_tok TTFT_s prefill_tok/s decode_tok/s
 decode_wall`` plus τ and target forwards per token), the per-phase breakdown, and ends with one
 JSON line. Rows go to ``OUT/decode.csv`` (long format), the summaries to
 ``OUT/decode_summary.json``.
+
+``--graphs`` (default on CUDA) decodes every point but the dense-mask baseline through the
+CUDA-graph step runner (``kdtree.spec.gpu.runner.GraphStepRunner``; point names end in
+``_graph``); on the CPU it runs the same runner path without a graph (``runner_mode`` eager).
 """
 
 from __future__ import annotations
@@ -87,6 +91,16 @@ def decode(
         help="One extra synced run per point for the per-phase breakdown.",
     ),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+    graphs: bool = typer.Option(
+        None,
+        "--graphs/--no-graphs",
+        help="Decode through the CUDA-graph step runner (ar, chain and tree alike; not the "
+        "dense-mask baseline). Default: on when the device is CUDA.",
+        show_default=False,
+    ),
+    sync_every: int = typer.Option(
+        4, "--sync-every", help="With --graphs: steps between host syncs (token streaming)."
+    ),
 ) -> None:
     """Context-decode benchmark with the trained MLA+MoE target and DFlash drafter."""
     import torch
@@ -102,7 +116,14 @@ def decode(
         raise typer.BadParameter(f"--mode {mode!r}: expected ar, chain or tree")
     if not 1 <= prompts <= 164:
         raise typer.BadParameter(f"--prompts {prompts}: expected 1..164")
+    if sync_every < 1:
+        raise typer.BadParameter(f"--sync-every {sync_every}: expected >= 1")
     dev = resolve_device(device)
+    if graphs and dense_mask and not sweep:
+        raise typer.BadParameter("--graphs with --dense-mask: the dense-mask path runs eager only")
+    if graphs is None:
+        graphs = dev.type == "cuda"
+    runner_mode = "graph" if dev.type == "cuda" else "eager"
     if dev.type == "cpu":
         torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     target, drafter, tok = bd.load_pair(
@@ -118,16 +139,30 @@ def decode(
             top_k,
             tuple(p.strip() for p in parts.split(",") if p.strip()),
             tuple(float(t) for t in temperatures.split(",") if t.strip()),
+            graphs=graphs,
+            sync_every=sync_every,
         )
     else:
         points = [
             bd.DecodePoint(
-                mode, _ints(ctx)[0], gen, budget, top_k, temperature, dense_mask, backend
+                mode,
+                _ints(ctx)[0],
+                gen,
+                budget,
+                top_k,
+                temperature,
+                dense_mask,
+                backend,
+                graphs=graphs and not dense_mask,
+                sync_every=sync_every,
             )
         ]
     out.mkdir(parents=True, exist_ok=True)
     console = Console(width=200)
-    table = Table(title=f"kdtree bench decode ({dev}, {len(problems)} HumanEval prompts)")
+    how = f"CUDA graphs, sync every {sync_every}" if graphs else "eager engine"
+    if graphs and runner_mode == "eager":
+        how = f"graph runner path without graphs (CPU), sync every {sync_every}"
+    table = Table(title=f"kdtree bench decode ({dev}, {len(problems)} HumanEval prompts, {how})")
     for col in (
         "point",
         "T",
@@ -152,7 +187,15 @@ def decode(
             prompt_cache[p.ctx] = [
                 (q.task_id, builder.build(max(p.ctx, 1), q.prompt)) for q in problems
             ]
-        res = bd.run_point(target, drafter, prompt_cache[p.ctx], p, phases=phases, seed=seed)
+        res = bd.run_point(
+            target,
+            drafter,
+            prompt_cache[p.ctx],
+            p,
+            phases=phases,
+            seed=seed,
+            runner_mode=runner_mode,
+        )
         append_rows(out / "decode.csv", res.rows())
         s = res.summary()
         summaries.append(s)
@@ -199,6 +242,9 @@ def decode(
         console.print(ph)
     result = {
         "device": str(dev),
+        "graphs": graphs,
+        "runner_mode": runner_mode if graphs else None,
+        "sync_every": sync_every if graphs else None,
         "points": summaries,
         "speedups": bd.speedups(summaries),
         "skipped": skipped,
