@@ -73,6 +73,11 @@ TRITON_CASES = [
     (2, 5, 8, 7, 0.25, False, True),
     (1, 12, 12, 130, 0.75, False, False),
     (2, 3, 2, 40, None, False, False),
+    (3, 7, 3, 24, 2.0, True, False),  # K < budget, coarse grid + lp 0: ties everywhere
+    (2, 16, 1, 12, None, False, False),  # K = 1: a chain
+    (3, 5, 6, 1, 0.5, False, False),  # budget 1
+    (2, 1, 5, 9, 0.5, False, False),  # depth 1: the heap runs dry after K pops
+    (1, 15, 32, 256, 0.5, False, False),  # the largest budget, D = 15, W = 5 mask words
 ]
 
 
@@ -84,12 +89,65 @@ def test_triton_tree_equals_heap(B, D, K, budget, quant, zeros, neg_inf, gen):
     _assert_same(dt, lp, tok, budget, bonus)
 
 
+def test_triton_all_ties_follow_rank_tuple_order(gen):
+    """Every log-prob equal: all nodes of a depth tie, so the tree is decided by the tie rule
+    alone (smaller rank tuple first), across parents and depths (lp 0: children tie parents)."""
+    for value in (-1.0, 0.0):
+        lp = torch.full((2, 4, 5), value)
+        tok = torch.randint(0, 1000, (2, 4, 5), generator=gen)
+        bonus = torch.tensor([7, 11])
+        for budget in (3, 17, 40):
+            dt = build_trees_device(lp, tok, budget, bonus, backend="triton")
+            _assert_same(dt, lp, tok, budget, bonus)
+
+
+def test_triton_random_sweep(gen):
+    """Small random shapes, many tie patterns, batch > 1 with different root tokens."""
+    for trial in range(10):
+        B, D, K = 1 + trial % 3, 1 + trial % 7, 1 + (trial * 3) % 10
+        budget = [1, 2, 5, 13, 33][trial % 5]
+        lp, tok = _sorted_lp(
+            B,
+            D,
+            K,
+            gen,
+            quant=[None, 0.5, 2.0][trial % 3],
+            zeros=trial % 4 == 1,
+            neg_inf=trial % 5 == 3,
+        )
+        bonus = torch.randint(0, 1000, (B,), generator=gen)
+        _assert_same(
+            build_trees_device(lp, tok, budget, bonus, backend="triton"), lp, tok, budget, bonus
+        )
+
+
+def test_assert_same_detects_a_wrong_tree(gen):
+    """The comparison itself can fail: swapping two pops, or one token, is caught."""
+    lp, tok = _sorted_lp(1, 4, 4, gen, quant=0.5)
+    bonus = torch.tensor([3])
+    dt = build_trees_device(lp, tok, 9, bonus, backend="triton")
+    _assert_same(dt, lp, tok, 9, bonus)
+    bad = DeviceTree(**{k: getattr(dt, k).clone() for k in FIELDS})
+    bad.tokens[0, 5] += 1
+    with pytest.raises(AssertionError):
+        _assert_same(bad, lp, tok, 9, bonus)
+    perm = torch.arange(10)
+    perm[[3, 4]] = perm[[4, 3]]
+    bad = DeviceTree(**{k: getattr(dt, k).clone() for k in FIELDS})
+    for k in ("tokens", "depths", "scores", "ranks"):
+        getattr(bad, k)[0] = getattr(bad, k)[0, perm]
+    with pytest.raises(AssertionError):
+        _assert_same(bad, lp, tok, 9, bonus)
+
+
 def test_triton_rejects_unsupported_shapes():
     from kdtree.spec.gpu.tree_build_triton import MAX_BUDGET, supports
 
     lp = torch.zeros(1, 3, 4)
     tok = torch.zeros(1, 3, 4, dtype=torch.int64)
     assert not supports(lp, MAX_BUDGET + 1) and not supports(lp, 0) and supports(lp, 8)
+    assert supports(lp, MAX_BUDGET) and supports(torch.zeros(1, 40, 300), MAX_BUDGET)
+    assert not supports(torch.zeros(1, 3, 0), 8) and not supports(torch.zeros(1, 0, 4), 8)
     with pytest.raises(ValueError, match="backend='torch'"):
         build_trees_device(
             lp, tok, MAX_BUDGET + 1, torch.zeros(1, dtype=torch.int64), backend="triton"
