@@ -28,6 +28,9 @@ def _register() -> None:
 
     register_backend("gqa", "triton", tree_attention_triton)
     register_backend("mla", "triton", tree_attention_mla_triton)
+    # the sm_90 CUDA C++ MLA kernel (kernels/mla_tree_sm90.cu) registers backend "cuda" for
+    # kind "mla"; it is built with nvcc on first call, never picked by "auto"
+    from kdtree.kernels import cuda_mla  # noqa: F401
 
 
 _register()

@@ -1,0 +1,473 @@
+"""CUDA C++ (sm_90) backend for absorbed-MLA tree-verify attention.
+
+``tree_attention_mla_cuda`` has the semantics and argument order of
+:func:`kdtree.kernels.tree_attention_mla_triton`: ``q_nope [B, T, H, 512]``, ``q_pe [B, T, H, 64]``,
+``kv_cache [num_pages, page_size, 576]``, ``page_table int32 [B, max_pages]``, ``prefix_lens
+int32 [B]``, ``tree_mask int64 [B, T, W]``; returns ``[B, T, H, 512]``. bf16 and fp16 only.
+
+The kernel source is ``kernels/mla_tree_sm90.cu`` at the repository root (plain CUDA, no torch
+headers). On first use it is built with ``nvcc`` (``CUDA_HOME``/``CUDA_PATH``, then ``PATH``, then
+``/usr/local/cuda``) into ``~/.cache/kdtree/cuda/<hash of source, flags, nvcc version>/``
+(``KDTREE_CUDA_CACHE`` overrides the root) and loaded with :mod:`ctypes`. The launch goes on
+``torch.cuda.current_stream()``; nothing synchronises with the device and the split count is a
+function of static shapes only, so a call can be captured in a CUDA graph (pass ``workspace``
+to keep allocations out of the call entirely, see :func:`workspace_numel`).
+
+Importing this module registers backend ``"cuda"`` for kind ``"mla"`` in
+:mod:`kdtree.attention` (it is never chosen by ``"auto"``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "BuildResult",
+    "available",
+    "build",
+    "choose_splits",
+    "compile_only",
+    "find_nvcc",
+    "parse_ptxas",
+    "tree_attention_mla_cuda",
+    "workspace_numel",
+]
+
+SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "mla_tree_sm90.cu"
+LIB_NAME = "libkdtree_mla_sm90.so"
+NVCC_FLAGS = (
+    # -gencode form of -arch=sm_90a (sm_90a machine code only; HOPPER.md: the shorthand also
+    # runs a plain sm_90 pass)
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-O3",
+    "-std=c++17",
+    "--use_fast_math",
+    "-Xcompiler",
+    "-fPIC",
+    "-shared",
+    "--ptxas-options=-v",
+)
+RANK = 512
+ROPE = 64
+BLOCK_M = 64  # query rows per CTA (kernels/mla_tree_sm90.cu)
+MAX_TREE_TOKENS = 1024
+_DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
+_MIN_KEYS_PER_SPLIT = 256
+_MAX_WAVES = 2
+
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+
+
+# ----------------------------------------------------------------------------- build
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """A built shared object and the compiler's output (``--ptxas-options=-v`` report)."""
+
+    path: Path
+    log: str
+    cached: bool
+
+
+def find_nvcc() -> str | None:
+    """``nvcc`` from ``CUDA_HOME``/``CUDA_PATH``, then ``PATH``, then ``/usr/local/cuda``."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(var)
+        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
+            return os.path.join(root, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = "/usr/local/cuda/bin/nvcc"
+    return default if os.access(default, os.X_OK) else None
+
+
+def _require_nvcc() -> str:
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError(
+            "nvcc not found (looked in $CUDA_HOME/bin, $CUDA_PATH/bin, PATH and "
+            "/usr/local/cuda/bin): the CUDA MLA backend is built from source on first use"
+        )
+    return nvcc
+
+
+def _source_bytes() -> bytes:
+    if not SOURCE.is_file():
+        raise RuntimeError(f"CUDA MLA kernel source not found at {SOURCE}")
+    return SOURCE.read_bytes()
+
+
+def _compile(nvcc: str, out_dir: Path) -> tuple[Path, str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
+    os.close(fd)
+    cmd = [nvcc, *NVCC_FLAGS, "-o", tmp, str(SOURCE)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"nvcc failed ({proc.returncode}): {' '.join(cmd)}\n{log}")
+    target = out_dir / LIB_NAME
+    os.replace(tmp, target)  # atomic: concurrent builders never see a half-written library
+    (out_dir / "ptxas.log").write_text(log)
+    return target, log
+
+
+def _cache_key(nvcc: str) -> str:
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
+    h = hashlib.sha256()
+    h.update(_source_bytes())
+    h.update("\0".join(NVCC_FLAGS).encode())
+    h.update(version.stdout.encode())
+    return h.hexdigest()[:20]
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("KDTREE_CUDA_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "kdtree" / "cuda"
+
+
+def build() -> BuildResult:
+    """The cached shared object, built on first use (keyed by source, flags, nvcc version)."""
+    nvcc = _require_nvcc()
+    out_dir = _cache_root() / _cache_key(nvcc)
+    lib = out_dir / LIB_NAME
+    if lib.is_file():
+        log_file = out_dir / "ptxas.log"
+        return BuildResult(lib, log_file.read_text() if log_file.is_file() else "", True)
+    path, log = _compile(nvcc, out_dir)
+    return BuildResult(path, log, False)
+
+
+def compile_only(out_dir) -> BuildResult:
+    """Build the shared object into ``out_dir`` with the local nvcc (no GPU needed, no cache);
+    the result's ``log`` holds the ``--ptxas-options=-v`` report (see :func:`parse_ptxas`)."""
+    path, log = _compile(_require_nvcc(), Path(out_dir))
+    return BuildResult(path, log, False)
+
+
+_PTXAS_FUNC = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_PTXAS_FRAME = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
+    """Per kernel (mangled name, ``@arch``): ``registers``, ``stack``, ``spill_stores``,
+    ``spill_loads`` from an ``nvcc --ptxas-options=-v`` report."""
+    kernels: dict[str, dict[str, int]] = {}
+    current = None
+    for line in log.splitlines():
+        m = _PTXAS_FUNC.search(line)
+        if m:
+            current = f"{m.group(1)}@{m.group(2)}"
+            kernels[current] = {}
+            continue
+        if current is None:
+            continue
+        m = _PTXAS_FRAME.search(line)
+        if m:
+            kernels[current].update(
+                stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
+            )
+        m = _PTXAS_REGS.search(line)
+        if m:
+            kernels[current]["registers"] = int(m.group(1))
+    return kernels
+
+
+def _load() -> ctypes.CDLL:
+    global _LIB
+    with _LOCK:
+        if _LIB is not None:
+            return _LIB
+        lib = ctypes.CDLL(str(build().path))
+        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        lib.kdtree_mla_tree_launch.restype = i32
+        lib.kdtree_mla_tree_launch.argtypes = (
+            [i32]  # dtype
+            + [ptr] * 9  # q_nope q_pe kv page_table prefix_lens tree_mask out part lse
+            + [i64] * 14  # strides
+            + [i32] * 8  # B T H rank rope page_size max_pages num_splits
+            + [ctypes.c_float, ctypes.c_size_t]  # sm_scale, stream
+        )
+        lib.kdtree_mla_error_string.restype = ctypes.c_char_p
+        lib.kdtree_mla_error_string.argtypes = [i32]
+        lib.kdtree_mla_smem_bytes.restype = i32
+        _LIB = lib
+        return lib
+
+
+# ----------------------------------------------------------------------------- availability
+
+
+def _is_sm90(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def available() -> bool:
+    """nvcc is found and a CUDA sm_90 (Hopper) device is present."""
+    if find_nvcc() is None or not torch.cuda.is_available():
+        return False
+    return any(_is_sm90(torch.device("cuda", i)) for i in range(torch.cuda.device_count()))
+
+
+# ----------------------------------------------------------------------------- launch planning
+
+
+def choose_splits(batch: int, rows: int, max_len: int, num_sms: int) -> int:
+    """KV splits for ``batch`` requests of ``rows = H * T`` query rows and a prefix bound
+    ``max_len`` (static shapes only: no host sync). One CTA per SM fits (~200 KB of shared
+    memory), so pick the split count that minimises the per-SM serial work
+    ``ceil(ctas / num_sms) / splits`` within ``_MAX_WAVES`` waves, the smallest one within 3 %
+    of the best, with at least ``_MIN_KEYS_PER_SPLIT`` keys per split."""
+    ctas = batch * math.ceil(rows / BLOCK_M)
+    cap = max(1, min(max_len // _MIN_KEYS_PER_SPLIT, (_MAX_WAVES * num_sms) // ctas))
+    costs = {s: math.ceil(ctas * s / num_sms) / s for s in range(1, cap + 1)}
+    best = min(costs.values())
+    return min(s for s, c in costs.items() if c <= best * 1.03)
+
+
+def workspace_numel(batch: int, tree: int, heads: int, num_splits: int) -> int:
+    """fp32 elements of the split workspace (partials ``[B, S, H*T, 512]`` + LSE
+    ``[B, S, H*T]``); 0 with one split."""
+    if num_splits <= 1:
+        return 0
+    n = batch * num_splits * tree * heads
+    return n * RANK + n
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _is_pow2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+def _aligned16(x: torch.Tensor) -> bool:
+    return x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
+
+
+def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> None:
+    if q_nope.dim() != 4 or q_pe.dim() != 4 or q_pe.shape[:3] != q_nope.shape[:3]:
+        raise ValueError(
+            f"q_nope, q_pe: expected [B, T, H, {RANK}] and [B, T, H, {ROPE}], got "
+            f"{tuple(q_nope.shape)} and {tuple(q_pe.shape)}"
+        )
+    b, t, h, rank = q_nope.shape
+    if q_nope.dtype not in _DTYPE_CODES:
+        raise TypeError(
+            f"q_nope: dtype {q_nope.dtype}; the CUDA backend supports {list(_DTYPE_CODES)}"
+        )
+    for name, x in (("q_pe", q_pe), ("kv_cache", kv_cache)):
+        if x.dtype != q_nope.dtype:
+            raise TypeError(f"{name}: dtype {x.dtype} differs from q_nope's {q_nope.dtype}")
+    if rank != RANK or q_pe.shape[3] != ROPE:
+        raise ValueError(
+            f"q_nope, q_pe: rank {rank} and rope dim {q_pe.shape[3]}; the CUDA kernel is "
+            f"compiled for kv_lora_rank {RANK} and rope {ROPE}"
+        )
+    if b < 1 or t < 1 or h < 1:
+        raise ValueError(f"q_nope: expected B, T, H >= 1, got {tuple(q_nope.shape)}")
+    if t > MAX_TREE_TOKENS:
+        raise ValueError(f"q_nope: T={t} tree tokens is above the maximum {MAX_TREE_TOKENS}")
+    if q_nope.device.type != "cuda":
+        raise RuntimeError(f"q_nope: on {q_nope.device}; the CUDA backend needs CUDA tensors")
+    if not _is_sm90(q_nope.device):
+        cap = torch.cuda.get_device_capability(q_nope.device)
+        raise RuntimeError(
+            f"{q_nope.device} has compute capability {cap}; the CUDA MLA kernel is built for "
+            "sm_90a (H100/H200) only"
+        )
+    if q_nope.stride(-1) != 1 or q_pe.stride(-1) != 1:
+        raise ValueError("q_nope, q_pe: expected a contiguous last dim")
+    if kv_cache.dim() != 3 or kv_cache.shape[2] != RANK + ROPE:
+        raise ValueError(
+            f"kv_cache: expected [num_pages, page_size, {RANK + ROPE}], got "
+            f"{tuple(kv_cache.shape)}"
+        )
+    page_size = kv_cache.shape[1]
+    if not _is_pow2(page_size):
+        raise ValueError(f"page_size={page_size}: expected a power of two")
+    if kv_cache.stride(-1) != 1 or kv_cache.stride(0) != page_size * kv_cache.stride(1):
+        raise ValueError(
+            "kv_cache: expected pages laid out contiguously (slot = page * page_size + offset) "
+            f"with a contiguous last dim; strides {tuple(kv_cache.stride())}"
+        )
+    if kv_cache.data_ptr() % 16 or kv_cache.stride(1) % 8:
+        raise ValueError("kv_cache: expected a 16-byte aligned base and slot stride")
+    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b:
+        raise ValueError(
+            f"page_table: expected int32 [{b}, max_pages], got {page_table.dtype} "
+            f"{tuple(page_table.shape)}"
+        )
+    if page_table.stride(1) != 1 or page_table.shape[1] < 1:
+        raise ValueError("page_table: expected a contiguous last dim and >= 1 page")
+    if prefix_lens.dtype != torch.int32 or tuple(prefix_lens.shape) != (b,):
+        raise ValueError(
+            f"prefix_lens: expected int32 [{b}], got {prefix_lens.dtype} "
+            f"{tuple(prefix_lens.shape)}"
+        )
+    w = (t + 63) // 64
+    if tree_mask.dtype != torch.int64 or tuple(tree_mask.shape) != (b, t, w):
+        raise ValueError(
+            f"tree_mask: expected int64 [{b}, {t}, {w}], got {tree_mask.dtype} "
+            f"{tuple(tree_mask.shape)}"
+        )
+    if tree_mask.stride(2) != 1:
+        raise ValueError("tree_mask: expected a contiguous last dim")
+    for name, x in (
+        ("q_pe", q_pe),
+        ("kv_cache", kv_cache),
+        ("page_table", page_table),
+        ("prefix_lens", prefix_lens),
+        ("tree_mask", tree_mask),
+    ):
+        if x.device != q_nope.device:
+            raise ValueError(f"{name}: on {x.device}, expected q_nope's device {q_nope.device}")
+    if out is not None:
+        if tuple(out.shape) != (b, t, h, RANK) or out.dtype != q_nope.dtype:
+            raise ValueError(
+                f"out: expected {q_nope.dtype} {(b, t, h, RANK)}, got {out.dtype} "
+                f"{tuple(out.shape)}"
+            )
+        if out.device != q_nope.device:
+            raise ValueError(f"out: on {out.device}, expected {q_nope.device}")
+        if out.stride(-1) != 1 or out.data_ptr() % 4 or any(s % 2 for s in out.stride()[:-1]):
+            raise ValueError("out: expected a contiguous last dim, 4-byte aligned, even strides")
+
+
+def _check_lengths(prefix_lens, t: int, capacity: int) -> None:
+    lo, hi = (int(x) for x in torch.stack([prefix_lens.min(), prefix_lens.max()]).tolist())
+    if lo < 0:
+        raise ValueError(f"prefix_lens: expected non-negative lengths, got min {lo}")
+    if hi + t > capacity:
+        raise ValueError(
+            f"prefix_lens + T = {hi + t} tokens exceed the page table's capacity ({capacity})"
+        )
+
+
+def tree_attention_mla_cuda(
+    q_nope,
+    q_pe,
+    kv_cache,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    *,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    workspace: torch.Tensor | None = None,
+    check_values: bool = False,
+    dense_mask=None,
+) -> torch.Tensor:
+    """Absorbed-MLA tree-verify attention on sm_90 (see
+    :func:`kdtree.attention.tree_attention_mla`); returns ``[B, T, H, 512]`` in ``q_nope``'s
+    dtype. ``num_splits`` forces the KV split count (default: :func:`choose_splits` from the
+    page table's capacity). ``workspace``: a float32 CUDA tensor of at least
+    :func:`workspace_numel` elements (else one is allocated per call when splitting).
+    ``check_values`` checks ``prefix_lens + T`` against the page table on the host (a sync);
+    the kernel never reads past the page table either way. ``dense_mask`` is ignored."""
+    del dense_mask
+    _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out)
+    b, t, h, _ = q_nope.shape
+    page_size = kv_cache.shape[1]
+    max_pages = page_table.shape[1]
+    if check_values:
+        _check_lengths(prefix_lens, t, max_pages * page_size)
+    device = q_nope.device
+    if num_splits is None:
+        from kdtree.kernels.workspace import device_sm_count
+
+        num_splits = choose_splits(b, h * t, max_pages * page_size, device_sm_count(device))
+    num_splits = int(num_splits)
+    if num_splits < 1:
+        raise ValueError(f"num_splits={num_splits}: expected >= 1")
+    if not _aligned16(q_nope):
+        q_nope = q_nope.clone(memory_format=torch.contiguous_format)
+    if not _aligned16(q_pe):
+        q_pe = q_pe.clone(memory_format=torch.contiguous_format)
+    if out is None:
+        out = q_nope.new_empty(b, t, h, RANK)
+    part_ptr = lse_ptr = None
+    need = workspace_numel(b, t, h, num_splits)
+    if need:
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.float32, device=device)
+        elif (
+            workspace.dtype != torch.float32
+            or workspace.device != device
+            or not workspace.is_contiguous()
+            or workspace.numel() < need
+            or workspace.data_ptr() % 16
+        ):
+            raise ValueError(
+                f"workspace: expected a contiguous 16-byte aligned float32 tensor on {device} "
+                f"with >= {need} elements, got {workspace.dtype} {tuple(workspace.shape)} "
+                f"on {workspace.device}"
+            )
+        n_part = b * num_splits * t * h * RANK
+        part_ptr = workspace.data_ptr()
+        lse_ptr = part_ptr + 4 * n_part
+    lib = _load()
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        rc = lib.kdtree_mla_tree_launch(
+            _DTYPE_CODES[q_nope.dtype],
+            q_nope.data_ptr(),
+            q_pe.data_ptr(),
+            kv_cache.data_ptr(),
+            page_table.data_ptr(),
+            prefix_lens.data_ptr(),
+            tree_mask.data_ptr(),
+            out.data_ptr(),
+            part_ptr,
+            lse_ptr,
+            *q_nope.stride()[:3],
+            *q_pe.stride()[:3],
+            kv_cache.stride(1),
+            page_table.stride(0),
+            tree_mask.stride(0),
+            tree_mask.stride(1),
+            *out.stride()[:3],
+            b,
+            t,
+            h,
+            RANK,
+            ROPE,
+            page_size,
+            max_pages,
+            num_splits,
+            float(sm_scale),
+            stream,
+        )
+    if rc != 0:
+        msg = lib.kdtree_mla_error_string(rc).decode()
+        raise RuntimeError(f"CUDA MLA tree attention launch failed ({rc}): {msg}")
+    return out
+
+
+def _register() -> None:
+    from kdtree.attention import register_backend
+
+    register_backend("mla", "cuda", tree_attention_mla_cuda)
+
+
+_register()

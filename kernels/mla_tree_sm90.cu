@@ -1,0 +1,636 @@
+// Absorbed-MLA tree-verify attention for sm_90 (H100/H200): split-KV, mma.sync tensor cores.
+//
+// Semantics (identical to kdtree.kernels.tree_attention_mla_triton):
+//   q_nope [B,T,H,R=512], q_pe [B,T,H,P=64], kv_cache [num_pages, page_size, R+P] (one latent
+//   head: the first R = c, used as key part AND value; the last P = rope key), page_table
+//   int32 [B, max_pages], prefix_lens int32 [B], tree_mask int64 [B,T,W] (bit j%64 of word
+//   j//64 of row t: tree token t sees tree token j). Tree tokens' KV sit at logical positions
+//   L..L+T-1. out[b,t,h,:] = softmax(scale*(q_nope.c + q_pe.k_pe)) . c over the whole prefix
+//   plus the visible tree keys. fp32 accumulation, base-2 softmax internally.
+//
+// Schedule
+//   * Rows: the M dimension packs the H*T query rows of a request, row r -> (t = r / H,
+//     h = r % H); a CTA owns BLOCK_M = 64 consecutive rows.
+//   * Grid (ceil(H*T / 64), num_splits, B). Split s streams prefix positions
+//     [s*chunk, min((s+1)*chunk, L)) with chunk a multiple of BLOCK_N; the LAST split also
+//     streams the T tree keys (positions L + j) with the ancestor bitmask. The tree tiles are
+//     simply appended to the same tile sequence, so the cp.async pipeline runs through them.
+//   * 8 warps: warp w -> row group rg = w % 4 (16 rows), column group cg = w / 4.
+//       S = Q K^T (16 x 32 per warp) is computed split-K: cg 0 takes dims [0, 288), cg 1 dims
+//       [288, 576); the two partials are exchanged through shared memory (fragment-ordered,
+//       so no index math) and added: both warps of a row group hold bit-identical scores
+//       (fp32 addition is commutative), hence identical running max / sum / probabilities.
+//       O += P V: cg owns output columns [256*cg, 256*cg + 256) -> 16 x 256 fp32 accumulator
+//       = 128 registers per thread.
+//   * KV tiles: BLOCK_N = 32 keys x 576 dims, STAGES = 3 cp.async (16-byte, zero-fill for
+//       invalid keys) stages. Thread tid loads row tid/8 (one page-table lookup per thread per
+//       tile, prefetched one tile ahead) chunks (tid%8) + 8*j, j < 9.
+//   * Shared-memory rows are padded to 584 elements (1168 B = 16 mod 128) so ldmatrix reads
+//       of 8 consecutive rows hit 8 distinct 16-byte bank groups (conflict-free).
+//   * One split: the CTA writes the normalised output directly. Several: normalised fp32
+//       partials [B, S, H*T, 512] + base-2 LSE [B, S, H*T], then mla_merge_kernel.
+//
+// Everything depends only on shapes and device pointers: graph-capturable.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace kdtree_mla {
+
+constexpr int RANK = 512;               // kv_lora_rank (value width and key part)
+constexpr int ROPE = 64;                // rope key width
+constexpr int DQK = RANK + ROPE;        // 576: score dot length
+constexpr int BLOCK_M = 64;             // query rows per CTA
+constexpr int BLOCK_N = 32;             // keys per tile
+constexpr int STAGES = 3;               // cp.async pipeline depth
+constexpr int NUM_WARPS = 8;
+constexpr int NUM_THREADS = NUM_WARPS * 32;
+constexpr int SROW = DQK + 8;           // smem row pitch (elements): 1168 bytes
+constexpr int KHALF = DQK / 2;          // 288 score dims per column-group warp (split-K)
+constexpr int VHALF = RANK / 2;         // 256 output columns per column-group warp
+constexpr int CHUNKS = DQK * 2 / 16;    // 72 16-byte chunks per latent row
+constexpr int Q_CHUNKS_NOPE = RANK * 2 / 16;  // 64
+constexpr int SMEM_Q = BLOCK_M * SROW * 2;
+constexpr int SMEM_KV_STAGE = BLOCK_N * SROW * 2;
+constexpr int SMEM_RED = NUM_WARPS * 16 * 32 * 4;  // 16 fp32 score partials per lane per warp
+constexpr int SMEM_TOTAL = SMEM_Q + STAGES * SMEM_KV_STAGE + SMEM_RED;
+constexpr int MERGE_THREADS = RANK / 4;  // 4 output columns per merge thread
+
+static_assert(NUM_THREADS == BLOCK_N * 8, "one KV row per 8 threads");
+static_assert(CHUNKS % 8 == 0, "9 chunks per loading thread");
+static_assert(KHALF % 16 == 0 && VHALF % 16 == 0, "warp halves are whole k16 / n16 steps");
+static_assert(SMEM_TOTAL <= 227 * 1024, "shared memory above the sm_90 per-block limit");
+static_assert((SROW * 2) % 128 == 16, "row pitch must be 16 mod 128 for conflict-free ldmatrix");
+
+struct Params {
+  const void* q_nope;
+  const void* q_pe;
+  const void* kv;
+  const int32_t* page_table;
+  const int32_t* prefix_lens;
+  const int64_t* tree_mask;
+  void* out;
+  float* part;  // [B, S, rows, RANK] (num_splits > 1)
+  float* lse;   // [B, S, rows]       (num_splits > 1)
+  int64_t sqn_b, sqn_t, sqn_h;  // q_nope strides (elements); last dim contiguous
+  int64_t sqp_b, sqp_t, sqp_h;  // q_pe strides
+  int64_t s_slot;               // kv_cache elements between consecutive slots (stride(1))
+  int64_t spt_b;                // page_table row stride
+  int64_t sm_b, sm_t;           // tree_mask strides (words)
+  int64_t so_b, so_t, so_h;     // out strides
+  int T, H, rows;               // rows = H * T
+  int max_pages;
+  int page_shift;               // log2(page_size)
+  int num_splits;
+  float qk_scale;               // sm_scale * log2(e)
+};
+
+// ------------------------------------------------------------------ small PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Named barrier for the two warps (64 threads) of one row group; ids 1..4 (0 = __syncthreads).
+__device__ __forceinline__ void pair_barrier(int id) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
+}
+
+template <typename E>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  // d += a (16x16, row) * b (16x8, col); fp32 accumulate.
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  }
+};
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void store2(__half* p, float a, float b) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  }
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Low `n` bits set (n clamped to [0, 32]).
+__device__ __forceinline__ uint32_t low_bits(int n) {
+  return n >= 32 ? 0xffffffffu : (n <= 0 ? 0u : ((1u << n) - 1u));
+}
+
+// ------------------------------------------------------------------ tile geometry
+
+// Which keys tile `tile` of this CTA covers. Tiles [0, n_pre) are prefix tiles starting at
+// `start`; tiles [n_pre, n_pre + n_tree) are tree tiles (key j at logical position L + j).
+struct TileSeq {
+  int L, start, end, n_pre, n_tiles, T;
+};
+
+// Physical slot of key `row` (0..31) of tile `tile`, or -1 when the key is not a real key
+// (beyond the split's end / beyond T / beyond the page table): such rows are zero-filled.
+__device__ __forceinline__ int64_t key_slot(const Params& p, const int32_t* pt_row,
+                                            const TileSeq& ts, int tile, int row) {
+  if (tile >= ts.n_tiles) return -1;
+  int pos;
+  bool valid;
+  if (tile < ts.n_pre) {
+    pos = ts.start + tile * BLOCK_N + row;
+    valid = pos < ts.end;
+  } else {
+    const int j = (tile - ts.n_pre) * BLOCK_N + row;
+    pos = ts.L + j;
+    valid = j < ts.T;
+  }
+  const int page_idx = pos >> p.page_shift;
+  if (!valid || page_idx >= p.max_pages) return -1;
+  const int64_t page = static_cast<int64_t>(__ldg(pt_row + page_idx));
+  return (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
+}
+
+// Issue the cp.async copies of this thread's share of one KV tile: row tid/8, chunks
+// (tid%8) + 8*j for j < 9 (8 adjacent threads read 128 contiguous bytes per instruction).
+template <typename E>
+__device__ __forceinline__ void load_kv_tile(uint32_t stage_base, const E* kv, int64_t slot,
+                                             int64_t s_slot, int tid) {
+  const int row = tid >> 3;
+  const int sub = tid & 7;
+  const E* src = slot >= 0 ? kv + slot * s_slot : kv;  // any valid address when zero-filling
+  const int bytes = slot >= 0 ? 16 : 0;
+  const uint32_t dst = stage_base + static_cast<uint32_t>(row * SROW * 2);
+#pragma unroll
+  for (int j = 0; j < CHUNKS / 8; ++j) {
+    const int c = sub + 8 * j;
+    cp_async16(dst + c * 16, src + c * 8, bytes);
+  }
+}
+
+// 32 visibility bits (key k of the tile -> bit k) of query row `row` for tile `tile`.
+__device__ __forceinline__ uint32_t tile_bits(const Params& p, const TileSeq& ts, int b, int tile,
+                                              int row) {
+  if (tile < ts.n_pre) return low_bits(ts.end - (ts.start + tile * BLOCK_N));
+  if (row >= p.rows) return 0u;
+  const int j0 = (tile - ts.n_pre) * BLOCK_N;  // multiple of 32: one mask word holds the tile
+  const int t = row / p.H;
+  const int64_t word = __ldg(p.tree_mask + b * p.sm_b + t * p.sm_t + (j0 >> 6));
+  const uint32_t bits = static_cast<uint32_t>(static_cast<uint64_t>(word) >> (j0 & 63));
+  return bits & low_bits(ts.T - j0);
+}
+
+// ------------------------------------------------------------------ split kernel
+
+template <typename E>
+__global__ void __launch_bounds__(NUM_THREADS, 1) mla_split_kernel(const Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  E* sQ = reinterpret_cast<E*>(smem);
+  E* sKV = reinterpret_cast<E*>(smem + SMEM_Q);
+  float* sRed = reinterpret_cast<float*>(smem + SMEM_Q + STAGES * SMEM_KV_STAGE);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int rg = warp & 3;   // row group: CTA rows [16*rg, 16*rg + 16)
+  const int cg = warp >> 2;  // column group: score dims [288*cg, +288), out cols [256*cg, +256)
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int split = blockIdx.y;
+  const int b = blockIdx.z;
+  const int S = p.num_splits;
+
+  // ---- the key range of this split
+  TileSeq ts;
+  ts.T = p.T;
+  ts.L = max(__ldg(p.prefix_lens + b), 0);
+  {
+    const int per = (ts.L + S - 1) / S;
+    const int chunk = (per + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
+    ts.start = min(split * chunk, ts.L);
+    ts.end = min(ts.start + chunk, ts.L);
+    ts.n_pre = (ts.end - ts.start + BLOCK_N - 1) / BLOCK_N;
+    ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + BLOCK_N - 1) / BLOCK_N : 0);
+  }
+  const int32_t* pt_row = p.page_table + b * p.spt_b;
+  const E* kv = static_cast<const E*>(p.kv);
+
+  // ---- Q tile -> smem (rows beyond H*T are zero-filled); first cp.async group with tile 0.
+  {
+    const E* qn = static_cast<const E*>(p.q_nope) + b * p.sqn_b;
+    const E* qp = static_cast<const E*>(p.q_pe) + b * p.sqp_b;
+    const uint32_t q_base = smem_u32(sQ);
+    for (int idx = tid; idx < BLOCK_M * CHUNKS; idx += NUM_THREADS) {
+      const int r = idx / CHUNKS;
+      const int c = idx % CHUNKS;
+      const int row = m0 + r;
+      const bool valid = row < p.rows;
+      const int t = valid ? row / p.H : 0;
+      const int h = valid ? row % p.H : 0;
+      const E* src = c < Q_CHUNKS_NOPE ? qn + t * p.sqn_t + h * p.sqn_h + c * 8
+                                       : qp + t * p.sqp_t + h * p.sqp_h + (c - Q_CHUNKS_NOPE) * 8;
+      cp_async16(q_base + static_cast<uint32_t>((r * SROW + c * 8) * 2), src, valid ? 16 : 0);
+    }
+  }
+
+  // ---- pipeline prologue: tiles 0 .. STAGES-2 (always STAGES-1 commits)
+  const uint32_t kv_base = smem_u32(sKV);
+  const int load_row = tid >> 3;
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < ts.n_tiles) {
+      load_kv_tile<E>(kv_base + st * SMEM_KV_STAGE, kv, key_slot(p, pt_row, ts, st, load_row),
+                      p.s_slot, tid);
+    }
+    cp_async_commit();
+  }
+  // page-table lookup of the next tile to issue (STAGES-1), one iteration ahead of its use
+  int64_t next_slot = key_slot(p, pt_row, ts, STAGES - 1, load_row);
+
+  // ---- per-thread softmax state: rows r0 = 16*rg + lane/4 and r1 = r0 + 8 of the CTA
+  const int g = lane >> 2;  // fragment row within the 8-row half
+  const int q4 = lane & 3;  // fragment column pair
+  const int row0 = m0 + rg * 16 + g;
+  const int row1 = row0 + 8;
+  float m_run0 = neg_inf(), m_run1 = neg_inf();
+  float l_run0 = 0.f, l_run1 = 0.f;  // thread-local partial row sums (quad-reduced at the end)
+  float o[VHALF / 8][4];
+#pragma unroll
+  for (int i = 0; i < VHALF / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+
+  // ldmatrix lane addresses (bytes), see the fragment layouts of mma.m16n8k16:
+  //  Q (A operand, x4): matrices (rows 0-7,k 0-7) (rows 8-15,k 0-7) (rows 0-7,k 8-15)
+  //    (rows 8-15,k 8-15) -> lane supplies row (lane & 15), k offset 8 * (lane >> 4).
+  const uint32_t a_lane =
+      smem_u32(sQ) + static_cast<uint32_t>(((rg * 16 + (lane & 15)) * SROW + (lane >> 4) * 8 +
+                                            cg * KHALF) * 2);
+  //  K (B operand of S = Q K^T, x4, non-trans): matrices (keys 0-7,k 0-7) (keys 0-7,k 8-15)
+  //    (keys 8-15,k 0-7) (keys 8-15,k 8-15) -> key (lane & 7) + 8 * (lane >> 4),
+  //    k offset 8 * ((lane >> 3) & 1). Regs {0,1}: n-tile keys 0-7, {2,3}: keys 8-15.
+  const uint32_t k_lane = static_cast<uint32_t>(
+      (((lane & 7) + 8 * (lane >> 4)) * SROW + 8 * ((lane >> 3) & 1) + cg * KHALF) * 2);
+  //  V (B operand of O = P V, x4.trans): matrices (keys 0-7,d 0-7) (keys 8-15,d 0-7)
+  //    (keys 0-7,d 8-15) (keys 8-15,d 8-15) -> key (lane & 15), d offset 8 * (lane >> 4).
+  //    Regs {0,1}: n-tile dims 0-7, {2,3}: dims 8-15.
+  const uint32_t v_lane =
+      static_cast<uint32_t>(((lane & 15) * SROW + 8 * (lane >> 4) + cg * VHALF) * 2);
+
+  float* red_mine = sRed + warp * 512;
+  const float* red_other = sRed + (warp ^ 4) * 512;  // the other column group, same rows
+
+  for (int tile = 0; tile < ts.n_tiles; ++tile) {
+    // tile `tile` landed (at most STAGES-2 younger groups pending); the barrier also makes
+    // every warp done with tile-1, whose stage is refilled just below, and with sRed.
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      const int nt = tile + STAGES - 1;
+      if (nt < ts.n_tiles) {
+        load_kv_tile<E>(kv_base + (nt % STAGES) * SMEM_KV_STAGE, kv, next_slot, p.s_slot, tid);
+      }
+      cp_async_commit();
+      next_slot = key_slot(p, pt_row, ts, nt + 1, load_row);  // used next iteration
+    }
+    const uint32_t stage = kv_base + (tile % STAGES) * SMEM_KV_STAGE;
+
+    // ---- S_partial = Q[:, half] K[:, half]^T  (16 rows x 32 keys per warp)
+    float s[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KHALF / 16; ++ks) {
+      uint32_t a[4];
+      ldmatrix_x4(a, a_lane + ks * 32);
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb) {  // keys [16*nb, 16*nb + 16)
+        uint32_t kb[4];
+        ldmatrix_x4(kb, stage + k_lane + (nb * 16 * SROW + ks * 16) * 2);
+        Mma<E>::run(s[2 * nb], a, kb[0], kb[1]);
+        Mma<E>::run(s[2 * nb + 1], a, kb[2], kb[3]);
+      }
+    }
+
+    // ---- split-K reduction with the partner warp (same fragment layout: index by reg, lane)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) red_mine[i * 32 + lane] = s[i >> 2][i & 3];
+    pair_barrier(1 + rg);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i >> 2][i & 3] += red_other[i * 32 + lane];
+
+    // ---- mask, scale (base 2), online softmax
+    const uint32_t bits0 = tile_bits(p, ts, b, tile, row0);
+    const uint32_t bits1 = tile_bits(p, ts, b, tile, row1);
+    float mx0 = neg_inf(), mx1 = neg_inf();
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = nt * 8 + 2 * q4 + e;  // key within the tile
+        s[nt][e] = ((bits0 >> col) & 1u) ? s[nt][e] * p.qk_scale : neg_inf();
+        s[nt][2 + e] = ((bits1 >> col) & 1u) ? s[nt][2 + e] * p.qk_scale : neg_inf();
+        mx0 = fmaxf(mx0, s[nt][e]);
+        mx1 = fmaxf(mx1, s[nt][2 + e]);
+      }
+    }
+    // the 4 lanes of a quad hold the 32 columns of the same two rows
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mnew0 = fmaxf(m_run0, mx0);
+    const float mnew1 = fmaxf(m_run1, mx1);
+    // rows with no visible key so far keep weight 0 instead of producing NaN (-inf - -inf)
+    const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
+    const float muse1 = mnew1 == neg_inf() ? 0.f : mnew1;
+    const float alpha0 = exp2f(m_run0 - muse0);  // exp2(-inf) = 0 on the first visible tile
+    const float alpha1 = exp2f(m_run1 - muse1);
+    m_run0 = mnew0;
+    m_run1 = mnew1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - muse0);
+      s[nt][1] = exp2f(s[nt][1] - muse0);
+      s[nt][2] = exp2f(s[nt][2] - muse1);
+      s[nt][3] = exp2f(s[nt][3] - muse1);
+      sum0 += s[nt][0] + s[nt][1];
+      sum1 += s[nt][2] + s[nt][3];
+    }
+    l_run0 = l_run0 * alpha0 + sum0;
+    l_run1 = l_run1 * alpha1 + sum1;
+#pragma unroll
+    for (int i = 0; i < VHALF / 8; ++i) {
+      o[i][0] *= alpha0;
+      o[i][1] *= alpha0;
+      o[i][2] *= alpha1;
+      o[i][3] *= alpha1;
+    }
+
+    // ---- P (C fragments of n-tiles 2kk, 2kk+1) is the A fragment of k-step kk
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      pa[kk][0] = Mma<E>::pack(s[2 * kk][0], s[2 * kk][1]);          // row g,   keys 0-7
+      pa[kk][1] = Mma<E>::pack(s[2 * kk][2], s[2 * kk][3]);          // row g+8, keys 0-7
+      pa[kk][2] = Mma<E>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // row g,   keys 8-15
+      pa[kk][3] = Mma<E>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // row g+8, keys 8-15
+    }
+
+    // ---- O[:, cg half] += P V   (V = the first 512 dims of the latent tile)
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+      for (int db = 0; db < VHALF / 16; ++db) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, stage + v_lane + (kk * 16 * SROW + db * 16) * 2);
+        Mma<E>::run(o[2 * db], pa[kk], vb[0], vb[1]);
+        Mma<E>::run(o[2 * db + 1], pa[kk], vb[2], vb[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();  // nothing may be in flight at exit (empty splits, trailing groups)
+
+  // ---- epilogue: full row sums, normalise, store
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+  const float inv0 = l_run0 > 0.f ? 1.f / l_run0 : 0.f;
+  const float inv1 = l_run1 > 0.f ? 1.f / l_run1 : 0.f;
+  const int col0 = cg * VHALF + 2 * q4;  // + 8 * n-tile
+  const bool ok0 = row0 < p.rows;
+  const bool ok1 = row1 < p.rows;
+
+  if (S == 1) {
+    E* out = static_cast<E*>(p.out) + b * p.so_b;
+    if (ok0) {
+      E* dst = out + (row0 / p.H) * p.so_t + (row0 % p.H) * p.so_h + col0;
+#pragma unroll
+      for (int i = 0; i < VHALF / 8; ++i) Mma<E>::store2(dst + 8 * i, o[i][0] * inv0, o[i][1] * inv0);
+    }
+    if (ok1) {
+      E* dst = out + (row1 / p.H) * p.so_t + (row1 % p.H) * p.so_h + col0;
+#pragma unroll
+      for (int i = 0; i < VHALF / 8; ++i) Mma<E>::store2(dst + 8 * i, o[i][2] * inv1, o[i][3] * inv1);
+    }
+  } else {
+    const int64_t base = (static_cast<int64_t>(b) * S + split) * p.rows;
+    if (ok0) {
+      float* dst = p.part + (base + row0) * RANK + col0;
+#pragma unroll
+      for (int i = 0; i < VHALF / 8; ++i)
+        *reinterpret_cast<float2*>(dst + 8 * i) = make_float2(o[i][0] * inv0, o[i][1] * inv0);
+    }
+    if (ok1) {
+      float* dst = p.part + (base + row1) * RANK + col0;
+#pragma unroll
+      for (int i = 0; i < VHALF / 8; ++i)
+        *reinterpret_cast<float2*>(dst + 8 * i) = make_float2(o[i][2] * inv1, o[i][3] * inv1);
+    }
+    if (cg == 0 && q4 == 0) {
+      if (ok0) p.lse[base + row0] = l_run0 > 0.f ? m_run0 + __log2f(l_run0) : neg_inf();
+      if (ok1) p.lse[base + row1] = l_run1 > 0.f ? m_run1 + __log2f(l_run1) : neg_inf();
+    }
+  }
+}
+
+// ------------------------------------------------------------------ merge kernel
+
+// Grid (rows, B), MERGE_THREADS threads: thread i combines output columns [4i, 4i + 4) of one
+// row over the S normalised partials with weights 2^(lse_s - max lse).
+template <typename E>
+__global__ void __launch_bounds__(MERGE_THREADS) mla_merge_kernel(const Params p) {
+  const int row = blockIdx.x;
+  const int b = blockIdx.y;
+  const int S = p.num_splits;
+  const int col = threadIdx.x * 4;
+  const int64_t base = static_cast<int64_t>(b) * S * p.rows + row;  // + s * rows
+  const float* lse = p.lse + base;
+  float mx = neg_inf();
+  for (int s = 0; s < S; ++s) mx = fmaxf(mx, lse[static_cast<int64_t>(s) * p.rows]);
+  const float muse = mx == neg_inf() ? 0.f : mx;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;
+  for (int s = 0; s < S; ++s) {
+    const float w = exp2f(lse[static_cast<int64_t>(s) * p.rows] - muse);
+    if (w > 0.f) {
+      const float4 v = *reinterpret_cast<const float4*>(
+          p.part + (base + static_cast<int64_t>(s) * p.rows) * RANK + col);
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+      wsum += w;
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.H) * p.so_t + (row % p.H) * p.so_h + col;
+  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
+  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
+}
+
+template <typename E>
+int launch(const Params& p, int B, cudaStream_t stream) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  // raise the dynamic shared-memory limit once per device (host-side only: capture-safe)
+  static bool raised[128] = {};
+  if (dev < 0 || dev >= 128) return -9;
+  if (!raised[dev]) {
+    err = cudaFuncSetAttribute(mla_split_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               SMEM_TOTAL);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    raised[dev] = true;
+  }
+  const dim3 grid((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B);
+  mla_split_kernel<E><<<grid, NUM_THREADS, SMEM_TOTAL, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return static_cast<int>(err);
+  if (p.num_splits > 1) {
+    mla_merge_kernel<E><<<dim3(p.rows, B), MERGE_THREADS, 0, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  return 0;
+}
+
+}  // namespace kdtree_mla
+
+// ------------------------------------------------------------------ C ABI
+
+extern "C" {
+
+// Shared memory (bytes) of one split CTA.
+int kdtree_mla_smem_bytes() { return kdtree_mla::SMEM_TOTAL; }
+
+// Query rows per CTA (the M tile).
+int kdtree_mla_block_m() { return kdtree_mla::BLOCK_M; }
+
+// Human-readable text of a launcher return code.
+const char* kdtree_mla_error_string(int code) {
+  switch (code) {
+    case 0: return "success";
+    case -1: return "unsupported dtype code (expected 0 = bf16, 1 = fp16)";
+    case -2: return "unsupported head dims (expected kv_lora_rank 512, rope 64)";
+    case -3: return "page_size must be a power of two";
+    case -4: return "expected B >= 1, T >= 1, H >= 1, max_pages >= 1";
+    case -5: return "num_splits must be >= 1";
+    case -6: return "num_splits > 1 needs the partial and LSE workspace pointers";
+    case -7: return "pointer or stride not 16-byte aligned";
+    case -8: return "grid dimension too large";
+    case -9: return "device ordinal out of range";
+    default:
+      return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
+  }
+}
+
+// Launch the split kernel (+ merge when num_splits > 1) on `stream`. Strides are in elements.
+// Returns 0, a negative argument error (kdtree_mla_error_string) or a cudaError_t value.
+int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, const void* kv,
+                           const int32_t* page_table, const int32_t* prefix_lens,
+                           const int64_t* tree_mask, void* out, float* part, float* lse,
+                           int64_t sqn_b, int64_t sqn_t, int64_t sqn_h, int64_t sqp_b,
+                           int64_t sqp_t, int64_t sqp_h, int64_t s_slot, int64_t spt_b,
+                           int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
+                           int B, int T, int H, int rank, int rope, int page_size, int max_pages,
+                           int num_splits, float sm_scale, uintptr_t stream) {
+  using namespace kdtree_mla;
+  if (dtype != 0 && dtype != 1) return -1;
+  if (rank != RANK || rope != ROPE) return -2;
+  if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
+  if (B < 1 || T < 1 || H < 1 || max_pages < 1) return -4;
+  if (num_splits < 1) return -5;
+  if (num_splits > 1 && (part == nullptr || lse == nullptr)) return -6;
+  const auto mis16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) != 0; };
+  if (mis16(q_nope) || mis16(q_pe) || mis16(kv) || mis16(part) || (sqn_b | sqn_t | sqn_h) & 7 ||
+      (sqp_b | sqp_t | sqp_h) & 7 || (s_slot & 7) || (reinterpret_cast<uintptr_t>(out) & 3) ||
+      (so_b | so_t | so_h) & 1)
+    return -7;
+  if (B > 65535 || num_splits > 65535 || static_cast<int64_t>(H) * T > (1 << 30)) return -8;
+  int shift = 0;
+  while ((1 << shift) < page_size) ++shift;
+  Params p;
+  p.q_nope = q_nope;
+  p.q_pe = q_pe;
+  p.kv = kv;
+  p.page_table = page_table;
+  p.prefix_lens = prefix_lens;
+  p.tree_mask = tree_mask;
+  p.out = out;
+  p.part = part;
+  p.lse = lse;
+  p.sqn_b = sqn_b;
+  p.sqn_t = sqn_t;
+  p.sqn_h = sqn_h;
+  p.sqp_b = sqp_b;
+  p.sqp_t = sqp_t;
+  p.sqp_h = sqp_h;
+  p.s_slot = s_slot;
+  p.spt_b = spt_b;
+  p.sm_b = sm_b;
+  p.sm_t = sm_t;
+  p.so_b = so_b;
+  p.so_t = so_t;
+  p.so_h = so_h;
+  p.T = T;
+  p.H = H;
+  p.rows = H * T;
+  p.max_pages = max_pages;
+  p.page_shift = shift;
+  p.num_splits = num_splits;
+  p.qk_scale = sm_scale * 1.4426950408889634f;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  return dtype == 0 ? launch<__nv_bfloat16>(p, B, s) : launch<__half>(p, B, s);
+}
+
+}  // extern "C"

@@ -1,0 +1,146 @@
+"""CUDA C++ (sm_90) MLA tree-verify kernel: compile check on CPU, fp64 comparisons on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _kernel_inputs import mla_inputs
+from _kernel_reference import assert_close_to_truth, mla_dense
+
+from kdtree.kernels import cuda_mla
+
+ATOL = {torch.float16: 2e-4, torch.bfloat16: 2e-3}
+SCALE = 576**-0.5
+
+
+# ----------------------------------------------------------------------------- CPU / CI
+
+
+@pytest.mark.skipif(cuda_mla.find_nvcc() is None, reason="nvcc not found (CUDA toolkit absent)")
+def test_compiles_for_sm90a_without_spills(tmp_path):
+    res = cuda_mla.compile_only(tmp_path)
+    assert res.path.is_file() and res.path.stat().st_size > 0
+    kernels = cuda_mla.parse_ptxas(res.log)
+    split = [k for k in kernels if "mla_split_kernel" in k]
+    merge = [k for k in kernels if "mla_merge_kernel" in k]
+    assert len(split) == 2 and len(merge) == 2, f"expected bf16 + fp16 kernels, got {kernels}"
+    for name, info in kernels.items():
+        assert name.endswith("@sm_90a"), name
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (name, info)
+        assert info["stack"] == 0, (name, info)
+        assert info["registers"] <= 255, (name, info)
+
+
+def test_parse_ptxas():
+    log = (
+        "ptxas info    : Compiling entry function '_Zk' for 'sm_90a'\n"
+        "ptxas info    : Function properties for _Zk\n"
+        "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 16 barriers\n"
+    )
+    assert cuda_mla.parse_ptxas(log) == {
+        "_Zk@sm_90a": {"registers": 255, "stack": 8, "spill_stores": 4, "spill_loads": 12}
+    }
+
+
+def test_choose_splits_is_static_and_bounded():
+    assert cuda_mla.choose_splits(1, 16 * 65, 128, 132) == 1  # short prefix: no split
+    for rows, max_len in [(8 * 17, 131072), (16 * 65, 131072), (128 * 65, 65536)]:
+        s = cuda_mla.choose_splits(1, rows, max_len, 132)
+        ctas = -(-rows // 64) * s
+        assert s >= 1 and ctas <= 2 * 132 and max_len // s >= 256
+    assert cuda_mla.workspace_numel(2, 17, 8, 1) == 0
+    assert cuda_mla.workspace_numel(2, 17, 8, 3) == 2 * 3 * 17 * 8 * 513
+
+
+def test_registered_as_mla_backend():
+    from kdtree.attention import available_backends, resolve_backend
+
+    assert "cuda" in available_backends("mla")
+    assert resolve_backend("mla", "auto", torch.device("cpu")) != "cuda"
+
+
+def test_rejects_cpu_and_bad_dtype(gen):
+    qn, qp, kv, pt, pl, m = mla_inputs([10], 3, 2, 512, 64, 16, torch.float32, gen)
+    with pytest.raises(TypeError, match="dtype"):
+        cuda_mla.tree_attention_mla_cuda(qn, qp, kv, pt, pl, m, sm_scale=SCALE)
+    args = [x.to(torch.bfloat16) if x.is_floating_point() else x for x in (qn, qp, kv, pt, pl, m)]
+    with pytest.raises((RuntimeError, ValueError)):
+        cuda_mla.tree_attention_mla_cuda(*args, sm_scale=SCALE)
+    with pytest.raises(ValueError, match="rank"):
+        cuda_mla.tree_attention_mla_cuda(args[0][..., :256], *args[1:], sm_scale=SCALE)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+needs_sm90 = pytest.mark.skipif(
+    not (torch.cuda.is_available() and cuda_mla.available()),
+    reason="needs nvcc and an sm_90 GPU",
+)
+
+# (prefix lengths, T, H, page size, forced splits or None)
+GPU_CASES = [
+    ([1], 1, 8, 1, None),
+    ([97], 17, 16, 16, None),
+    ([257, 1, 40], 17, 8, 64, 3),
+    ([5000], 65, 16, 16, None),
+    ([5000], 65, 16, 16, 1),
+    ([2000, 9], 17, 128, 64, None),
+    ([1234, 4000], 65, 8, 1, 7),
+    ([300], 1, 128, 16, 2),
+    ([33, 700, 64], 65, 16, 64, 5),
+    ([0, 100], 17, 8, 16, 4),  # an empty prefix: the tree alone
+    ([64], 257, 8, 16, 3),  # T above 256: five mask words
+]
+
+
+def _run(case, dtype, gen, graph=False):
+    lens, t, h, ps, splits = case
+    cpu = mla_inputs(lens, t, h, 512, 64, ps, dtype, gen)
+    dev = [x.cuda() for x in cpu]
+    out = torch.full((len(lens), t, h, 512), float("nan"), dtype=dtype, device="cuda")
+    if graph:
+        cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
+        out.fill_(float("nan"))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        got = out
+    else:
+        got = cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
+        assert got is out
+    truth = mla_dense(*dev, SCALE, torch.float64)
+    base = mla_dense(*dev, SCALE, dtype)
+    assert_close_to_truth(got.cpu(), truth, base, ATOL[dtype], f"cuda mla {case} {dtype}")
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "case", GPU_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}-ps{c[3]}-s{c[4]}"
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_matches_fp64(case, dtype, gen):
+    _run(case, dtype, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("splits", [1, 4])
+def test_cuda_graph_replay(splits, gen):
+    _run(([3000, 17], 17, 16, 16, splits), torch.bfloat16, gen, graph=True)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_matches_triton_and_preallocated_workspace(gen):
+    from kdtree.kernels import tree_attention_mla_triton
+
+    dev = [x.cuda() for x in mla_inputs([4000], 65, 16, 512, 64, 16, torch.bfloat16, gen)]
+    ws = torch.empty(cuda_mla.workspace_numel(1, 65, 16, 6), dtype=torch.float32, device="cuda")
+    got = cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE, num_splits=6, workspace=ws)
+    ref = tree_attention_mla_triton(*dev, sm_scale=SCALE)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=2e-2)
