@@ -241,6 +241,10 @@ class DFlashConfig(ModelConfig):
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 2, 3])
     num_target_layers: int = 6
     target: str = ""
+    #: at inference the block attends to the last ``context_window`` context rows only (None:
+    #: all). Set it to the context length the drafter was trained on: beyond it the drafter
+    #: meets relative positions it never saw and its acceptance collapses.
+    context_window: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -260,6 +264,8 @@ class DFlashConfig(ModelConfig):
             raise ValueError(
                 f"mask_token_id={self.mask_token_id}: outside the vocabulary [0, {self.vocab_size})"
             )
+        if self.context_window is not None and self.context_window < 1:
+            raise ValueError(f"context_window={self.context_window}: expected >= 1 or None")
 
     @property
     def n_taps(self) -> int:

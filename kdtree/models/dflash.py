@@ -254,7 +254,11 @@ class DFlashDrafter(nn.Module):
         cos, sin = self.rotary(positions, h.dtype)
         n_ctx = ctx.max_len + 1
         key = torch.arange(n_ctx, device=h.device)
-        ctx_visible = (key[None] < ctx.lengths[:, None])[:, None, None, :]  # [B, 1, 1, n_ctx]
+        visible = key[None] < ctx.lengths[:, None]
+        window = self.config.context_window
+        if window is not None:  # the last ``window`` rows only (rows are in position order)
+            visible &= key[None] >= ctx.lengths[:, None] - window
+        ctx_visible = visible[:, None, None, :]  # [B, 1, 1, n_ctx]
         mask = torch.cat(
             [
                 ctx_visible.expand(b, 1, t, n_ctx),

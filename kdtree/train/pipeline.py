@@ -374,6 +374,9 @@ def run_drafter(
         target_name=TARGET_DIR,
         intermediate_size=d.intermediate,
     )
+    # inference attends to at most the context the drafter is trained on (prompt + generation):
+    # beyond it the relative positions are unseen and acceptance collapses with context length
+    cfg.context_window = d.gen_prompt_len + d.gen_new_tokens
     with torch.device("cpu"):
         drafter = DFlashDrafter(cfg, target.cpu())
     drafter.init_weights(torch.Generator().manual_seed(seed))

@@ -106,3 +106,28 @@ def test_drafter_bad_inputs(gen, random_model, randomize):
         DFlashDrafter(get_config("tiny-dflash").replace(hidden_size=32), target)
     with pytest.raises(ValueError, match="mask_token_id"):
         get_config("tiny-dflash").replace(mask_token_id=10**6)
+
+
+def test_context_window_equals_a_context_holding_only_the_last_rows(gen, random_model, randomize):
+    """With ``context_window = w`` the draft equals a draft over a context that holds only
+    the last ``w`` rows (same absolute positions), and differs from the full-context draft."""
+    target, drafter = make_pair("tiny-llama", gen, random_model, randomize)
+    s, w = 20, 6
+    seqs = torch.randint(0, target.config.vocab_size, (1, s), generator=gen)
+    with torch.no_grad():
+        taps = target.forward_dense(seqs, return_taps=True).taps
+        pos = torch.arange(s).unsqueeze(0)
+        full = drafter.new_context(1, max_len=32)
+        drafter.append_context(full, taps, pos)
+        last = drafter.new_context(1, max_len=32)
+        drafter.append_context(last, taps[:, s - w :], pos[:, s - w :])
+        bonus, start = seqs[:, -1], torch.tensor([s])
+        everything = drafter.draft(full, bonus, start)
+        drafter.config.context_window = w
+        try:
+            windowed = drafter.draft(full, bonus, start)
+            only_last = drafter.draft(last, bonus, start)
+        finally:
+            drafter.config.context_window = None
+    torch.testing.assert_close(windowed, only_last, atol=1e-5, rtol=0)
+    assert (windowed - everything).abs().max() > 1e-3
