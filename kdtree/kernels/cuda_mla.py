@@ -203,7 +203,7 @@ def _load() -> ctypes.CDLL:
         lib.kdtree_mla_tree_launch.argtypes = (
             [i32]  # dtype
             + [ptr] * 9  # q_nope q_pe kv page_table prefix_lens tree_mask out part lse
-            + [i64] * 14  # strides
+            + [i64] * 13  # strides: q_nope 3, q_pe 3, kv slot, page table row, mask 2, out 3
             + [i32] * 8  # B T H rank rope page_size max_pages num_splits
             + [ctypes.c_float, ctypes.c_size_t]  # sm_scale, stream
         )
@@ -363,6 +363,44 @@ def _check_lengths(prefix_lens, t: int, capacity: int) -> None:
         )
 
 
+def launch_args(
+    q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
+    num_splits: int, sm_scale: float, stream: int,
+) -> tuple:  # fmt: skip
+    """The argument tuple of ``kdtree_mla_tree_launch`` (one entry per C parameter, in the
+    order of the signature in ``kernels/mla_tree_sm90.cu``)."""
+    b, t, h, _ = q_nope.shape
+    return (
+        _DTYPE_CODES.get(q_nope.dtype, -1),
+        q_nope.data_ptr(),
+        q_pe.data_ptr(),
+        kv_cache.data_ptr(),
+        page_table.data_ptr(),
+        prefix_lens.data_ptr(),
+        tree_mask.data_ptr(),
+        out.data_ptr(),
+        part_ptr,
+        lse_ptr,
+        *q_nope.stride()[:3],
+        *q_pe.stride()[:3],
+        kv_cache.stride(1),
+        page_table.stride(0),
+        tree_mask.stride(0),
+        tree_mask.stride(1),
+        *out.stride()[:3],
+        b,
+        t,
+        h,
+        RANK,
+        ROPE,
+        kv_cache.shape[1],
+        page_table.shape[1],
+        int(num_splits),
+        float(sm_scale),
+        stream,
+    )
+
+
 def tree_attention_mla_cuda(
     q_nope,
     q_pe,
@@ -429,35 +467,11 @@ def tree_attention_mla_cuda(
     lib = _load()
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
-        rc = lib.kdtree_mla_tree_launch(
-            _DTYPE_CODES[q_nope.dtype],
-            q_nope.data_ptr(),
-            q_pe.data_ptr(),
-            kv_cache.data_ptr(),
-            page_table.data_ptr(),
-            prefix_lens.data_ptr(),
-            tree_mask.data_ptr(),
-            out.data_ptr(),
-            part_ptr,
-            lse_ptr,
-            *q_nope.stride()[:3],
-            *q_pe.stride()[:3],
-            kv_cache.stride(1),
-            page_table.stride(0),
-            tree_mask.stride(0),
-            tree_mask.stride(1),
-            *out.stride()[:3],
-            b,
-            t,
-            h,
-            RANK,
-            ROPE,
-            page_size,
-            max_pages,
-            num_splits,
-            float(sm_scale),
-            stream,
-        )
+        args = launch_args(
+            q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
+            num_splits, sm_scale, stream,
+        )  # fmt: skip
+        rc = lib.kdtree_mla_tree_launch(*args)
     if rc != 0:
         msg = lib.kdtree_mla_error_string(rc).decode()
         raise RuntimeError(f"CUDA MLA tree attention launch failed ({rc}): {msg}")

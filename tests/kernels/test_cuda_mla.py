@@ -144,3 +144,31 @@ def test_matches_triton_and_preallocated_workspace(gen):
     got = cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE, num_splits=6, workspace=ws)
     ref = tree_attention_mla_triton(*dev, sm_scale=SCALE)
     torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=2e-2)
+
+
+@pytest.mark.skipif(cuda_mla.find_nvcc() is None, reason="nvcc not found (CUDA toolkit absent)")
+def test_ctypes_call_matches_the_c_signature(gen):
+    """The launcher's ctypes prototype, the C signature and the wrapper's argument tuple agree
+    (a count mismatch made every H200 call fail with a TypeError before this test existed):
+    the real library is called with the wrapper's tuple and an invalid dtype code, which the
+    launcher rejects (-1) before touching the GPU."""
+    import re
+    from pathlib import Path
+
+    src = Path(cuda_mla.SOURCE).read_text()
+    sig = re.search(r"int kdtree_mla_tree_launch\(([^)]*)\)", src).group(1)
+    n_c = len([a for a in sig.split(",") if a.strip()])
+    lib = cuda_mla._load()
+    assert len(lib.kdtree_mla_tree_launch.argtypes) == n_c
+    b, t, h, ps, pages = 1, 3, 2, 16, 4
+    q_nope = torch.zeros(b, t, h, cuda_mla.RANK)
+    q_pe = torch.zeros(b, t, h, cuda_mla.ROPE)
+    kv = torch.zeros(pages, ps, cuda_mla.RANK + cuda_mla.ROPE)  # fp32: dtype code -1
+    pt = torch.zeros(b, pages, dtype=torch.int32)
+    pl = torch.zeros(b, dtype=torch.int32)
+    mask = torch.zeros(b, t, 1, dtype=torch.int64)
+    out = torch.zeros(b, t, h, cuda_mla.RANK)
+    args = cuda_mla.launch_args(q_nope, q_pe, kv, pt, pl, mask, out, None, None, 1, 0.1, 0)
+    assert len(args) == n_c
+    assert lib.kdtree_mla_tree_launch(*args) == -1
+    assert b"dtype" in lib.kdtree_mla_error_string(-1)

@@ -9,3 +9,5 @@ if [ -d .whl-cupti ]; then
   python3 -m pip install -q --no-index --no-deps .whl-cupti/*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD
+# nbconvert/jupyter data files (HTML templates, kernelspecs) of the --target install
+export JUPYTER_PATH=/tmp/site/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}
