@@ -215,6 +215,10 @@ def cpu_busy_trace(phases, *, compute: tuple[str, ...] = COMPUTE_PHASES, bin_us:
     return Trace(series=series, intervals=iv.copy(), meta=meta)
 
 
+#: The shipped trace notebook 01 opens by default: the CUDA-graph decode loop at 46k context.
+DEFAULT_SHIPPED_TRACE = "graph_46000"
+
+
 def shipped_traces() -> list[Path]:
     """Native DRAM traces shipped under ``data/traces`` (``NAME.trace.json``), sorted."""
     root = Path(env.DATA_DIR) / "traces"
@@ -284,8 +288,9 @@ def open_trace(
         return tr, ph, f"live CUPTI capture on {ctx.versions.get('device_name')}", "", None
     shipped = shipped_traces()
     if shipped:
-        tr, ph = load_trace_pair(shipped[0])
-        return tr, ph, f"shipped {shipped[0].relative_to(env.DATA_DIR)}", "", None
+        pick = next((p for p in shipped if p.parent.name == DEFAULT_SHIPPED_TRACE), shipped[0])
+        tr, ph = load_trace_pair(pick)
+        return tr, ph, f"shipped H200 trace {pick.relative_to(env.DATA_DIR)}", "", None
     pair = load_pair(ctx.device, config=config)
     ph = profiled_decode_trace(pair, context=context, steps=steps, out_dir=ctx.out_dir)
     note = (

@@ -44,13 +44,16 @@ def parse_case(name: str) -> dict:
     return {"layout": d["layout"], "B": int(d["B"]), "L": int(d["L"]), "T": int(d["T"])}
 
 
-def verify_rows(df: pd.DataFrame) -> pd.DataFrame:
+def verify_rows(df: pd.DataFrame, include_tune: bool = False) -> pd.DataFrame:
     """One row per (layout, B, L, T, provider) of ``verify_attention.csv``: ``time_ms``,
-    ``frac_of_floor``, ``floor_ms`` and ``status`` (``ok``, else the recorded skip/error reason)."""
+    ``frac_of_floor``, ``floor_ms`` and ``status`` (``ok``, else the recorded skip/error reason).
+    ``include_tune`` keeps the ``ours_tune[...]`` candidate rows of the tuning sweep."""
     need = {"name", "provider", "metric", "p50", "config_json"}
     if missing := need - set(df.columns):
         raise ValueError(f"verify_attention rows: missing columns {sorted(missing)}")
     rows = df[df["name"].astype(str).str.match(_CASE)]
+    if not include_tune:  # the --tune sweep's candidate configs of our own kernel
+        rows = rows[~rows["provider"].astype(str).str.startswith("ours_tune[")]
     out: dict[tuple, dict] = {}
     for r in rows.itertuples(index=False):
         case = parse_case(r.name)
@@ -79,7 +82,11 @@ def ours_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
         if ours.empty:
             continue
         best = ours.loc[ours["time_ms"].idxmin()]
-        peers = g[~g["provider"].isin(["ours", "ours_graph", "ref"])]
+        # peers: complete alternatives only (not our reference, not a peer's prefix-only part)
+        peers = g[
+            ~g["provider"].isin(["ours", "ours_graph", "ref"])
+            & ~g["provider"].astype(str).str.endswith("_prefix")
+        ]
         peer = peers.loc[peers["time_ms"].idxmin()] if len(peers) else None
         rows.append({
             "layout": layout, "L": int(L), "T": int(T), "ours": best["provider"],
@@ -111,10 +118,50 @@ def time_table(tidy: pd.DataFrame, L: int) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------
 
 
+#: Shipped trace sets, newest first: ``h200_decode`` (session 2: the trained pair, DRAM series
+#: + phases) supersedes ``h200_phases`` (session 1: tiny-llama, phases only).
+TRACE_SETS = ("h200_decode", "h200_phases")
+
+
 def phase_trace_dirs(root: Path | None = None) -> list[Path]:
-    """Folders under ``data/traces`` holding a profiler ``phases.chrome.json``, sorted."""
+    """Folders holding a profiler ``phases.chrome.json`` in the newest shipped trace set under
+    ``data/traces`` (``TRACE_SETS`` order; any other layout: every such folder), sorted."""
     root = Path(root or Path(env.DATA_DIR) / "traces")
-    return sorted(p.parent for p in root.rglob("phases.chrome.json")) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    found = sorted(p.parent for p in root.rglob("phases.chrome.json"))
+    for name in TRACE_SETS:
+        picked = [d for d in found if d.parent.name == name]
+        if picked:
+            return picked
+    return found
+
+
+def dram_trace_table(root: Path | None = None) -> pd.DataFrame:
+    """Burst/gap analysis of every shipped DRAM trace (``*/dram.trace.json`` with its phases):
+    one row per trace — mode, context, samples, ms per step, duty cycle, mean burst level,
+    idle ms per step and the phase holding most of the idle time."""
+    from kdtree.nb_live import load_trace_pair
+    from kdtree.trace import analyze
+
+    root = Path(root or Path(env.DATA_DIR) / "traces")
+    rows = []
+    for path in sorted(root.rglob("dram.trace.json")) if root.is_dir() else []:
+        tr, ph = load_trace_pair(path)
+        res = analyze(tr, ph).to_json()
+        mode, _, context = path.parent.name.rpartition("_")
+        meta = tr.meta if isinstance(tr.meta, dict) else {}
+        by_phase = res.get("idle_by_phase") or {}
+        top = max(by_phase, key=by_phase.get) if by_phase else None
+        rows.append({"set": path.parent.parent.name, "trace": path.parent.name, "mode": mode,
+                     "context": int(context) if context.isdigit() else None,
+                     "samples": res["n_samples"], "steps": res["n_steps"],
+                     "ms_per_step": (meta.get("ms_per_step") if meta else None),
+                     "duty_cycle": res["duty_cycle"], "mean_burst_pct": res["mean_burst_level"],
+                     "gap_ms_median": res["gap_ms_median"],
+                     "idle_ms_per_step": res["step_idle_ms_mean"],
+                     "top_idle_phase": top})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def load_phase_events(path: Path) -> pd.DataFrame:
@@ -236,23 +283,38 @@ def metric_table(df: pd.DataFrame, metric: str, index: str = "x_value") -> pd.Da
 
 
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per decode mode of ``decode.csv``: tok/s (p50, p20, p80), TTFT, τ, forwards per
-    token and the mean ms per step of each recorded phase."""
+    """One row per decode point of ``decode.csv`` — (name, temperature, context): tok/s (p50,
+    p20, p80), TTFT, τ, forwards per token, the mean ms per step of each recorded phase, and
+    the speed-ups over ``ar`` and ``chain`` of the same temperature, context and path (graph
+    rows against graph rows)."""
+    from kdtree.viz.decode import decode_frame
+
+    f = decode_frame(df)
     rows = []
-    for name, g in df.groupby("name", sort=False):
-        v = g.set_index("metric")
-        rec = {"mode": str(v["mode"].iloc[0]), "name": name,
-               "context": int(float(v.loc["decode_tok_s", "x_value"]))}  # fmt: skip
+    for (name, temp, ctx), g in f.groupby(["name", "temperature", "ctx"], sort=False):
+        v = g.drop_duplicates("metric", keep="last").set_index("metric")
+        rec = {"mode": str(v["mode"].iloc[0]), "name": name, "temperature": temp,
+               "context": int(ctx), "budget": int(v["budget"].iloc[0]),
+               "graphs": name.endswith("_graph")}  # fmt: skip
         for m in ("decode_tok_s", "ttft_s", "tau", "fwd_per_tok", "prefill_tok_s"):
             rec[m] = float(v.loc[m, "p50"]) if m in v.index else np.nan
-        rec["decode_tok_s_p20"] = float(v.loc["decode_tok_s", "p20"])
-        rec["decode_tok_s_p80"] = float(v.loc["decode_tok_s", "p80"])
+        if "decode_tok_s" in v.index:
+            rec["decode_tok_s_p20"] = float(v.loc["decode_tok_s", "p20"])
+            rec["decode_tok_s_p80"] = float(v.loc["decode_tok_s", "p80"])
         for m in v.index[v.index.str.startswith("phase_")]:
             rec[m.removeprefix("phase_").removesuffix("_ms")] = float(v.loc[m, "p50"])
         rows.append(rec)
     out = pd.DataFrame(rows)
-    ar = out.loc[out["mode"] == "ar", "decode_tok_s"]
-    out["speedup_vs_ar"] = out["decode_tok_s"] / float(ar.iloc[0]) if len(ar) else np.nan
+    for ref in ("ar", "chain"):
+        base = out[out["mode"] == ref].set_index(["temperature", "context", "graphs"])[
+            "decode_tok_s"
+        ]
+        key = list(zip(out["temperature"], out["context"], out["graphs"], strict=True))
+        out[f"speedup_vs_{ref}"] = [
+            r / base[k] if k in base.index else np.nan
+            for r, k in zip(out["decode_tok_s"], key, strict=True)
+        ]
+    out["label"] = out["name"] + " · T=" + out["temperature"].map("{:g}".format)
     return out
 
 
@@ -451,25 +513,42 @@ def tree_build_findings(table: pd.DataFrame) -> list[str]:
 
 def decode_findings(dec: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
     """Conclusion bullets from ``decode_table`` (and ``step_phase_table``): tok/s, τ and the
-    speed-up of every mode, the verify share of a tree step, and eager vs graph steps."""
+    speed-ups of every mode at the shortest context per temperature, the best tree budget,
+    the verify share of a tree step, and eager vs graph steps."""
     out = []
-    ctx = int(dec["context"].iloc[0])
-    out.append(
-        f"H200 at {ctx:,} tokens of context (shipped trained pair): "
-        + ", ".join(
-            f"`{r.mode}` **{r.decode_tok_s:.1f} tok/s** (τ {r.tau:.2f}, {r.speedup_vs_ar:.2f}× ar)"
-            for r in dec.itertuples()
-        )
-        + "."
-    )
+    ctx = int(dec["context"].min())
+    path = "CUDA graphs" if bool(dec["graphs"].any()) else "eager"
+    for temp, g in dec[dec["context"] == ctx].groupby("temperature"):
+        modes = g[g["mode"] != "tree"].sort_values("mode")
+        best = g[g["mode"] == "tree"].sort_values("decode_tok_s").tail(1)
+        parts = [
+            f"`{r.name}` **{r.decode_tok_s:.0f} tok/s** (τ {r.tau:.2f})"
+            for r in pd.concat([modes, best]).itertuples()
+        ]
+        line = f"H200, {path}, T = {temp:g}, {ctx:,} tokens of context: " + ", ".join(parts)
+        if len(best):
+            b = best.iloc[0]
+            line += (
+                f" — the best tree is **{b.speedup_vs_ar:.2f}× ar** and "
+                f"**{b.speedup_vs_chain:.2f}× chain**."
+            )
+        out.append(line)
     phases = [c for c in ("draft", "tree_build", "prepare_for_verify", "verify", "accept",
                           "commit") if c in dec.columns]  # fmt: skip
-    for r in dec[dec["mode"] == "tree"].itertuples():
+    trees = dec[(dec["mode"] == "tree") & (dec["context"] == ctx)]
+    trees = trees[trees["temperature"] == trees["temperature"].min()]
+    for r in trees.sort_values("decode_tok_s").tail(1).itertuples():
         total = sum(getattr(r, p) for p in phases if pd.notna(getattr(r, p)))
         if total > 0:
+            where = "an eager profiled pass of the same point" if r.graphs else "the run"
             out.append(
-                f"A `{r.name}` step spends {r.verify:.3g} ms of {total:.3g} ms in its phases in "
-                f"verify (**{r.verify / total:.0%}**); the tree build is {r.tree_build:.3g} ms."
+                f"Phases of a `{r.name}` step ({where}): verify {r.verify:.3g} ms of "
+                f"{total:.3g} ms (**{r.verify / total:.0%}**)"
+                + (
+                    f"; the tree build {r.tree_build:.3g} ms."
+                    if pd.notna(getattr(r, "tree_build", np.nan))
+                    else "."
+                )
             )
     if steps is not None and len(steps):
         top = steps[steps["context"] == steps["context"].max()].set_index("provider")

@@ -80,10 +80,11 @@ else:
     print("no shipped GPU rows: see the live timings below")
 
 # %% [markdown]
-# ### At L = 16k every peer ran; at 64k and 128k only SDPA (dense mask) and eager MLA
+# ### Milliseconds per provider at 16k, and at 64k-128k
 # Milliseconds per call (p50); empty cells are peers that do not support the layout or were
-# skipped (FlashInfer MLA and the cascades need the prefix-only form, FlexAttention compiles
-# per shape).
+# skipped. At 128k the second session re-measured GQA 32/8 against every peer (FlashInfer's
+# masked prefill and cascade, SDPA, FlexAttention — whose T = 65 compile failed and is
+# recorded as such) with the tuned kernel table; the other 128k rows are from the first session.
 
 # %%
 if tidy is not None:
@@ -91,6 +92,22 @@ if tidy is not None:
     long = tidy[(tidy["L"] >= 65536) & (tidy["status"] == "ok")]
     display(long.pivot_table(index=["layout", "T"], columns=["L", "provider"],
                              values="time_ms").round(4))  # fmt: skip
+
+# %% [markdown]
+# ### What the tuner found (`kdtree bench verify-attention --tune`)
+# Every candidate tile config × split count of our kernel, replayed from a CUDA graph; the
+# five fastest per case. A `p` after the stage count is the page-table prefetch variant (the
+# next tile's page-table entries loaded one iteration ahead): at 128k it is the winner for
+# GQA, and the packaged table `kdtree/kernels/tuning/h200.json` holds the winners.
+
+# %%
+if gpu_rows is not None:
+    tune = ns.verify_rows(gpu_rows, include_tune=True)
+    tune = tune[tune["provider"].str.startswith("ours_tune[") & (tune["status"] == "ok")]
+    if len(tune):
+        top = tune.sort_values("time_ms").groupby(["layout", "L", "T"]).head(5)
+        display(top.sort_values(["layout", "L", "T", "time_ms"])[
+            ["layout", "L", "T", "provider", "time_ms", "frac_of_floor"]].round(4))  # fmt: skip
 
 # %% [markdown]
 # ### Live timing on this machine

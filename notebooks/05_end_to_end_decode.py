@@ -113,10 +113,12 @@ fixes
 
 # %% [markdown]
 # ## 4. Shipped H200 rows: decode modes and the step's phases
-# `data/bench/decode.csv` (`kdtree bench decode` on the H200 with the shipped pair, trained on
-# the CPU: 12 prompts of 1k tokens, 96 generated tokens each) and `data/bench/step.csv`
-# (`kdtree bench step`, tiny-llama from a synthetic prefix: eager, generic dense-mask and
-# CUDA-graph steps, per-phase ms and the kernel-level GPU idle fraction).
+# `data/bench/decode.csv` (`kdtree bench decode --sweep` on the H200 with the shipped
+# H200-trained pair, every mode replayed from CUDA graphs through `GraphStepRunner`: 8
+# HumanEval prompts behind 1k tokens of stdlib, 128 generated tokens each, T = 0 and 1, tree
+# budgets 8-256) and `data/bench/step.csv` (`kdtree bench step`, tiny-llama from a synthetic
+# prefix: eager, generic dense-mask and CUDA-graph steps, per-phase ms and the kernel-level
+# GPU idle fraction). Speed-ups compare graph rows with graph rows of the same temperature.
 
 # %%
 gpu_decode = ns.decode_table(decode_rows) if decode_rows is not None else None
@@ -124,8 +126,9 @@ gpu_steps = ns.step_phase_table(step_rows) if step_rows is not None else None
 if gpu_decode is not None:
     nb.show(vd.make_acceptance_fig(decode_rows), "gpu_acceptance")
     nb.show(
-        nf.make_bar_compare_fig(gpu_decode.assign(metric="decode tok/s (p50)"), "mode",
-                                "decode_tok_s", "metric", "H200 decode tokens/s", "tokens/s"),
+        nf.make_bar_compare_fig(gpu_decode.assign(T="T = " + gpu_decode["temperature"]
+                                .map("{:g}".format)), "name", "decode_tok_s", "T",
+                                "H200 decode tokens/s (CUDA graphs)", "tokens/s"),
         "gpu_decode_tok_s",
     )  # fmt: skip
     display(gpu_decode.round(3))

@@ -85,14 +85,28 @@ def test_phase_idle_graph_unit(tmp_path):
 
 
 def test_decode_and_tree_build_tables():
+    import json
+
     rows = []
-    for mode, tps, tau in (("ar", 50.0, 1.0), ("tree", 150.0, 3.0)):
-        for metric, v in (("decode_tok_s", tps), ("tau", tau), ("phase_verify_ms", 4.0)):
-            rows.append({"name": mode, "mode": mode, "metric": metric, "x_value": 1024,
-                         "p50": v, "p20": v, "p80": v})  # fmt: skip
-    dec = ns.decode_table(pd.DataFrame(rows)).set_index("mode")
-    assert dec.loc["tree", "speedup_vs_ar"] == pytest.approx(3.0)
-    assert dec.loc["tree", "verify"] == 4.0
+    # the same point names at two temperatures (as the sweep writes them): separate rows, and
+    # each speed-up is against ar / chain of its own temperature
+    for temp, scale in ((0.0, 1.0), (1.0, 0.5)):
+        for mode, name, tps, tau in (("ar", "ar_graph", 50.0, 1.0),
+                                     ("chain", "chain_graph", 75.0, 1.8),
+                                     ("tree", "tree_B64_graph", 150.0 * scale, 3.0)):  # fmt: skip
+            cfg = json.dumps({"ctx": 1024, "temperature": temp, "budget": 64})
+            for metric, v in (("decode_tok_s", tps), ("tau", tau), ("phase_verify_ms", 4.0)):
+                rows.append({"suite": "decode", "name": name, "mode": mode, "metric": metric,
+                             "x_name": "ctx", "x_value": 1024, "p50": v, "p20": v, "p80": v,
+                             "config_json": cfg})  # fmt: skip
+    dec = ns.decode_table(pd.DataFrame(rows)).set_index(["mode", "temperature"])
+    assert len(dec) == 6
+    assert dec.loc[("tree", 0.0), "speedup_vs_ar"] == pytest.approx(3.0)
+    assert dec.loc[("tree", 1.0), "speedup_vs_ar"] == pytest.approx(1.5)
+    assert dec.loc[("tree", 0.0), "speedup_vs_chain"] == pytest.approx(2.0)
+    assert dec.loc[("tree", 0.0), "verify"] == 4.0
+    lines = ns.decode_findings(dec.reset_index())
+    assert any("3.00× ar" in line and "2.00× chain" in line for line in lines)
     tb = pd.DataFrame([
         {"name": "tree_build_b1", "provider": p, "metric": "time", "x_value": 16, "p50": v}
         for p, v in (("heap", 1.0), ("device_torch", 4.0), ("device_triton", 0.25))
