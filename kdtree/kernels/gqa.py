@@ -36,6 +36,32 @@ _DYNAMIC = (
 
 
 @triton.jit
+def _gqa_scores_at(
+    q,
+    slot,
+    ok,
+    k_base,
+    stride_ks,
+    d_offs,
+    qk_scale,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Base-2 scores of the packed rows ``q`` against the keys in physical ``slot`` (``ok``:
+    their validity, used only when ``MASKED``)."""
+    if MASKED:
+        k = tl.load(
+            k_base + slot[:, None] * stride_ks + d_offs[None, :], mask=ok[:, None], other=0.0
+        )
+    else:
+        k = tl.load(k_base + slot[:, None] * stride_ks + d_offs[None, :])
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(ok[None, :], s, float("-inf"))
+    return s
+
+
+@triton.jit
 def _gqa_scores(
     q,
     pos,
@@ -53,15 +79,7 @@ def _gqa_scores(
     """Base-2 scores of the packed rows ``q`` against the keys at logical ``pos``; also
     returns the keys' physical slots (for the matching V load) and their validity."""
     slot, ok = kv_slots(pt_row_ptr, pos, pos_valid, max_pages, PAGE_SIZE)
-    if MASKED:
-        k = tl.load(
-            k_base + slot[:, None] * stride_ks + d_offs[None, :], mask=ok[:, None], other=0.0
-        )
-    else:
-        k = tl.load(k_base + slot[:, None] * stride_ks + d_offs[None, :])
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-    if MASKED:
-        s = tl.where(ok[None, :], s, float("-inf"))
+    s = _gqa_scores_at(q, slot, ok, k_base, stride_ks, d_offs, qk_scale, MASKED, DOT_PRECISION)
     return s, slot, ok
 
 
@@ -144,39 +162,21 @@ def _gqa_split_kernel(
     start = pid_s * chunk
     end = tl.minimum(start + chunk, length)
     n_full = tl.maximum(end - start, 0) // BLOCK_N
-    if PT_PREFETCH:
-        # slots of tile i were loaded in iteration i - 1 (the first before the loop)
+    if PT_PREFETCH:  # tile i's slots are loaded in iteration i - 1 (the first before the loop)
         pos = start + tl.arange(0, BLOCK_N)
         slot_next, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
-        for i in range(n_full):
+    for i in range(n_full):
+        if PT_PREFETCH:
             slot = slot_next
             pos = start + (i + 1) * BLOCK_N + tl.arange(0, BLOCK_N)
             slot_next, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
-            k = tl.load(k_base + slot[:, None] * stride_ks + d_offs[None, :])
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
-            v = tl.load(v_base + slot[:, None] * stride_vs + d_offs[None, :])
-            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    else:
-        for i in range(n_full):
+        else:
             pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
-            s, slot, ok = _gqa_scores(
-                q,
-                pos,
-                pos < end,
-                pt_row,
-                max_pages,
-                k_base,
-                stride_ks,
-                d_offs,
-                qk_scale,
-                PAGE_SIZE,
-                False,
-                DOT_PRECISION,
-            )
-            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
-            v = tl.load(v_base + slot[:, None] * stride_vs + d_offs[None, :])
-            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            slot, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
+        s = _gqa_scores_at(q, slot, _ok, k_base, stride_ks, d_offs, qk_scale, False, DOT_PRECISION)
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
+        v = tl.load(v_base + slot[:, None] * stride_vs + d_offs[None, :])
+        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     tail = start + n_full * BLOCK_N
     if tail < end:
         pos = tail + tl.arange(0, BLOCK_N)

@@ -26,6 +26,34 @@ _DYNAMIC = ("T", "H", "NUM_SPLITS", "max_pages", "stride_ptb", "stride_mb", "str
 
 
 @triton.jit
+def _mla_tile_at(
+    qn,
+    qp,
+    base,
+    ok,
+    r_offs,
+    p_offs,
+    qk_scale,
+    RANK: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Latent tile ``c [BLOCK_N, RANK]`` at the row pointers ``base [BLOCK_N, 1]`` (``ok``:
+    validity, used only when ``MASKED``) and the base-2 scores against it."""
+    if MASKED:
+        c = tl.load(base + r_offs[None, :], mask=ok[:, None], other=0.0)
+        kp = tl.load(base + RANK + p_offs[None, :], mask=ok[:, None], other=0.0)
+    else:
+        c = tl.load(base + r_offs[None, :])
+        kp = tl.load(base + RANK + p_offs[None, :])
+    s = tl.dot(qn, tl.trans(c), input_precision=DOT_PRECISION)
+    s = tl.dot(qp, tl.trans(kp), s, input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(ok[None, :], s, float("-inf"))
+    return s, c
+
+
+@triton.jit
 def _mla_tile(
     qn,
     qp,
@@ -46,17 +74,7 @@ def _mla_tile(
     """Latent tile ``c [BLOCK_N, RANK]`` at logical ``pos`` and the base-2 scores against it."""
     slot, ok = kv_slots(pt_row_ptr, pos, pos_valid, max_pages, PAGE_SIZE)
     base = kv_ptr + slot[:, None] * stride_ks
-    if MASKED:
-        c = tl.load(base + r_offs[None, :], mask=ok[:, None], other=0.0)
-        kp = tl.load(base + RANK + p_offs[None, :], mask=ok[:, None], other=0.0)
-    else:
-        c = tl.load(base + r_offs[None, :])
-        kp = tl.load(base + RANK + p_offs[None, :])
-    s = tl.dot(qn, tl.trans(c), input_precision=DOT_PRECISION)
-    s = tl.dot(qp, tl.trans(kp), s, input_precision=DOT_PRECISION) * qk_scale
-    if MASKED:
-        s = tl.where(ok[None, :], s, float("-inf"))
-    return s, c
+    return _mla_tile_at(qn, qp, base, ok, r_offs, p_offs, qk_scale, RANK, MASKED, DOT_PRECISION)
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
@@ -142,42 +160,23 @@ def _mla_split_kernel(
     start = pid_s * chunk
     end = tl.minimum(start + chunk, length)
     n_full = tl.maximum(end - start, 0) // BLOCK_N
-    if PT_PREFETCH:
-        # slots of tile i were loaded in iteration i - 1 (the first before the loop)
+    if PT_PREFETCH:  # tile i's slots are loaded in iteration i - 1 (the first before the loop)
         pos = start + tl.arange(0, BLOCK_N)
         slot_next, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
-        for i in range(n_full):
+    for i in range(n_full):
+        if PT_PREFETCH:
             base = kv_ptr + slot_next[:, None] * stride_ks
             pos = start + (i + 1) * BLOCK_N + tl.arange(0, BLOCK_N)
             slot_next, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
-            c = tl.load(base + r_offs[None, :])
-            kp = tl.load(base + RANK + p_offs[None, :])
-            s = tl.dot(qn, tl.trans(c), input_precision=DOT_PRECISION)
-            s = tl.dot(qp, tl.trans(kp), s, input_precision=DOT_PRECISION) * qk_scale
-            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
-            acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
-    else:
-        for i in range(n_full):
+        else:
             pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
-            s, c = _mla_tile(
-                qn,
-                qp,
-                pos,
-                pos < end,
-                pt_row,
-                max_pages,
-                kv_ptr,
-                stride_ks,
-                r_offs,
-                p_offs,
-                qk_scale,
-                RANK,
-                PAGE_SIZE,
-                False,
-                DOT_PRECISION,
-            )
-            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
-            acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+            slot, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
+            base = kv_ptr + slot[:, None] * stride_ks
+        s, c = _mla_tile_at(
+            qn, qp, base, _ok, r_offs, p_offs, qk_scale, RANK, False, DOT_PRECISION
+        )
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
+        acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
     tail = start + n_full * BLOCK_N
     if tail < end:
         pos = tail + tl.arange(0, BLOCK_N)
