@@ -33,6 +33,9 @@ from pathlib import Path
 
 import torch
 
+from kdtree.kernels.heuristics import MAX_TREE_TOKENS
+from kdtree.kernels.tree_attention import _check_lengths, _check_metadata
+
 __all__ = [
     "BuildResult",
     "available",
@@ -62,7 +65,6 @@ NVCC_FLAGS = (
 RANK = 512
 ROPE = 64
 BLOCK_M = 64  # query rows per CTA (kernels/mla_tree_sm90.cu)
-MAX_TREE_TOKENS = 1024
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_WAVES = 2
@@ -256,10 +258,6 @@ def workspace_numel(batch: int, tree: int, heads: int, num_splits: int) -> int:
 # ----------------------------------------------------------------------------- entry point
 
 
-def _is_pow2(x: int) -> bool:
-    return x >= 1 and (x & (x - 1)) == 0
-
-
 def _aligned16(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
 
@@ -303,8 +301,6 @@ def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> N
             f"{tuple(kv_cache.shape)}"
         )
     page_size = kv_cache.shape[1]
-    if not _is_pow2(page_size):
-        raise ValueError(f"page_size={page_size}: expected a power of two")
     if kv_cache.stride(-1) != 1 or kv_cache.stride(0) != page_size * kv_cache.stride(1):
         raise ValueError(
             "kv_cache: expected pages laid out contiguously (slot = page * page_size + offset) "
@@ -312,33 +308,10 @@ def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> N
         )
     if kv_cache.data_ptr() % 16 or kv_cache.stride(1) % 8:
         raise ValueError("kv_cache: expected a 16-byte aligned base and slot stride")
-    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b:
-        raise ValueError(
-            f"page_table: expected int32 [{b}, max_pages], got {page_table.dtype} "
-            f"{tuple(page_table.shape)}"
-        )
-    if page_table.stride(1) != 1 or page_table.shape[1] < 1:
-        raise ValueError("page_table: expected a contiguous last dim and >= 1 page")
-    if prefix_lens.dtype != torch.int32 or tuple(prefix_lens.shape) != (b,):
-        raise ValueError(
-            f"prefix_lens: expected int32 [{b}], got {prefix_lens.dtype} "
-            f"{tuple(prefix_lens.shape)}"
-        )
-    w = (t + 63) // 64
-    if tree_mask.dtype != torch.int64 or tuple(tree_mask.shape) != (b, t, w):
-        raise ValueError(
-            f"tree_mask: expected int64 [{b}, {t}, {w}], got {tree_mask.dtype} "
-            f"{tuple(tree_mask.shape)}"
-        )
-    if tree_mask.stride(2) != 1:
-        raise ValueError("tree_mask: expected a contiguous last dim")
-    for name, x in (
-        ("q_pe", q_pe),
-        ("kv_cache", kv_cache),
-        ("page_table", page_table),
-        ("prefix_lens", prefix_lens),
-        ("tree_mask", tree_mask),
-    ):
+    _check_metadata(b, t, page_size, page_table, prefix_lens, tree_mask, q_nope.device)
+    if page_table.shape[1] < 1:
+        raise ValueError("page_table: expected >= 1 page")
+    for name, x in (("q_pe", q_pe), ("kv_cache", kv_cache)):
         if x.device != q_nope.device:
             raise ValueError(f"{name}: on {x.device}, expected q_nope's device {q_nope.device}")
     if out is not None:
@@ -351,16 +324,6 @@ def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> N
             raise ValueError(f"out: on {out.device}, expected {q_nope.device}")
         if out.stride(-1) != 1 or out.data_ptr() % 4 or any(s % 2 for s in out.stride()[:-1]):
             raise ValueError("out: expected a contiguous last dim, 4-byte aligned, even strides")
-
-
-def _check_lengths(prefix_lens, t: int, capacity: int) -> None:
-    lo, hi = (int(x) for x in torch.stack([prefix_lens.min(), prefix_lens.max()]).tolist())
-    if lo < 0:
-        raise ValueError(f"prefix_lens: expected non-negative lengths, got min {lo}")
-    if hi + t > capacity:
-        raise ValueError(
-            f"prefix_lens + T = {hi + t} tokens exceed the page table's capacity ({capacity})"
-        )
 
 
 def launch_args(
@@ -429,7 +392,7 @@ def tree_attention_mla_cuda(
     page_size = kv_cache.shape[1]
     max_pages = page_table.shape[1]
     if check_values:
-        _check_lengths(prefix_lens, t, max_pages * page_size)
+        _check_lengths(prefix_lens, t, page_table, page_size)
     device = q_nope.device
     if num_splits is None:
         from kdtree.kernels.workspace import device_sm_count

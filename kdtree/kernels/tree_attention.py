@@ -72,26 +72,9 @@ def _check_device(q: torch.Tensor) -> None:
     )
 
 
-def _check_common(q, caches, page_table, prefix_lens, tree_mask, page_size, plan) -> None:
-    b, t = q.shape[:2]
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"q: dtype {q.dtype}; expected one of {_DTYPES}")
-    if b < 1 or t < 1:
-        raise ValueError(f"q: expected B >= 1 and T >= 1, got B={b}, T={t}")
-    if t > MAX_TREE_TOKENS:
-        raise ValueError(f"q: T={t} tree tokens is above the compiled maximum {MAX_TREE_TOKENS}")
-    _check_device(q)
-    for name, c in caches:
-        if c.dtype != q.dtype:
-            raise TypeError(f"{name}: dtype {c.dtype} differs from the query's {q.dtype}")
-        if c.device != q.device:
-            raise ValueError(f"{name}: on {c.device}, expected the query's device {q.device}")
-        if c.stride(-1) != 1 or c.stride(0) != c.shape[1] * c.stride(1):
-            raise ValueError(
-                f"{name}: expected pages laid out contiguously (slot = page * "
-                f"page_size + offset) with a contiguous last dim; strides "
-                f"{tuple(c.stride())}"
-            )
+def _check_metadata(b, t, page_size, page_table, prefix_lens, tree_mask, device) -> None:
+    """The paged-tree metadata of a call with ``b`` requests of ``T = t`` tree tokens (shared
+    by the Triton entry points and the CUDA MLA kernel, :mod:`kdtree.kernels.cuda_mla`)."""
     if not _is_pow2(page_size):
         raise ValueError(f"page_size={page_size}: expected a power of two")
     if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b:
@@ -119,8 +102,31 @@ def _check_common(q, caches, page_table, prefix_lens, tree_mask, page_size, plan
         ("prefix_lens", prefix_lens),
         ("tree_mask", tree_mask),
     ):
-        if x.device != q.device:
-            raise ValueError(f"{name}: on {x.device}, expected the query's device {q.device}")
+        if x.device != device:
+            raise ValueError(f"{name}: on {x.device}, expected the query's device {device}")
+
+
+def _check_common(q, caches, page_table, prefix_lens, tree_mask, page_size, plan) -> None:
+    b, t = q.shape[:2]
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q: dtype {q.dtype}; expected one of {_DTYPES}")
+    if b < 1 or t < 1:
+        raise ValueError(f"q: expected B >= 1 and T >= 1, got B={b}, T={t}")
+    if t > MAX_TREE_TOKENS:
+        raise ValueError(f"q: T={t} tree tokens is above the compiled maximum {MAX_TREE_TOKENS}")
+    _check_device(q)
+    for name, c in caches:
+        if c.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {c.dtype} differs from the query's {q.dtype}")
+        if c.device != q.device:
+            raise ValueError(f"{name}: on {c.device}, expected the query's device {q.device}")
+        if c.stride(-1) != 1 or c.stride(0) != c.shape[1] * c.stride(1):
+            raise ValueError(
+                f"{name}: expected pages laid out contiguously (slot = page * "
+                f"page_size + offset) with a contiguous last dim; strides "
+                f"{tuple(c.stride())}"
+            )
+    _check_metadata(b, t, page_size, page_table, prefix_lens, tree_mask, q.device)
     if plan is not None:
         if plan.device != q.device and not (
             plan.device.type == q.device.type == "cuda"
