@@ -920,57 +920,16 @@ class _Runner:
             BenchRow(SUITE, name, provider, "time", "ms", p50, p20, p80, mode, "L", cfg["L"], cfg)
         ]
         if p50 > 0:
-            gbs = cfg["bytes"] / (p50 * 1e-3) / 1e9
-            tfs = cfg["flops"] / (p50 * 1e-3) / 1e12
-            rows.append(
-                BenchRow(
-                    SUITE,
-                    name,
-                    provider,
-                    "bandwidth",
-                    "GB/s",
-                    gbs,
-                    cfg["bytes"] / (p80 * 1e-3) / 1e9,
-                    cfg["bytes"] / (p20 * 1e-3) / 1e9,
-                    mode,
-                    "L",
-                    cfg["L"],
-                    cfg,
-                )
-            )
-            rows.append(
-                BenchRow(
-                    SUITE,
-                    name,
-                    provider,
-                    "throughput",
-                    "TFLOP/s",
-                    tfs,
-                    cfg["flops"] / (p80 * 1e-3) / 1e12,
-                    cfg["flops"] / (p20 * 1e-3) / 1e12,
-                    mode,
-                    "L",
-                    cfg["L"],
-                    cfg,
-                )
-            )
+            # rates = amount / time: the slow quantile (p80 time) gives the low rate (p20 slot)
+            rates = [("bandwidth", "GB/s", cfg["bytes"] / 1e9),
+                     ("throughput", "TFLOP/s", cfg["flops"] / 1e12)]  # fmt: skip
             if "floor_ms" in cfg:
-                fl = cfg["floor_ms"]
+                rates.append(("frac_of_floor", "fraction", cfg["floor_ms"] * 1e-3))
+            seconds = (p50 * 1e-3, p80 * 1e-3, p20 * 1e-3)
+            for metric, unit, amount in rates:
+                vals = (amount / x for x in seconds)
                 rows.append(
-                    BenchRow(
-                        SUITE,
-                        name,
-                        provider,
-                        "frac_of_floor",
-                        "fraction",
-                        fl / p50,
-                        fl / p80,
-                        fl / p20,
-                        mode,
-                        "L",
-                        cfg["L"],
-                        cfg,
-                    )
+                    BenchRow(SUITE, name, provider, metric, unit, *vals, mode, "L", cfg["L"], cfg)
                 )
         self.result.rows.extend(rows)
 
