@@ -90,6 +90,13 @@ def decode(
         "--phases/--no-phases",
         help="One extra synced run per point for the per-phase breakdown.",
     ),
+    drafter_window: int = typer.Option(
+        None,
+        "--drafter-window",
+        help="Override the drafter's inference context window (rows; 0 = the whole context). "
+        "Default: the checkpoint's config.",
+        show_default=False,
+    ),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     graphs: bool = typer.Option(
         None,
@@ -129,6 +136,10 @@ def decode(
     target, drafter, tok = bd.load_pair(
         models or shipped_models_dir(), dev, drafter_name=drafter_name
     )
+    if drafter_window is not None:
+        if drafter_window < 0:
+            raise typer.BadParameter(f"--drafter-window {drafter_window}: expected >= 0")
+        drafter.config.context_window = drafter_window or None
     problems = load_humaneval(humaneval)[:prompts]
     builder = ContextBuilder(tok)
     if sweep:
@@ -245,6 +256,7 @@ def decode(
         "graphs": graphs,
         "runner_mode": runner_mode if graphs else None,
         "sync_every": sync_every if graphs else None,
+        "drafter_context_window": drafter.config.context_window,
         "points": summaries,
         "speedups": bd.speedups(summaries),
         "skipped": skipped,

@@ -163,3 +163,24 @@ def test_decode_figures(models, humaneval_file, tmp_path):
     assert len(make_context_fig(df).data) == 2  # ar and tree_B4 at two contexts
     with pytest.raises(ValueError, match="missing columns"):
         make_context_fig(df.drop(columns=["config_json"]))
+
+
+def test_drafter_window_option_sets_the_shipped_drafters_window(tmp_path):
+    """``--drafter-window`` overrides the checkpoint's window (0 = whole context) and the
+    summary records the window the run used."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kdtree.cli.main import app
+
+    for flag, want in (("0", None), ("64", 64)):
+        out = tmp_path / flag
+        res = CliRunner().invoke(
+            app,
+            ["bench", "decode", "--device", "cpu", "--ctx", "0", "--mode", "ar", "--prompts", "1",
+             "--gen", "2", "--no-phases", "--drafter-window", flag, "--out", str(out)],
+        )  # fmt: skip
+        assert res.exit_code == 0, res.output
+        summary = json.loads((out / "decode_summary.json").read_text())
+        assert summary["drafter_context_window"] == want
