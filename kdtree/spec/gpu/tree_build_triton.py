@@ -31,10 +31,11 @@ reduction plus ~40 elementwise ops on ``NP / (32 · num_warps)`` slots a thread.
 the ancestor bitmask comes from the same intervals (``k`` is an ancestor-or-self of ``i`` iff
 ``lex_k <= lex_i < end_k``), tile by tile, and the tokens by one gather.
 
-Measured (H200, CUDA graph, 10 builds a graph, K = min(budget, 32), D = 15; batch 1 and 32
-alike): budget 16: 89 → 6 µs, 64: 159 → 25 µs, 128: 246 → 48 µs, 256: 417 → 115 µs. A pop
-costs ~0.4 µs whatever the warps (the two log-prob loads and four stores per pop are < 3 % of
-it): the dependent reduction + decode + update chain is the floor of this formulation, so
+Measured (H200, `kdtree bench tree-build --budgets 16,64,256`, one build per graph replay, rows
+in `data/bench/tree_build.csv`): batch 1 takes 16 / 27 / 117 µs at budget 16 / 64 / 256 (the
+previous kernel 95 / 161 / 418 µs in the first session's rows), batch 32 the same. The budget-16
+figure is mostly the launch inside the graph; at 64 and 256 a pop costs ~0.4 µs whatever the
+warps: the dependent reduction + decode + update chain is the floor of this formulation, so
 budget 256 stays ~115 µs.
 """
 
