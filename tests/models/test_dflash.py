@@ -131,3 +131,34 @@ def test_context_window_equals_a_context_holding_only_the_last_rows(gen, random_
             drafter.config.context_window = None
     torch.testing.assert_close(windowed, only_last, atol=1e-5, rtol=0)
     assert (windowed - everything).abs().max() > 1e-3
+
+
+def test_context_window_in_a_batch_of_short_and_long_contexts(gen, random_model, randomize):
+    """A batch mixing a context shorter than the window (the gathered rows before its first
+    token must stay invisible) with a longer one: each row equals its own unbatched draft."""
+    target, drafter = make_pair("tiny-llama", gen, random_model, randomize)
+    w, lens = 6, (3, 20)
+    seqs = torch.randint(0, target.config.vocab_size, (2, max(lens)), generator=gen)
+    with torch.no_grad():
+        taps = target.forward_dense(seqs, return_taps=True).taps
+        pos = torch.arange(max(lens)).expand(2, -1)
+        drafter.config.context_window = w
+        try:
+            both = drafter.new_context(2, max_len=32)
+            drafter.append_context(both, taps, pos, torch.tensor(lens))
+            bonus = torch.stack([seqs[i, n - 1] for i, n in enumerate(lens)])
+            start = torch.tensor(lens)
+            batched = drafter.draft(both, bonus, start)
+            for i, n in enumerate(lens):
+                one = drafter.new_context(1, max_len=32)
+                drafter.append_context(one, taps[i : i + 1, :n], pos[i : i + 1, :n])
+                alone = drafter.draft(one, bonus[i : i + 1], start[i : i + 1])
+                torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=0)
+            drafter.config.context_window = None
+            short = drafter.new_context(1, max_len=32)
+            drafter.append_context(short, taps[:1, :3], pos[:1, :3])
+            unwindowed = drafter.draft(short, bonus[:1], start[:1])
+        finally:
+            drafter.config.context_window = None
+    # a context shorter than the window sees everything, as without a window
+    torch.testing.assert_close(batched[:1], unwindowed, atol=1e-5, rtol=0)
