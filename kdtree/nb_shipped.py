@@ -25,6 +25,8 @@ FLASHINFER_MLA_NOTES = {
 }
 #: The GQA target of issue 4: ≥ 60 % of the floor for L ≥ 32k at T ∈ {17, 65}, batch 1.
 FLOOR_TARGET = 0.60
+#: providers that are our kernels (the Triton ones eager and graphed, the CUDA C++ MLA one)
+OURS = ("ours", "ours_graph", "ours_cuda_graph")
 FLOOR_TARGET_MIN_L = 32_768
 
 _CASE = re.compile(r"^(?P<layout>[^/]+)/B(?P<B>\d+)/L(?P<L>\d+)/T(?P<T>\d+)$")
@@ -73,18 +75,18 @@ def verify_rows(df: pd.DataFrame, include_tune: bool = False) -> pd.DataFrame:
 
 
 def ours_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
-    """Per case: our best time (``ours`` or ``ours_graph``), its fraction of the floor, the
+    """Per case: our best time (``ours``, ``ours_graph`` or ``ours_cuda_graph``), its fraction of the floor, the
     fastest measured peer and the speed-up over it, and whether the floor target is met."""
     ok = tidy[tidy["status"] == "ok"].dropna(subset=["time_ms"])
     rows = []
     for (layout, L, T), g in ok.groupby(["layout", "L", "T"]):
-        ours = g[g["provider"].isin(["ours", "ours_graph"])]
+        ours = g[g["provider"].isin(OURS)]
         if ours.empty:
             continue
         best = ours.loc[ours["time_ms"].idxmin()]
         # peers: complete alternatives only (not our reference, not a peer's prefix-only part)
         peers = g[
-            ~g["provider"].isin(["ours", "ours_graph", "ref"])
+            ~g["provider"].isin([*OURS, "ref"])
             & ~g["provider"].astype(str).str.endswith("_prefix")
         ]
         peer = peers.loc[peers["time_ms"].idxmin()] if len(peers) else None

@@ -5,6 +5,7 @@ on the same paged cache; KV buffers rotate through ``n_rot`` disjoint page sets 
 set exceeds L2. Providers:
 
 * ``ours`` / ``ours_graph``: the Triton kernels (eager, and replayed from a CUDA graph);
+  ``ours_cuda_graph``: the sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``), replayed;
 * ``ref``: the torch reference backend (correctness anchor, small points only);
 * ``sdpa_dense``: SDPA over contiguous K/V with a prebuilt dense additive mask;
 * ``flex``: FlexAttention (compiled) with a tree ``mask_mod`` and a BlockMask built directly
@@ -57,6 +58,7 @@ SMOKE_B = (1, 2)
 ALL_PROVIDERS = (
     "ours",
     "ours_graph",
+    "ours_cuda_graph",
     "ref",
     "sdpa_dense",
     "flex",
@@ -373,10 +375,55 @@ def setup_ours(wl, ti, opts):
     return fn, 1, {"workspace_MiB": round(plan.nbytes / 2**20, 1)}
 
 
+def _cuda_mla_fn(wl: Workload, ti: TreeInputs):
+    """The sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``) with its workspace and
+    split count fixed up front, as the engine would hold them."""
+    if wl.layout.kind != "mla":
+        raise Skip("the CUDA C++ kernel is MLA only")
+    from kdtree.kernels import cuda_mla
+
+    if not cuda_mla.available():
+        raise Skip("CUDA MLA kernel unavailable (needs sm_90 and nvcc)")
+    from kdtree.kernels.workspace import device_sm_count
+
+    t, h = ti.t, wl.layout.hq
+    splits = cuda_mla.choose_splits(
+        wl.batch, h * t, wl.pages_per_req * wl.page_size, device_sm_count(wl.device)
+    )
+    ws = torch.empty(
+        max(cuda_mla.workspace_numel(wl.batch, t, h, splits), 4),
+        dtype=torch.float32,
+        device=wl.device,
+    )
+    head = _head_tensors(wl, ti)
+    out = torch.empty_like(head[0])
+
+    def fn(r):
+        return cuda_mla.tree_attention_mla_cuda(
+            *head, wl.tables[r], wl.prefix_lens, ti.tree_mask, sm_scale=ti.scale,
+            out=out, num_splits=splits, workspace=ws,
+        )  # fmt: skip
+
+    return fn, splits
+
+
+def setup_ours_cuda_graph(wl, ti, opts):
+    if wl.device.type != "cuda":
+        raise Skip("CUDA graphs need a GPU")
+    fn, splits = _cuda_mla_fn(wl, ti)
+    return (*_graphed_with_output(fn, wl), {"splits": splits})
+
+
 def setup_ours_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
-    fn, plan = _ours_fn(wl, ti)
+    fn, _ = _ours_fn(wl, ti)
+    return (*_graphed_with_output(fn, wl), {})
+
+
+def _graphed_with_output(fn: Callable[[int], torch.Tensor], wl: Workload):
+    """``(replay, n_rot)``: ``fn(0..n_rot-1)`` captured in one CUDA graph; ``replay`` returns
+    the output buffer (the same one every call writes) so the run can check it."""
     fn(0)
     torch.cuda.synchronize(wl.device)
     graph = torch.cuda.CUDAGraph()
@@ -388,7 +435,7 @@ def setup_ours_graph(wl, ti, opts):
     with torch.cuda.graph(graph):
         for r in range(wl.n_rot):
             out = fn(r)
-    return (lambda r: (graph.replay(), out)[1]), wl.n_rot, {}
+    return (lambda r: (graph.replay(), out)[1]), wl.n_rot
 
 
 def _graphed(fn: Callable[[int], object], n_rot: int, device: torch.device):
@@ -801,6 +848,7 @@ def setup_eager_mla(wl, ti, opts):
 SETUPS: dict[str, Callable] = {
     "ours": setup_ours,
     "ours_graph": setup_ours_graph,
+    "ours_cuda_graph": setup_ours_cuda_graph,
     "ref": setup_ref,
     "sdpa_dense": setup_sdpa_dense,
     "flex": setup_flex,
@@ -1096,7 +1144,7 @@ class _Runner:
                     )
                 pcfg = dict(cfg, **extra)
                 q = time_calls(fn, wl.n_rot, self.device, per_call=per_call)
-                mode = "graph" if provider == "ours_graph" else "eager"
+                mode = "graph" if provider.endswith("_graph") else "eager"
                 self.time_rows(provider, name, pcfg, q, mode)
                 if "plan_ms" in info:
                     self.result.rows.append(
