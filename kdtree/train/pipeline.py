@@ -162,7 +162,7 @@ def run_target(
 ) -> dict:
     """Train the target and write ``out_dir/target``; returns its metrics."""
     from kdtree.models import build_model
-    from kdtree.train.target import train_target
+    from kdtree.train.target import extend_context, train_target
 
     dev = resolve_device(device)
     seed_everything(seed)
@@ -189,17 +189,39 @@ def run_target(
         f"(bf16 checkpoint {2 * n_params / 2**20:.1f} MiB), "
         f"{train.numel() / n_params:.2f} training tokens per parameter"
     )
+    pt = preset.target
+    extends = bool(pt.extend_seq_lens) and pt.extend_steps > 0
+    t_stage = time.perf_counter()
     res = train_target(
         model,
         train,
         val,
-        preset.target,
+        pt,
         dev,
         seed=seed,
-        time_budget_s=time_budget_s,
+        time_budget_s=(
+            time_budget_s * (1 - pt.extend_budget_share)
+            if extends and time_budget_s is not None
+            else time_budget_s
+        ),
         progress=progress,
         log=log,
     )
+    ext = None
+    if extends:  # what the main run left of the stage budget, at least the extension's share
+        ext_budget = (
+            None
+            if time_budget_s is None
+            else max(
+                time_budget_s - (time.perf_counter() - t_stage),
+                time_budget_s * pt.extend_budget_share,
+            )
+        )
+        ext = extend_context(
+            model, train, val, pt, dev, seed=seed, time_budget_s=ext_budget,
+            progress=progress, log=log,
+        )  # fmt: skip
+    val_loss = ext.val_loss_after if ext else res.val_loss
     tdir = out_dir / TARGET_DIR
     save_bf16(model.cpu(), tdir)
     meta = {
@@ -225,6 +247,16 @@ def run_target(
         },
         "metrics": {
             **res.metrics(),
+            **(
+                {
+                    "val_loss_main_run": res.val_loss,
+                    "val_loss": val_loss,
+                    "val_ppl": math.exp(val_loss),
+                    "extension": _extension_metrics(ext),
+                }
+                if ext
+                else {}
+            ),
             "params": n_params,
             "checkpoint_bytes": (tdir / "model.safetensors").stat().st_size,
         },
@@ -253,16 +285,44 @@ def run_target(
         f"{res.val_loss:.3f} (perplexity {res.val_ppl:.1f}) on held-out modules: the best "
         f"weights, of step {res.best_step} of {res.steps} run ({res.epochs:.2f} epochs, "
         f"{res.wall_s:.0f} s; stopped: {res.stop_reason}; last weights' validation loss "
-        f"{res.last_val_loss:.3f}). Tokenizer: `../tokenizer.json`." + _warning_lines(warnings)
+        f"{res.last_val_loss:.3f}). Tokenizer: `../tokenizer.json`."
+        + (_extension_summary(ext, res.val_loss) if ext else "")
+        + _warning_lines(warnings)
     )
     card.write_card(
         tdir, f"kdtree target `{preset.name}`", summary, meta, manifest(files, files_root)
     )
     log(
-        f"[target] done: val loss {res.val_loss:.3f} ppl {res.val_ppl:.1f} (best step "
+        f"[target] done: val loss {val_loss:.3f} ppl {math.exp(val_loss):.1f} (best step "
         f"{res.best_step}), {res.steps} steps, {res.wall_s:.0f}s ({res.stopped_by}) -> {tdir}"
     )
-    return {**res.metrics(), "params": n_params, "warnings": warnings, "dir": str(tdir)}
+    out = {**res.metrics(), "params": n_params, "warnings": warnings, "dir": str(tdir)}
+    if ext:
+        out.update(val_loss_main_run=res.val_loss, val_loss=val_loss, val_ppl=math.exp(val_loss))
+        out["extension"] = _extension_metrics(ext)
+    return out
+
+
+def _extension_metrics(ext) -> dict:
+    """JSON-safe extension metrics (window lengths as string keys)."""
+    m = ext.metrics()
+    for k in ("steps_per_len", "tail_loss_before", "tail_loss_after"):
+        m[k] = {str(n): v for n, v in m[k].items()}
+    return m
+
+
+def _extension_summary(ext, main_val: float) -> str:
+    pairs = ", ".join(
+        f"{n}: {ext.tail_loss_before[n]:.2f} → {ext.tail_loss_after[n]:.2f}"
+        for n in ext.tail_loss_after
+    )
+    return (
+        f" Then a long-context extension: {ext.steps} steps on windows of "
+        f"{', '.join(str(n) for n in ext.steps_per_len)} tokens ({ext.wall_s:.0f} s, "
+        f"{ext.tokens_seen / 1e6:.1f}M tokens). Held-out loss on the last {ext.tail} tokens of "
+        f"a window, by window length, before → after: {pairs}. Short-window validation loss "
+        f"{main_val:.3f} → {ext.val_loss_after:.3f} (the reported validation loss)."
+    )
 
 
 # ----------------------------------------------------------------------------- drafter data

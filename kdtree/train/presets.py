@@ -45,6 +45,19 @@ class TargetPreset:
     weight_decay: float = 0.1
     #: training tokens a full stdlib gives; far fewer is warned about (0: no check)
     expected_train_tokens: int = 0
+    #: long-context extension after the main run (DeepSeek-V3 style: a short-window run, then
+    #: a phase on long windows): window lengths visited in turn, () for none. A model trained
+    #: on ``seq_len`` windows alone falls apart past them (the h200 target trained on 1k:
+    #: held-out loss 2.0 -> 5.2 with a 1k-token prefix ahead of the same text)
+    extend_seq_lens: tuple[int, ...] = ()
+    #: tokens per extension step (batch = tokens // length, at least 1)
+    extend_tokens_per_step: int = 65536
+    extend_steps: int = 0
+    extend_lr: float = 5e-4
+    #: share of the target stage's wall-clock budget given to the extension
+    extend_budget_share: float = 0.4
+    #: held-out loss measured on the last ``extend_tail`` tokens of each window length
+    extend_tail: int = 512
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,11 @@ PRESETS: dict[str, Preset] = {
             patience=3,
             weight_decay=0.2,
             expected_train_tokens=7_000_000,
+            extend_seq_lens=(4096, 16384, 65536),
+            extend_tokens_per_step=65536,
+            extend_steps=600,
+            extend_lr=5e-4,
+            extend_budget_share=0.4,
         ),
         DrafterPreset(
             num_layers=2,
@@ -188,6 +206,10 @@ PRESETS: dict[str, Preset] = {
             lr=3e-3,
             steps=4,
             eval_batches=2,
+            extend_seq_lens=(64,),
+            extend_tokens_per_step=128,
+            extend_steps=2,
+            extend_tail=16,
         ),
         DrafterPreset(
             num_layers=1,

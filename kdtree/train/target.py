@@ -258,3 +258,153 @@ def train_target(
         expert_load_cv=cv,
         history=history,
     )
+
+
+# ----------------------------------------------------------------------------- context extension
+
+
+@dataclass
+class ExtensionResult:
+    steps: int
+    steps_planned: int
+    steps_per_len: dict[int, int]
+    tokens_seen: int
+    wall_s: float
+    stopped_by: str  # "steps" | "time"
+    #: held-out loss on the last ``tail`` tokens of a window of each length, before / after
+    tail_loss_before: dict[int, float]
+    tail_loss_after: dict[int, float]
+    tail: int
+    #: the main run's validation loss (``seq_len`` windows) before / after the extension
+    val_loss_before: float
+    val_loss_after: float
+
+    def metrics(self) -> dict:
+        return asdict(self)
+
+
+def tail_windows(stream: torch.Tensor, length: int, n: int) -> list[torch.Tensor]:
+    """``n`` evenly spaced, fixed ``[1, length + 1]`` windows of ``stream`` (validation)."""
+    return WindowSampler(stream, length, 1).fixed_batches(n)
+
+
+@torch.no_grad()
+def tail_loss(model, windows: list[torch.Tensor], tail: int, device: torch.device) -> float:
+    """Mean next-token loss on the last ``tail`` positions of each window: how well the model
+    predicts text ``length - tail`` tokens deep into a context (a model that only learned
+    short windows degrades here even though its short-window loss is fine)."""
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for wins in windows:
+        wins = wins.to(device)
+        with autocast(device):
+            logits = model.forward_dense(wins[:, :-1]).logits[:, -tail:]
+        total += float(
+            F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), wins[:, -tail:].reshape(-1)
+            )
+        )
+    model.train(was_training)
+    return total / max(len(windows), 1)
+
+
+def extend_context(
+    model,
+    train_stream: torch.Tensor,
+    val_stream: torch.Tensor,
+    p: TargetPreset,
+    device: torch.device,
+    seed: int = 0,
+    time_budget_s: float | None = None,
+    balance_rate: float = 1e-3,
+    tail_windows_per_len: int = 2,
+    progress: bool = True,
+    log=print,
+) -> ExtensionResult:
+    """Long-context phase after :func:`train_target`: ``p.extend_steps`` steps (cut by
+    ``time_budget_s``) on windows of ``p.extend_seq_lens`` in turn, ``p.extend_tokens_per_step``
+    tokens a step, warmup + cosine to ``p.extend_lr``. The held-out tail loss at every length
+    (and at ``seq_len``) and the short-window validation loss are measured before and after."""
+    from tqdm.auto import tqdm
+
+    if not p.extend_seq_lens or p.extend_steps < 1:
+        raise ValueError("extend_context: the preset has no extension (extend_seq_lens/steps)")
+    enable_tf32(device)
+    model.to(device).train()
+    lens = tuple(int(n) for n in p.extend_seq_lens)
+    too_long = [n for n in lens if n + 2 > train_stream.numel()]
+    if too_long:
+        raise ValueError(
+            f"extend_seq_lens {too_long}: longer than the {train_stream.numel()} train tokens"
+        )
+    eval_lens = sorted({p.seq_len, *lens})
+    eval_lens = [n for n in eval_lens if n + 2 <= val_stream.numel() and n > p.extend_tail]
+    tail = p.extend_tail
+    evals = {n: tail_windows(val_stream, n, tail_windows_per_len) for n in eval_lens}
+    val_seq = min(p.seq_len, val_stream.numel() - 2)
+    val_batches = WindowSampler(val_stream, val_seq, p.batch_size, seed=seed).fixed_batches(
+        p.eval_batches
+    )
+
+    def measure() -> tuple[dict[int, float], float]:
+        tails = {n: tail_loss(model, w, tail, device) for n, w in evals.items()}
+        return tails, evaluate(model, val_batches, device)[0]
+
+    before, val_before = measure()
+    log(
+        "[extend] before: tail loss "
+        + ", ".join(f"{n}: {v:.3f}" for n, v in before.items())
+        + f"; val {val_before:.3f}"
+    )
+    samplers = {
+        n: WindowSampler(train_stream, n, max(1, p.extend_tokens_per_step // n), seed=seed + 1 + i)
+        for i, n in enumerate(lens)
+    }
+    opt = make_adamw(model.parameters(), lr=p.extend_lr, weight_decay=p.weight_decay)
+    deadline = Deadline(time_budget_s)
+    per_len = dict.fromkeys(lens, 0)
+    tokens, done, stopped_by = 0, 0, "steps"
+    t0 = time.perf_counter()
+    bar = tqdm(total=p.extend_steps, desc="extend", disable=not progress, mininterval=2.0)
+    for step in range(p.extend_steps):
+        frac = deadline.progress(step, p.extend_steps)
+        if frac >= 1.0:
+            stopped_by = "time"
+            break
+        n = lens[step % len(lens)]
+        set_lr(opt, cosine_lr(frac, p.extend_lr))
+        wins = samplers[n].sample().to(device, non_blocking=True)
+        with autocast(device):
+            loss = lm_loss(model, wins)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        balance_experts(model, balance_rate)
+        per_len[n] += 1
+        tokens += wins.shape[0] * n
+        done = step + 1
+        bar.set_postfix(len=n, loss=f"{float(loss.detach()):.3f}")
+        bar.update(1)
+    bar.close()
+    wall = time.perf_counter() - t0
+    after, val_after = measure()
+    log(
+        f"[extend] {done} steps {per_len} in {wall:.0f}s ({stopped_by}); after: tail loss "
+        + ", ".join(f"{n}: {v:.3f}" for n, v in after.items())
+        + f"; val {val_after:.3f}"
+    )
+    return ExtensionResult(
+        steps=done,
+        steps_planned=p.extend_steps,
+        steps_per_len=per_len,
+        tokens_seen=tokens,
+        wall_s=wall,
+        stopped_by=stopped_by,
+        tail_loss_before=before,
+        tail_loss_after=after,
+        tail=tail,
+        val_loss_before=val_before,
+        val_loss_after=val_after,
+    )

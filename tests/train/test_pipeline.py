@@ -32,6 +32,10 @@ def test_all_writes_both_models_cards_and_packs(trained):
         meta["training"]["corpus_source"]["root"] and "early stop" in meta["training"]["selection"]
     )
     assert "best" in card and str(m["best_step"]) in card
+    ext = m["extension"]  # the toy preset runs a 2-step extension on 64-token windows
+    assert ext["steps"] == 2 and ext["steps_per_len"] == {"64": 2}
+    assert set(ext["tail_loss_after"]) == {"32", "64"} and ext["tail"] == 16
+    assert m["val_loss"] == ext["val_loss_after"] and "long-context extension" in card
     dmeta = json.loads((out / "drafter" / "training.json").read_text())
     assert dmeta["config"]["mask_token_id"] == 1 and dmeta["config"]["block_size"] == 8
     assert 1 <= dmeta["metrics"]["best_step"] <= 3 and dmeta["metrics"]["stop_reason"]
