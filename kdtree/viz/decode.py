@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["decode_frame", "make_acceptance_fig", "make_budget_fig", "make_context_fig"]
+__all__ = [
+    "decode_frame",
+    "make_acceptance_fig",
+    "make_budget_fig",
+    "make_context_fig",
+    "pick_run",
+]
 
 _NEED = {"suite", "name", "mode", "metric", "x_name", "x_value", "p50", "config_json"}
 
@@ -25,7 +31,19 @@ def decode_frame(df):
     sub["temperature"] = cfg.map(lambda c: float(c.get("temperature", 0.0)))
     sub["ctx"] = cfg.map(lambda c: int(c.get("ctx", 0)))
     sub["dense_mask"] = cfg.map(lambda c: bool(c.get("dense_mask", False)))
+    # one invocation of the benchmark = one run: points are compared only within their run
+    sub["run"] = sub["command"].fillna("") if "command" in sub.columns else ""
     return sub
+
+
+def pick_run(sub, key: str):
+    """The rows of the run with the most distinct values of ``key`` (ties: the first run in
+    file order): a budget figure takes the budget sweep, a context figure the context sweep,
+    never a mix of points from different runs."""
+    if sub.empty:
+        return sub
+    counts = sub.groupby("run", sort=False)[key].nunique()
+    return sub[sub["run"] == counts.idxmax()]
 
 
 def _pick(sub, metric: str):
@@ -48,6 +66,7 @@ def make_acceptance_fig(
     sub = sub[sub["ctx"] == ctx]
     if sub.empty:
         raise ValueError(f"ctx={ctx}: no acceptance rows at temperature {temperature}")
+    sub = sub[sub["run"] == sub["run"].iloc[0]]  # the first run measured at this context
     fig = go.Figure()
     for name, g in sub.groupby("name", sort=False):
         g = g.assign(tau=g["x_value"].astype(int)).sort_values("tau")
@@ -73,6 +92,7 @@ def make_budget_fig(df, temperature: float = 0.0, title: str | None = None):
     sub = sub[sub["temperature"] == temperature]
     base_ctx = int(sub["ctx"].min())
     sub = sub[(sub["ctx"] == base_ctx) & ~sub["dense_mask"]]
+    sub = sub[sub["run"] == pick_run(sub[sub["mode"] == "tree"], "budget")["run"].iloc[0]]
     tree = sub[sub["mode"] == "tree"]
     tau = _pick(tree, "tau").sort_values("budget")
     tps = _pick(tree, "decode_tok_s_pooled").sort_values("budget")
@@ -111,7 +131,7 @@ def make_context_fig(
     import plotly.graph_objects as go
 
     sub = decode_frame(df)
-    sub = _pick(sub[sub["temperature"] == temperature], metric)
+    sub = pick_run(_pick(sub[sub["temperature"] == temperature], metric), "ctx")
     fig = go.Figure()
     for name, g in sub.groupby("name", sort=False):
         g = g.sort_values("ctx")

@@ -115,3 +115,30 @@ def test_decode_and_tree_build_tables():
     assert t["fastest_device"] == "device_triton" and t["speedup_vs_heap"] == pytest.approx(4.0)
     assert any("slower than the heap" in line for line in ns.tree_build_findings(
         ns.tree_build_table(tb)))  # fmt: skip
+
+
+def test_decode_table_compares_points_within_their_run():
+    """Two runs measure ar and tree at the same context: each speed-up uses its own run's ar
+    (pooled rate when recorded), and the context line reads the run with the most contexts."""
+    rows = []
+    for cmd, pts in (
+        ("sweep modes", [(1024, "ar", "ar_graph", 100.0), (1024, "tree", "tree_B64_graph", 250.0)]),
+        ("sweep contexts", [(c, m, n, v) for c in (1024, 65536)
+                            for m, n, v in (("ar", "ar_graph", 80.0 if c == 1024 else 50.0),
+                                            ("tree", "tree_B64_graph", 160.0))]),
+    ):  # fmt: skip
+        for ctx, mode, name, tps in pts:
+            cfg = json.dumps({"ctx": ctx, "temperature": 0.0, "budget": 64})
+            for metric, v in (("decode_tok_s", tps / 2), ("decode_tok_s_pooled", tps),
+                              ("tau", 2.0)):  # fmt: skip
+                rows.append({"suite": "decode", "name": name, "mode": mode, "metric": metric,
+                             "x_name": "ctx", "x_value": ctx, "p50": v, "p20": v, "p80": v,
+                             "config_json": cfg, "command": cmd})  # fmt: skip
+    dec = ns.decode_table(pd.DataFrame(rows))
+    tree = dec[dec["mode"] == "tree"].set_index(["run", "context"])["speedup_vs_ar"]
+    assert tree[("sweep modes", 1024)] == pytest.approx(2.5)
+    assert tree[("sweep contexts", 1024)] == pytest.approx(2.0)
+    assert tree[("sweep contexts", 65536)] == pytest.approx(3.2)
+    lines = ns.decode_findings(dec)
+    assert any("2.50× ar" in line for line in lines)  # the first run at 1k: the modes run
+    assert any("2.00× at 1,024, 3.20× at 65,536" in line and "160%" in line for line in lines)
