@@ -121,6 +121,52 @@ def test_triton_random_sweep(gen):
         )
 
 
+def test_triton_second_pop_ties_the_first_pops_successors():
+    """Two pops per reduction: the second pop is the best of the other slots' pending children
+    and the first pop's child and sibling, compared at the tie positions the first pop shifts.
+    Every pair ties: (0), (1) at -1, then (0,0) (0,0,0) (1,0) (1,0,0) (2) at -2 in rank-tuple
+    order, where twice the first pop's child (lp 0) goes ahead of the old second best."""
+    lp = torch.tensor([[[-1.0, -1.0, -2.0], [-1.0, -3.0, -3.0], [0.0, -5.0, -5.0]]])
+    tok = torch.arange(9).reshape(1, 3, 3)
+    bonus = torch.tensor([5])
+    for budget in range(1, 12):
+        dt = build_trees_device(lp, tok, budget, bonus, backend="triton")
+        _assert_same(dt, lp, tok, budget, bonus)
+    tree = build_tree_ref(lp[0], tok[0], 8, 5)
+    assert tree.ranks[1:] == [(0,), (1,), (0, 0), (0, 0, 0), (1, 0), (1, 0, 0), (2,), (2, 0)]
+
+
+@pytest.mark.parametrize("budget", [2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33])
+def test_triton_budgets_around_powers_of_two(budget, gen):
+    """Odd budgets end on a single pop; at budget = next_pow2(budget) the last node has no
+    slot; ties everywhere (coarse grid, lp 0: a child ties its parent)."""
+    lp, tok = _sorted_lp(2, 6, 5, gen, quant=1.0, zeros=True)
+    bonus = torch.randint(0, 1000, (2,), generator=gen)
+    dt = build_trees_device(lp, tok, budget, bonus, backend="triton")
+    _assert_same(dt, lp, tok, budget, bonus)
+
+
+def test_triton_tie_heavy_sweep(gen):
+    """Many small tie-heavy trees (grids, lp 0, -inf tails, K below and above the budget,
+    heaps that run dry between the two pops of a reduction)."""
+    for trial in range(24):
+        D, K = 1 + trial % 5, 1 + (trial * 7) % 6
+        budget = 1 + (trial * 5) % 23
+        lp, tok = _sorted_lp(
+            1,
+            D,
+            K,
+            gen,
+            quant=[0.5, 1.0, 2.0][trial % 3],
+            zeros=trial % 2 == 0,
+            neg_inf=trial % 4 == 3,
+        )
+        bonus = torch.randint(0, 1000, (1,), generator=gen)
+        _assert_same(
+            build_trees_device(lp, tok, budget, bonus, backend="triton"), lp, tok, budget, bonus
+        )
+
+
 def test_assert_same_detects_a_wrong_tree(gen):
     """The comparison itself can fail: swapping two pops, or one token, is caught."""
     lp, tok = _sorted_lp(1, 4, 4, gen, quant=0.5)
