@@ -286,12 +286,6 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(64, 32, 8, 3),
             TileConfig(32, 64, 4, 2),
         ]
-    if kind == "gqa" and 128 < rows <= 256:
-        # all g·T rows in one M tile (GQA 8/1 at T=17: 136 rows), so each KV tile is read by
-        # one CTA instead of three 64-row ones; 16 warps keep the 256 x d accumulator in
-        # registers (one warpgroup per 64 rows)
-        extra += [TileConfig(256, 32, 8, 3, 1), TileConfig(256, 64, 16, 2, 1),
-                  TileConfig(256, 32, 16, 3, 1)]  # fmt: skip
     extra = [c for c in extra if c.block_m <= _pow2_at_least(rows, 16)]
     # the page-table prefetch variant of the heuristic's config and of the two strongest others
     extra += [

@@ -155,23 +155,6 @@ def test_gqa_pt_prefetch_matches_fp64(ps, gen):
         assert_close_to_truth(got, truth, base, ATOL[torch.float32], f"prefetch S{splits}")
 
 
-def test_gqa_one_256_row_tile_matches_fp64(gen):
-    """The 256-row M tile of the GQA 8/1 tuning candidates: 8 q heads x T=17 = 136 packed rows
-    in one tile (120 of them padding), split and unsplit."""
-    from kdtree.kernels.heuristics import TileConfig
-
-    lens, t, hq, hkv, d, ps = [70, 5], 17, 8, 1, 16, 16
-    q, k, v, pt, pl, m = gqa_inputs(lens, t, hq, hkv, d, ps, torch.float32, gen)
-    truth = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float64)
-    base = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float32)
-    for splits in (1, 2):
-        got = tree_attention_triton(
-            q, k, v, pt, pl, m, sm_scale=d**-0.5, num_splits=splits,
-            config=TileConfig(256, 16, 4, 1, pt_prefetch=1),
-        )  # fmt: skip
-        assert_close_to_truth(got, truth, base, ATOL[torch.float32], f"256-row S{splits}")
-
-
 def test_mla_pt_prefetch_matches_fp64(gen):
     from kdtree.kernels.heuristics import TileConfig
 
