@@ -484,7 +484,9 @@ def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     w = t.pivot_table(index=["batch", "budget"], columns="provider", values="p50")
     if "heap" not in w.columns:
         raise ValueError("tree_build rows: no 'heap' provider to compare the device builders with")
-    dev = w.drop(columns="heap")
+    # ``*_prev*`` rows time an earlier version of a builder in the same call (an A/B), not a
+    # builder the engine can pick
+    dev = w.drop(columns=["heap", *[c for c in w.columns if "_prev" in c]])
     w["fastest_device"] = dev.idxmin(axis=1)
     w["fastest_device_ms"] = dev.min(axis=1)
     w["speedup_vs_heap"] = w["heap"] / w["fastest_device_ms"]

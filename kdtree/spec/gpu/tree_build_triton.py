@@ -41,18 +41,17 @@ reductions (the single-pop loop did ``budget``). After the loop the ancestor bit
 the intervals (``k`` is an ancestor-or-self of ``i`` iff ``lex_k <= lex_i < end_k``), tile by
 tile, and the tokens by one gather.
 
-Timing. The previous, single-pop version of this kernel (one ``tl.max`` per pop) measured on
-the H200 (`kdtree bench tree-build --budgets 16,64,256`, one build per graph replay, rows in
-`data/bench/tree_build.csv`): batch 1 16 / 27 / 117 µs at budget 16 / 64 / 256, batch 32 the
-same; a pop cost ~0.4 µs, the dependent reduction + decode + update chain. THIS two-pop version
-is NOT measured on a GPU yet. Its sm_90 SASS (default warps 1 / 4 / 8 at budget 16 / 64 / 256):
+Timing (H200, `kdtree bench tree-build --budgets 16,64,256`, one build per CUDA-graph replay,
+rows in `data/bench/tree_build.csv`; the previous single-pop kernel timed in the same device
+call as ``device_triton_prev*``): batch 1 takes 9.8 / 23.5 / 100.9 µs at budget 16 / 64 / 256
+against 9.9 / 27.2 / 117.0 µs for one pop per reduction — 1.16x at budget 256, as a crude
+in-order latency model of the sm_90 SASS had predicted (10–25 % fewer cycles per pop, not 2x):
 the loop body is 244 / 286 / 333 instructions per two pops (single-pop: 120 / 112 / 133 per
-pop) with 0 / 3 / 3 barriers (0 / 2 / 2 per pop); the top-2 combine is shuffle-based (16–32
-SHFL per round) where the single-pop ``tl.max`` used two REDUX (at 4 and 8 warps). A crude
-in-order latency model of those loops (ALU 5 cycles, SHFL / REDUX / LDS / BAR 25–120) predicts
-~25 % fewer cycles per pop at budget 16 and 10–16 % at 64 and 256, not 2×: the successor keys
-and the second update roughly double the per-round work, so what is saved is mostly the second
-reduction's synchronisation. ``default_num_warps`` is still the single-pop version's tuning.
+pop) with 0 / 3 / 3 barriers (0 / 2 / 2 per pop), and the top-2 combine is shuffle-based where
+``tl.max`` used REDUX, so what is saved is mostly the second reduction's synchronisation.
+Batch 8 and 32 take the same per build (one program per request), except batch 32 at budget 16
+(16.7 µs against 10.2 µs for the single-pop kernel in the same call). ``default_num_warps`` is
+still the single-pop version's tuning.
 """
 
 from __future__ import annotations
