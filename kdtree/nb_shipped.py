@@ -295,7 +295,9 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (run, name, temp, ctx), g in f.groupby(["run", "name", "temperature", "ctx"], sort=False):
         v = g.drop_duplicates("metric", keep="last").set_index("metric")
-        rec = {"run": run, "mode": str(v["mode"].iloc[0]), "name": name, "temperature": temp,
+        cfg = json.loads(g["config_json"].iloc[0])
+        rec = {"run": run, "n_prompts": int(cfg.get("n_prompts", 0)),
+               "mode": str(v["mode"].iloc[0]), "name": name, "temperature": temp,
                "context": int(ctx), "budget": int(v["budget"].iloc[0]),
                "graphs": name.endswith("_graph"), "dense_mask": bool(v["dense_mask"].iloc[0])}  # fmt: skip
         for m in ("decode_tok_s", "decode_tok_s_pooled", "ttft_s", "tau", "fwd_per_tok",
@@ -526,14 +528,18 @@ def decode_findings(dec: pd.DataFrame, steps: pd.DataFrame | None = None) -> lis
     path = "CUDA graphs" if bool(dec["graphs"].any()) else "eager"
     rate = "decode_tok_s_pooled" if dec["decode_tok_s_pooled"].notna().any() else "decode_tok_s"
     for temp, g in dec[dec["context"] == ctx].groupby("temperature"):
-        g = g[g["run"] == g["run"].iloc[0]]  # the first run measured there (file order)
+        # the run over the most prompts there (ties: the first in file order)
+        g = g[g["run"] == g.loc[g["n_prompts"].idxmax(), "run"]]
         modes = g[g["mode"] != "tree"].sort_values("mode")
         best = g[(g["mode"] == "tree") & ~g["dense_mask"]].sort_values(rate).tail(1)
         parts = [
             f"`{r.name}` **{getattr(r, rate):.0f} tok/s** (τ {r.tau:.2f})"
             for r in pd.concat([modes, best]).itertuples()
         ]
-        line = f"H200, {path}, T = {temp:g}, {ctx:,} tokens of context: " + ", ".join(parts)
+        line = (
+            f"H200, {path}, T = {temp:g}, {ctx:,} tokens of context, "
+            f"{int(g['n_prompts'].iloc[0])} prompts: " + ", ".join(parts)
+        )
         if len(best):
             b = best.iloc[0]
             line += (
