@@ -222,6 +222,17 @@ def run_target(
             progress=progress, log=log,
         )  # fmt: skip
     val_loss = ext.val_loss_after if ext else res.val_loss
+    # with an extension the reported validation loss is the one after it
+    ext_metrics = (
+        {
+            "val_loss_main_run": res.val_loss,
+            "val_loss": val_loss,
+            "val_ppl": math.exp(val_loss),
+            "extension": _extension_metrics(ext),
+        }
+        if ext
+        else {}
+    )
     tdir = out_dir / TARGET_DIR
     save_bf16(model.cpu(), tdir)
     meta = {
@@ -247,16 +258,7 @@ def run_target(
         },
         "metrics": {
             **res.metrics(),
-            **(
-                {
-                    "val_loss_main_run": res.val_loss,
-                    "val_loss": val_loss,
-                    "val_ppl": math.exp(val_loss),
-                    "extension": _extension_metrics(ext),
-                }
-                if ext
-                else {}
-            ),
+            **ext_metrics,
             "params": n_params,
             "checkpoint_bytes": (tdir / "model.safetensors").stat().st_size,
         },
@@ -296,11 +298,13 @@ def run_target(
         f"[target] done: val loss {val_loss:.3f} ppl {math.exp(val_loss):.1f} (best step "
         f"{res.best_step}), {res.steps} steps, {res.wall_s:.0f}s ({res.stopped_by}) -> {tdir}"
     )
-    out = {**res.metrics(), "params": n_params, "warnings": warnings, "dir": str(tdir)}
-    if ext:
-        out.update(val_loss_main_run=res.val_loss, val_loss=val_loss, val_ppl=math.exp(val_loss))
-        out["extension"] = _extension_metrics(ext)
-    return out
+    return {
+        **res.metrics(),
+        **ext_metrics,
+        "params": n_params,
+        "warnings": warnings,
+        "dir": str(tdir),
+    }
 
 
 def _extension_metrics(ext) -> dict:
