@@ -120,6 +120,27 @@ def balance_experts(model, rate: float) -> None:
         )
 
 
+def train_step(model, opt, wins: torch.Tensor, balance_rate: float) -> torch.Tensor:
+    """One optimiser step on ``wins [B, S+1]`` (loss, clipped backward, AdamW, expert
+    balancing); returns the loss."""
+    with autocast(wins.device):
+        loss = lm_loss(model, wins)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    balance_experts(model, balance_rate)
+    return loss
+
+
+def validation_batches(val_stream: torch.Tensor, p: TargetPreset, seed: int) -> list[torch.Tensor]:
+    """The fixed held-out ``seq_len`` windows every validation loss is measured on."""
+    val_seq = min(p.seq_len, val_stream.numel() - 2)
+    return WindowSampler(val_stream, val_seq, p.batch_size, seed=seed).fixed_batches(
+        p.eval_batches
+    )
+
+
 def train_target(
     model,
     train_stream: torch.Tensor,
@@ -157,10 +178,7 @@ def train_target(
             f"({epochs:.2f} epochs, max_epochs {p.max_epochs})"
         )
     sampler = WindowSampler(train_stream, p.seq_len, p.batch_size, seed=seed)
-    val_seq = min(p.seq_len, val_stream.numel() - 2)
-    val_batches = WindowSampler(val_stream, val_seq, p.batch_size, seed=seed).fixed_batches(
-        p.eval_batches
-    )
+    val_batches = validation_batches(val_stream, p, seed)
     opt = make_adamw(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     keeper = BestKeeper(patience=p.patience, mode="min")
     deadline = Deadline(time_budget_s)
@@ -197,13 +215,7 @@ def train_target(
             break
         set_lr(opt, cosine_lr(frac, p.lr))
         wins = sampler.sample().to(device, non_blocking=True)
-        with autocast(device):
-            loss = lm_loss(model, wins)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        balance_experts(model, balance_rate)
+        loss = train_step(model, opt, wins, balance_rate)
         done = step + 1
         if step % 10 == 0 or done == steps:
             lv = float(loss.detach())
@@ -342,10 +354,7 @@ def extend_context(
     eval_lens = [n for n in eval_lens if n + 2 <= val_stream.numel() and n > p.extend_tail]
     tail = p.extend_tail
     evals = {n: tail_windows(val_stream, n, tail_windows_per_len) for n in eval_lens}
-    val_seq = min(p.seq_len, val_stream.numel() - 2)
-    val_batches = WindowSampler(val_stream, val_seq, p.batch_size, seed=seed).fixed_batches(
-        p.eval_batches
-    )
+    val_batches = validation_batches(val_stream, p, seed)
 
     def measure() -> tuple[dict[int, float], float]:
         tails = {n: tail_loss(model, w, tail, device) for n, w in evals.items()}
@@ -375,13 +384,7 @@ def extend_context(
         n = lens[step % len(lens)]
         set_lr(opt, cosine_lr(frac, p.extend_lr))
         wins = samplers[n].sample().to(device, non_blocking=True)
-        with autocast(device):
-            loss = lm_loss(model, wins)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        balance_experts(model, balance_rate)
+        loss = train_step(model, opt, wins, balance_rate)
         per_len[n] += 1
         tokens += wins.shape[0] * n
         done = step + 1
