@@ -411,49 +411,35 @@ def setup_ours_cuda_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_mla_fn(wl, ti)
-    return (*_graphed_with_output(fn, wl), {"splits": splits})
+    return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits})
 
 
 def setup_ours_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, _ = _ours_fn(wl, ti)
-    return (*_graphed_with_output(fn, wl), {})
-
-
-def _graphed_with_output(fn: Callable[[int], torch.Tensor], wl: Workload):
-    """``(replay, n_rot)``: ``fn(0..n_rot-1)`` captured in one CUDA graph; ``replay`` returns
-    the output buffer (the same one every call writes) so the run can check it."""
-    fn(0)
-    torch.cuda.synchronize(wl.device)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream(wl.device)
-    stream.wait_stream(torch.cuda.current_stream(wl.device))
-    with torch.cuda.stream(stream):
-        fn(0)  # warm on the side stream, as torch's capture recipe asks
-    torch.cuda.current_stream(wl.device).wait_stream(stream)
-    with torch.cuda.graph(graph):
-        for r in range(wl.n_rot):
-            out = fn(r)
-    return (lambda r: (graph.replay(), out)[1]), wl.n_rot
+    return (*_graphed(fn, wl.n_rot, wl.device), {})
 
 
 def _graphed(fn: Callable[[int], object], n_rot: int, device: torch.device):
-    """``(replay, per_call)``: ``fn(0..n_rot-1)`` captured in one CUDA graph (after a warm
-    call on a side stream); on the CPU, ``fn`` itself with ``per_call = 1``."""
+    """``(replay, per_call)``: ``fn`` over all ``n_rot`` rotations captured in one CUDA graph
+    (after a warm call on a side stream); on the CPU, ``fn`` itself with ``per_call = 1``.
+    Rotation 0 is captured last, so what ``replay`` returns (the output buffer every call
+    writes) is rotation 0's result, comparable with an eager ``fn(0)``."""
     if device.type != "cuda":
         return fn, 1
     fn(0)
+    torch.cuda.synchronize(device)
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        fn(0)
+        fn(0)  # warm on the side stream, as torch's capture recipe asks
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for r in range(n_rot):
-            fn(r)
-    return (lambda _r: graph.replay()), n_rot
+        for r in [*range(1, n_rot), 0]:
+            out = fn(r)
+    return (lambda _r: (graph.replay(), out)[1]), n_rot
 
 
 def setup_ref(wl, ti, opts):
