@@ -284,7 +284,13 @@ def run_target(
     summary = (
         f"DeepSeek-V3 style MLA + MoE target trained from scratch on {where} "
         f"(preset `{preset.name}`) on the Python standard library. Validation loss "
-        f"{res.val_loss:.3f} (perplexity {res.val_ppl:.1f}) on held-out modules: the best "
+        f"{val_loss:.3f} (perplexity {math.exp(val_loss):.1f}) on held-out modules"
+        + (
+            f" after the long-context extension below (main run: {res.val_loss:.3f})"
+            if ext
+            else ""
+        )
+        + ". Main run: the best "
         f"weights, of step {res.best_step} of {res.steps} run ({res.epochs:.2f} epochs, "
         f"{res.wall_s:.0f} s; stopped: {res.stop_reason}; last weights' validation loss "
         f"{res.last_val_loss:.3f}). Tokenizer: `../tokenizer.json`."

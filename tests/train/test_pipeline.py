@@ -36,6 +36,8 @@ def test_all_writes_both_models_cards_and_packs(trained):
     assert ext["steps"] == 2 and ext["steps_per_len"] == {"64": 2}
     assert set(ext["tail_loss_after"]) == {"32", "64"} and ext["tail"] == 16
     assert m["val_loss"] == ext["val_loss_after"] and "long-context extension" in card
+    # the card leads with the shipped (post-extension) validation loss
+    assert f"Validation loss {m['val_loss']:.3f}" in card
     dmeta = json.loads((out / "drafter" / "training.json").read_text())
     assert dmeta["config"]["mask_token_id"] == 1 and dmeta["config"]["block_size"] == 8
     assert 1 <= dmeta["metrics"]["best_step"] <= 3 and dmeta["metrics"]["stop_reason"]
