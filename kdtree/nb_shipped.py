@@ -296,7 +296,7 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     for (run, name, temp, ctx), g in f.groupby(["run", "name", "temperature", "ctx"], sort=False):
         v = g.drop_duplicates("metric", keep="last").set_index("metric")
         cfg = json.loads(g["config_json"].iloc[0])
-        rec = {"run": run, "n_prompts": int(cfg.get("n_prompts", 0)),
+        rec = {"run": run, "n_prompts": int(cfg.get("n_prompts", 0)), "gen": int(cfg.get("gen", 0)),
                "mode": str(v["mode"].iloc[0]), "name": name, "temperature": temp,
                "context": int(ctx), "budget": int(v["budget"].iloc[0]),
                "graphs": name.endswith("_graph"), "dense_mask": bool(v["dense_mask"].iloc[0])}  # fmt: skip
@@ -547,26 +547,28 @@ def decode_findings(dec: pd.DataFrame, steps: pd.DataFrame | None = None) -> lis
                 f"**{b.speedup_vs_chain:.2f}× chain**."
             )
         out.append(line)
-    # tree over ar against context, from the run that covers the most contexts
+    # tree over ar against context, from every run that covers two or more contexts
     counts = dec.groupby("run", sort=False)["context"].nunique()
-    if len(counts) and counts.max() > 1:
-        run = dec[dec["run"] == counts.idxmax()]
+    for run_name in counts[counts > 1].index:
+        run = dec[dec["run"] == run_name]
         tree = run[(run["mode"] == "tree") & ~run["dense_mask"]].sort_values("context")
         dense = run[(run["mode"] == "tree") & run["dense_mask"]]
-        if tree["speedup_vs_ar"].notna().any():
-            first = tree["speedup_vs_ar"].iloc[0]
-            out.append(
-                "Against context (one run): the tree over ar is "
-                + ", ".join(f"{r.speedup_vs_ar:.2f}× at {r.context:,}" for r in tree.itertuples())
-                + f" — the longest context keeps **{tree['speedup_vs_ar'].iloc[-1] / first:.0%}**"
-                " of the shortest one's speed-up"
-                + (
-                    f"; the dense-mask path decodes {dense[rate].min():.0f}–"
-                    f"{dense[rate].max():.0f} tok/s."
-                    if len(dense)
-                    else "."
-                )
+        if not tree["speedup_vs_ar"].notna().any():
+            continue
+        first = tree["speedup_vs_ar"].iloc[0]
+        out.append(
+            f"Against context ({int(run['n_prompts'].iloc[0])} prompts, "
+            f"{int(run['gen'].iloc[0])} tokens): the tree over ar is "
+            + ", ".join(f"{r.speedup_vs_ar:.2f}× at {r.context:,}" for r in tree.itertuples())
+            + f" — the longest context keeps **{tree['speedup_vs_ar'].iloc[-1] / first:.0%}**"
+            " of the shortest one's speed-up"
+            + (
+                f"; the dense-mask path decodes {dense[rate].min():.0f}–"
+                f"{dense[rate].max():.0f} tok/s."
+                if len(dense)
+                else "."
             )
+        )
     phases = [c for c in ("draft", "tree_build", "prepare_for_verify", "verify", "accept",
                           "commit") if c in dec.columns]  # fmt: skip
     trees = dec[(dec["mode"] == "tree") & (dec["context"] == ctx)]

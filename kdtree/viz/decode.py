@@ -33,6 +33,7 @@ def decode_frame(df):
     sub["dense_mask"] = cfg.map(lambda c: bool(c.get("dense_mask", False)))
     # one invocation of the benchmark = one run: points are compared only within their run
     sub["run"] = sub["command"].fillna("") if "command" in sub.columns else ""
+    sub["n_prompts"] = cfg.map(lambda c: int(c.get("n_prompts", 0)))
     return sub
 
 
@@ -66,7 +67,8 @@ def make_acceptance_fig(
     sub = sub[sub["ctx"] == ctx]
     if sub.empty:
         raise ValueError(f"ctx={ctx}: no acceptance rows at temperature {temperature}")
-    sub = sub[sub["run"] == sub["run"].iloc[0]]  # the first run measured at this context
+    # the run over the most prompts at this context (ties: the first in file order)
+    sub = sub[sub["run"] == sub.loc[sub["n_prompts"].idxmax(), "run"]]
     fig = go.Figure()
     for name, g in sub.groupby("name", sort=False):
         g = g.assign(tau=g["x_value"].astype(int)).sort_values("tau")

@@ -142,3 +142,4 @@ def test_decode_table_compares_points_within_their_run():
     lines = ns.decode_findings(dec)
     assert any("2.50× ar" in line for line in lines)  # the first run at 1k: the modes run
     assert any("2.00× at 1,024, 3.20× at 65,536" in line and "160%" in line for line in lines)
+    assert sum(line.startswith("Against context") for line in lines) == 1  # one run spans two
