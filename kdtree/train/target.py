@@ -360,6 +360,7 @@ def extend_context(
         tails = {n: tail_loss(model, w, tail, device) for n, w in evals.items()}
         return tails, evaluate(model, val_batches, device)[0]
 
+    deadline = Deadline(time_budget_s)  # the evaluation before training counts in the budget
     before, val_before = measure()
     log(
         "[extend] before: tail loss "
@@ -371,7 +372,6 @@ def extend_context(
         for i, n in enumerate(lens)
     }
     opt = make_adamw(model.parameters(), lr=p.extend_lr, weight_decay=p.weight_decay)
-    deadline = Deadline(time_budget_s)
     per_len = dict.fromkeys(lens, 0)
     tokens, done, stopped_by = 0, 0, "steps"
     t0 = time.perf_counter()

@@ -18,18 +18,33 @@ def _model(vocab: int = 64):
     return model, p
 
 
-def test_tail_loss_reads_only_the_tail():
-    """Changing tokens before the tail's context changes nothing a causal model could not
-    see; changing a tail label changes the loss."""
+def test_tail_loss_is_the_loss_on_the_last_tail_positions():
+    """``tail_loss`` equals cross-entropy computed directly on the window's last ``tail``
+    positions, differs from the whole-window loss, and equals it when ``tail`` is the length."""
+    import torch.nn.functional as F
+
     model, _ = _model()
+    model.eval()
     gen = torch.Generator().manual_seed(1)
     stream = torch.randint(2, 64, (400,), generator=gen, dtype=torch.int32)
     wins = tail_windows(stream, 48, 2)
     assert [tuple(w.shape) for w in wins] == [(1, 49), (1, 49)]
-    base = tail_loss(model, wins, 8, torch.device("cpu"))
-    changed = [w.clone() for w in wins]
-    changed[0][0, -1] = (changed[0][0, -1] + 1) % 64
-    assert tail_loss(model, changed, 8, torch.device("cpu")) != pytest.approx(base, abs=1e-7)
+
+    def direct(tail):
+        with torch.no_grad():
+            per = [
+                F.cross_entropy(
+                    model.forward_dense(w[:, :-1].long()).logits[0, -tail:].float(),
+                    w[0, -tail:].long(),
+                )
+                for w in wins
+            ]
+        return float(sum(per) / len(per))
+
+    cpu = torch.device("cpu")
+    assert tail_loss(model, wins, 8, cpu) == pytest.approx(direct(8), rel=1e-5)
+    assert tail_loss(model, wins, 48, cpu) == pytest.approx(direct(48), rel=1e-5)
+    assert tail_loss(model, wins, 8, cpu) != pytest.approx(direct(48), rel=1e-3)
 
 
 def test_extension_visits_each_length_in_turn():
