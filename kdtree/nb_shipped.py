@@ -523,13 +523,14 @@ def decode_findings(dec: pd.DataFrame, steps: pd.DataFrame | None = None) -> lis
     """Conclusion bullets from ``decode_table`` (and ``step_phase_table``): tok/s, τ and the
     speed-ups of every mode at the shortest context per temperature, the best tree budget,
     the verify share of a tree step, and eager vs graph steps."""
+    from kdtree.viz.decode import run_with_most_prompts
+
     out = []
     ctx = int(dec["context"].min())
     path = "CUDA graphs" if bool(dec["graphs"].any()) else "eager"
     rate = "decode_tok_s_pooled" if dec["decode_tok_s_pooled"].notna().any() else "decode_tok_s"
     for temp, g in dec[dec["context"] == ctx].groupby("temperature"):
-        # the run over the most prompts there (ties: the first in file order)
-        g = g[g["run"] == g.loc[g["n_prompts"].idxmax(), "run"]]
+        g = run_with_most_prompts(g)
         modes = g[g["mode"] != "tree"].sort_values("mode")
         best = g[(g["mode"] == "tree") & ~g["dense_mask"]].sort_values(rate).tail(1)
         parts = [

@@ -13,6 +13,7 @@ __all__ = [
     "make_budget_fig",
     "make_context_fig",
     "pick_run",
+    "run_with_most_prompts",
 ]
 
 _NEED = {"suite", "name", "mode", "metric", "x_name", "x_value", "p50", "config_json"}
@@ -35,6 +36,12 @@ def decode_frame(df):
     sub["run"] = sub["command"].fillna("") if "command" in sub.columns else ""
     sub["n_prompts"] = cfg.map(lambda c: int(c.get("n_prompts", 0)))
     return sub
+
+
+def run_with_most_prompts(sub):
+    """The rows of the run over the most prompts (ties: the first run in file order) — the
+    rule the shipped-data conclusions and the acceptance figure share."""
+    return sub[sub["run"] == sub.loc[sub["n_prompts"].idxmax(), "run"]]
 
 
 def pick_run(sub, key: str):
@@ -67,8 +74,7 @@ def make_acceptance_fig(
     sub = sub[sub["ctx"] == ctx]
     if sub.empty:
         raise ValueError(f"ctx={ctx}: no acceptance rows at temperature {temperature}")
-    # the run over the most prompts at this context (ties: the first in file order)
-    sub = sub[sub["run"] == sub.loc[sub["n_prompts"].idxmax(), "run"]]
+    sub = run_with_most_prompts(sub)
     fig = go.Figure()
     for name, g in sub.groupby("name", sort=False):
         g = g.assign(tau=g["x_value"].astype(int)).sort_values("tau")
