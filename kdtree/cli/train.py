@@ -106,6 +106,9 @@ def drafter_cmd(
     steps: int = typer.Option(None, "--steps", help="Override the preset's step count."),
     sequences: int = typer.Option(None, "--sequences", help="Generated training sequences."),
     kl_weight: float = typer.Option(None, "--kl-weight", help="Weight of KL to the target."),
+    doc_share: float = typer.Option(
+        None, "--doc-share", help="Share of prompts cut just past a docstring (0..1)."
+    ),
     gen_budget_s: float = typer.Option(None, "--gen-budget-s", help="Cap on data generation."),
     time_budget_s: float = typer.Option(None, "--time-budget-s", help="Cap on training."),
     name: str = typer.Option("drafter", "--name", help="Output subfolder (A/B runs)."),
@@ -121,7 +124,10 @@ def drafter_cmd(
     p = get_preset(
         preset,
         **_overrides(
-            drafter_steps=steps, drafter_gen_sequences=sequences, drafter_kl_weight=kl_weight
+            drafter_steps=steps,
+            drafter_gen_sequences=sequences,
+            drafter_kl_weight=kl_weight,
+            drafter_gen_doc_share=doc_share,
         ),
     )
     res = run_drafter(
@@ -150,6 +156,9 @@ def all_cmd(
     target_steps: int = typer.Option(None, "--target-steps", help="Override target steps."),
     drafter_steps: int = typer.Option(None, "--drafter-steps", help="Override drafter steps."),
     kl_weight: float = typer.Option(None, "--kl-weight", help="Drafter KL-to-target weight."),
+    doc_share: float = typer.Option(
+        None, "--doc-share", help="Share of drafter prompts cut just past a docstring (0..1)."
+    ),
     pack: Path = typer.Option(
         None, "--pack", help="Also write target.tar.gz + drafter.tar.gz into this folder."
     ),
@@ -171,7 +180,10 @@ def all_cmd(
         progress,
         corpus_root=corpus_root,
         **_overrides(
-            target_steps=target_steps, drafter_steps=drafter_steps, drafter_kl_weight=kl_weight
+            target_steps=target_steps,
+            drafter_steps=drafter_steps,
+            drafter_kl_weight=kl_weight,
+            drafter_gen_doc_share=doc_share,
         ),
     )
     flat = {
@@ -182,6 +194,7 @@ def all_cmd(
         "target_steps": res["target"]["steps"],
         "drafter_steps": res["drafter"]["steps"],
         "offline_tau": res["drafter"]["offline_tau"],
+        "offline_tau_doc": res["drafter"]["offline_tau_doc"],
         "out_dir": res["out_dir"],
     }
     _finish("train all", {**flat, "detail": res})

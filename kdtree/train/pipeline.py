@@ -338,6 +338,42 @@ def _extension_summary(ext, main_val: float) -> str:
 # ----------------------------------------------------------------------------- drafter data
 
 
+def mixed_prompts(
+    stream: torch.Tensor,
+    n: int,
+    length: int,
+    generator: torch.Generator,
+    doc=None,
+    doc_share: float = 0.0,
+    tok=None,
+) -> torch.Tensor:
+    """``int64 [n, length]``: ``round(n * doc_share)`` docstring-cut prompts from ``doc``
+    first, then random windows of ``stream``."""
+    if not 0.0 <= doc_share <= 1.0:
+        raise ValueError(f"doc_share={doc_share}: expected 0..1")
+    n_doc = round(n * doc_share) if doc is not None else 0
+    if n_doc and tok is None:
+        raise ValueError("docstring prompts need the tokenizer (tok=...)")
+    parts = []
+    if n_doc:
+        parts.append(doc.sample(tok, n_doc, length, generator))
+    if n - n_doc:
+        parts.append(prompt_windows(stream, n - n_doc, length, generator))
+    return torch.cat(parts)
+
+
+def doc_samplers(files, corpus_root, length: int):
+    """Docstring-cut prompt samplers of the training and the validation split."""
+    from kdtree.train.docprompts import CHARS_PER_TOKEN, DocPromptSampler
+
+    root = Path(corpus_root) if corpus_root is not None else stdlib_root()
+    min_chars = CHARS_PER_TOKEN * length
+    return tuple(
+        DocPromptSampler.from_files([f for f in files if f.split == split], root, min_chars)
+        for split in ("train", "val")
+    )
+
+
 def make_draft_data(
     target,
     stream: torch.Tensor,
@@ -349,8 +385,13 @@ def make_draft_data(
     seed: int = 0,
     time_budget_s: float | None = None,
     progress: bool = True,
+    doc=None,
+    doc_share: float = 0.0,
+    tok=None,
 ):
-    """Target-generated continuations of random windows of ``stream`` (the drafter's data)."""
+    """Target-generated continuations of random windows of ``stream`` (the drafter's data);
+    with ``doc`` (a :class:`~kdtree.train.docprompts.DocPromptSampler`), ``doc_share`` of each
+    batch's prompts end just past a function docstring instead."""
     from tqdm.auto import tqdm
 
     from kdtree.train.drafter import DraftData
@@ -363,7 +404,7 @@ def make_draft_data(
     bar = tqdm(total=n_sequences, desc="generate", disable=not progress, mininterval=2.0)
     while done < n_sequences and (not toks or not deadline.expired()):
         n = min(batch, n_sequences - done)
-        prompts = prompt_windows(stream, n, prompt_len, gen)
+        prompts = mixed_prompts(stream, n, prompt_len, gen, doc, doc_share, tok)
         temp = temperature_mix(n, temperatures)
         out = generate_batch(target, prompts, new_tokens, temp, generator=dev_gen)
         toks.append(out.cpu())
@@ -407,9 +448,17 @@ def run_drafter(
     seed_everything(seed)
     out_dir = Path(out_dir)
     tok = ensure_tokenizer(out_dir, log=log, corpus_root=corpus_root)
-    _, train, val = streams or load_streams(tok, corpus_root=corpus_root)
+    files, train, val = streams or load_streams(tok, corpus_root=corpus_root)
     target = load_target(out_dir, dev)
     d = preset.drafter
+    doc_train = doc_val = None
+    if d.gen_doc_share > 0:
+        t0 = time.perf_counter()
+        doc_train, doc_val = doc_samplers(files, corpus_root, d.gen_prompt_len)
+        log(
+            f"[drafter] docstring cuts: {len(doc_train)} train / {len(doc_val)} val; "
+            f"{d.gen_doc_share:.0%} of prompts end at one ({time.perf_counter() - t0:.0f}s)"
+        )
     t0 = time.perf_counter()
     data = make_draft_data(
         target,
@@ -422,6 +471,9 @@ def run_drafter(
         seed,
         gen_budget_s,
         progress,
+        doc=doc_train,
+        doc_share=d.gen_doc_share,
+        tok=tok,
     )
     gen_s = time.perf_counter() - t0
     n_gen_tok = int(data.loss_mask.sum())
@@ -458,8 +510,14 @@ def run_drafter(
     )
     # model selection: greedy continuations of held-out prompts (not the τ evaluation set)
     n_sel = max(1, d.select_sequences)
-    sel_prompts = prompt_windows(
-        val, n_sel, d.gen_prompt_len, torch.Generator().manual_seed(seed + 11)
+    sel_prompts = mixed_prompts(
+        val,
+        n_sel,
+        d.gen_prompt_len,
+        torch.Generator().manual_seed(seed + 11),
+        doc_val,
+        d.gen_doc_share,
+        tok,
     )
     sel = generate_batch(target, sel_prompts, d.gen_new_tokens, torch.zeros(n_sel))
     select = DraftVal.build(sel.cpu(), d.gen_prompt_len, cfg.block_size, d.anchors_per_seq, seed)
@@ -495,6 +553,25 @@ def run_drafter(
         f"(per-position acceptance {[round(x, 2) for x in tau.per_position[:6]]}...) "
         f"in {time.perf_counter() - t1:.0f}s"
     )
+    tau_doc = None
+    if doc_val is not None:
+        # the HumanEval shape on held-out modules: prompts cut just past a docstring
+        doc_prompts = doc_val.sample(
+            tok, n_eval, d.gen_prompt_len, torch.Generator().manual_seed(seed + 13)
+        )
+        doc_greedy = generate_batch(target, doc_prompts, d.gen_new_tokens, torch.zeros(n_eval))
+        tau_doc = offline_tau(
+            drafter,
+            target,
+            doc_greedy.cpu(),
+            gen_start=d.gen_prompt_len,
+            anchors_per_seq=d.anchors_per_seq,
+            seed=seed,
+        )
+        log(
+            f"[drafter] offline tau {tau_doc.tau:.2f} on {tau_doc.n_blocks} held-out blocks "
+            "after docstring cuts"
+        )
 
     ddir = out_dir / name
     save_bf16(drafter.cpu(), ddir)  # written before the live check, which may fail
@@ -516,7 +593,14 @@ def run_drafter(
             f"prompts, evaluated every {res.eval_every} steps; early stop after {d.patience} "
             "evaluations without a new best; best weights restored",
             "data": "continuations generated by ../target from random windows of the "
-            "stdlib training split; loss on generated tokens only",
+            "stdlib training split"
+            + (
+                f" ({d.gen_doc_share:.0%} of them from prompts cut just past a function "
+                "docstring instead, the HumanEval shape)"
+                if d.gen_doc_share > 0
+                else ""
+            )
+            + "; loss on generated tokens only",
         },
         "metrics": {
             **res.metrics(),
@@ -525,6 +609,7 @@ def run_drafter(
             "offline_tau_blocks": tau.n_blocks,
             "offline_per_position": [round(x, 4) for x in tau.per_position],
             "offline_histogram": tau.as_dict()["histogram"],
+            **({"offline_tau_doc": tau_doc.tau} if tau_doc is not None else {}),
             **{f"live_{k}": v for k, v in live.items()},
             "checkpoint_bytes": (ddir / "model.safetensors").stat().st_size,
         },
@@ -562,6 +647,7 @@ def run_drafter(
         **res.metrics(),
         "params": n_params,
         "offline_tau": tau.tau,
+        "offline_tau_doc": tau_doc.tau if tau_doc is not None else None,
         "offline_per_position": tau.per_position,
         "live": live,
         "gen_sequences": len(data),

@@ -77,6 +77,10 @@ class DrafterPreset:
     lr: float
     steps: int
     kl_weight: float = 0.0
+    #: share of the generated sequences (and of the selection set) whose prompt ends just past
+    #: a function's docstring (:mod:`kdtree.train.docprompts`), the shape of a HumanEval prompt;
+    #: the rest continue random windows of the corpus
+    gen_doc_share: float = 0.0
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
     eval_sequences: int = 64
     #: cap on passes over the generated tokens, counted in anchor blocks seen per generated
@@ -137,6 +141,7 @@ PRESETS: dict[str, Preset] = {
             gen_new_tokens=192,
             gen_batch=512,
             gen_sequences=16384,
+            gen_doc_share=0.5,
             batch_size=128,
             anchors_per_seq=16,
             lr=1e-3,

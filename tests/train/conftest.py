@@ -116,6 +116,8 @@ def trained(tiny_corpus, tiny_tok, tmp_path_factory):
             "3",
             "--drafter-steps",
             "3",
+            "--doc-share",
+            "0.5",
             "--pack",
             str(pack),
             "--no-progress",

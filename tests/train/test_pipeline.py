@@ -42,6 +42,10 @@ def test_all_writes_both_models_cards_and_packs(trained):
     assert dmeta["config"]["mask_token_id"] == 1 and dmeta["config"]["block_size"] == 8
     assert 1 <= dmeta["metrics"]["best_step"] <= 3 and dmeta["metrics"]["stop_reason"]
     assert math.isfinite(dmeta["metrics"]["best_val_loss"])
+    # half of the prompts were cut just past a docstring; τ is also reported on such cuts
+    assert dmeta["training"]["gen_doc_share"] == 0.5 and "docstring" in dmeta["training"]["data"]
+    assert 1.0 <= dmeta["metrics"]["offline_tau_doc"] <= 8.0
+    assert summary["offline_tau_doc"] == dmeta["metrics"]["offline_tau_doc"]
     with tarfile.open(out / "pack" / "target.tar.gz") as tf:
         names = tf.getnames()
     assert "target/model.safetensors" in names and "tokenizer.json" in names
