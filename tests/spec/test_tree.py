@@ -134,3 +134,38 @@ def test_bad_inputs(gen):
         draft_topk(torch.randn(2, 5), 1)
     with pytest.raises(ValueError, match="bonus"):
         build_trees(lp, tok, 3, bonus=[1, 2])
+
+
+@pytest.mark.parametrize("V", [4096, 5000, 16385])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_stage_draft_topk_selects_what_one_pass_selects(V, dtype):
+    from kdtree.spec.tree import _draft_topk_two_stage
+
+    g = torch.Generator().manual_seed(V)
+    # distinct values (a permutation), so the order of the top-K is unique
+    x = (torch.randperm(3 * 16 * V, generator=g).reshape(3, 16, V).float() / 1024).to(dtype)
+    for K in (1, 8, 64):
+        lp, tok = _draft_topk_two_stage(x, K)
+        logp = torch.log_softmax(x, dim=-1, dtype=torch.float32)
+        ref_lp, ref_tok = torch.topk(logp, K, dim=-1)
+        if dtype == torch.float32:
+            assert torch.equal(tok, ref_tok)
+        else:  # bf16 rounds the permutation into ties: the same values, maybe other tokens
+            assert torch.equal(x.gather(-1, tok), x.gather(-1, ref_tok))
+        torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-4)
+        assert lp.dtype == torch.float32 and tok.dtype == torch.int64
+        assert (lp[..., :-1] >= lp[..., 1:]).all()
+
+
+@pytest.mark.gpu
+def test_draft_topk_on_the_gpu_takes_two_stages_and_selects_the_same_values():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from kdtree.spec.tree import draft_topk
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, 16385, generator=g).to(torch.bfloat16)
+    lp_c, tok_c = draft_topk(x, 8)
+    lp_g, tok_g = draft_topk(x.cuda(), 8)
+    torch.testing.assert_close(lp_g.cpu(), lp_c, rtol=0, atol=1e-4)
+    assert torch.equal(x.gather(-1, tok_g.cpu()), x.gather(-1, tok_c))

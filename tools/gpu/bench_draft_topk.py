@@ -1,0 +1,81 @@
+"""A/B of the draft top-K: one pass (fp32 log_softmax, torch.topk over the vocabulary) against
+two stages (top-K per 512-wide chunk, top-K of the survivors, minus logsumexp).
+
+``python3 tools/gpu/bench_draft_topk.py [--out DIR]``: bf16 logits ``[batch, 16, V]`` with the
+shipped target's vocabulary, batch 1 / 8 / 32, K 8 / 32; each variant captured in a CUDA graph
+(ten calls per graph, so a replay measures the kernels, not the host launch path) and timed with
+CUDA events, L2 flushed. Prints one line per point and writes ``draft_topk.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import torch
+
+from kdtree.bench.timing import time_cuda
+from kdtree.spec.tree import _draft_topk_two_stage
+
+
+def one_pass(x, k):
+    logp = torch.log_softmax(x, dim=-1, dtype=torch.float32)
+    return torch.topk(logp, k, dim=-1, largest=True, sorted=True)
+
+
+def graphed(fn, reps=10):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            out = fn()
+    return g, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    V = json.loads(Path("data/models/target/config.json").read_text())["vocab_size"]
+    rows = []
+    for b in (1, 8, 32):
+        for k in (8, 32):
+            x = torch.randn(b, 16, V, device="cuda").to(torch.bfloat16)
+            res = {}
+            for name, f in (("one_pass", one_pass), ("two_stage", _draft_topk_two_stage)):
+                g, out = graphed(lambda f=f, x=x, k=k: f(x, k))
+                t = time_cuda(g.replay)
+                res[name] = (t.p50 / 10 * 1e3, out)
+            same = torch.equal(res["one_pass"][1][1], res["two_stage"][1][1])
+            for name, (us, _) in res.items():
+                rows.append(
+                    dict(
+                        batch=b,
+                        D=16,
+                        V=V,
+                        K=k,
+                        variant=name,
+                        p50_us=round(us, 2),
+                        same_tokens=same,
+                    )
+                )
+            print(
+                f"B={b:2} K={k:2} V={V}: one pass {res['one_pass'][0]:7.2f} us, two stages "
+                f"{res['two_stage'][0]:7.2f} us ({res['one_pass'][0] / res['two_stage'][0]:.2f}x)"
+                f", same tokens: {same}"
+            )
+    with open(Path(a.out) / "draft_topk.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
