@@ -85,6 +85,11 @@ LAYOUTS = {
     "mla_h8": HeadLayout("mla_h8", "mla", 8, 1, 512, 64),
     "mla_h16": HeadLayout("mla_h16", "mla", 16, 1, 512, 64),
 }
+#: Layouts outside the default grid, run when named: the shipped target's own attention
+#: (4 heads, latent 64 + rope 16), so ``--tune`` can fit the decode engine's launches.
+ENGINE_LAYOUTS = {
+    "mla_h4_r64": HeadLayout("mla_h4_r64", "mla", 4, 1, 64, 16),
+}
 SMOKE_LAYOUTS = {
     "gqa_4q2kv_d32": HeadLayout("gqa_4q2kv_d32", "gqa", 4, 2, 32),
     "mla_h2_r64": HeadLayout("mla_h2_r64", "mla", 2, 1, 64, 16),
@@ -109,6 +114,8 @@ class Options:
     seed: int = 0
     smoke: bool = False
     tune: bool = False  # also time our kernels under candidate tile configs and split counts
+    tune_lengths: tuple[int, ...] = TUNE_L  # where --tune runs (batch 1)
+    tune_trees: tuple[int, ...] = QUICK_T
     point_seconds: float = 30.0  # time box per (layout, batch, L, trees) item, JIT excluded
 
 
@@ -852,8 +859,9 @@ def _points(opts: Options) -> Iterator[tuple[HeadLayout, int, int, tuple[int, ..
     """(layout, batch, L, trees) in priority order: batch 1 x ``CORE_L`` x ``CORE_T`` first
     (every layout and provider), then batch 1 at the other lengths, then larger batches, and
     the other tree sizes last; each (layout, batch, L) appears once per tree group."""
-    layouts = SMOKE_LAYOUTS if opts.smoke else LAYOUTS
-    chosen = [layouts[n] for n in opts.layouts if n in layouts] or list(layouts.values())
+    layouts = SMOKE_LAYOUTS if opts.smoke else {**LAYOUTS, **ENGINE_LAYOUTS}
+    default = SMOKE_LAYOUTS if opts.smoke else LAYOUTS
+    chosen = [layouts[n] for n in opts.layouts if n in layouts] or list(default.values())
     core_t = tuple(t for t in opts.trees if t in CORE_T) or tuple(opts.trees)
     other_t = tuple(t for t in opts.trees if t not in core_t)
 
@@ -1013,7 +1021,8 @@ class _Runner:
         lay, b, t = wl.layout, wl.batch, ti.t
         kernel = tree_attention_triton if lay.kind == "gqa" else tree_attention_mla_triton
         head = _head_tensors(wl, ti)
-        if not self.opts.all_points and (b != 1 or wl.length not in TUNE_L or t not in QUICK_T):
+        tune_l, tune_t = self.opts.tune_lengths, self.opts.tune_trees
+        if not self.opts.all_points and (b != 1 or wl.length not in tune_l or t not in tune_t):
             return
         rows = t * lay.hq // lay.hkv
         cap = wl.pages_per_req * wl.page_size
@@ -1042,9 +1051,10 @@ class _Runner:
         from kdtree.kernels.heuristics import MAX_SPLITS, tuning_candidates
 
         lay, b, t = wl.layout, wl.batch, ti.t
-        for tc in tuning_candidates(lay.kind, rows, dk):
+        for tc in tuning_candidates(lay.kind, rows, dk, lay.d):
             base = plan.num_splits(tc, b, t)
-            splits = {max(1, base // 2), base, 2 * base, 4 * base}
+            # one split (no merge launch) is always a candidate: at short context it can win
+            splits = {1, max(1, base // 2), base, 2 * base, 4 * base}
             for s in sorted(x for x in splits if x <= MAX_SPLITS):
                 pf = "p" if tc.pt_prefetch else ""
                 label = (

@@ -63,8 +63,8 @@ def verify_attention(
         False,
         "--tune",
         help="Also time our kernels under candidate "
-        "tile configs and 0.5x/1x/2x split counts (batch 1, L in {16k, "
-        "128k}, T in {17, 65}; rows 'ours_tune[...]').",
+        "tile configs and 0.5x-4x split counts (batch 1; at --lengths/--trees when given, "
+        "else L in {16k, 64k, 128k}, T in {17, 65}; rows 'ours_tune[...]').",
     ),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
@@ -89,8 +89,9 @@ def verify_attention(
         defaults = (va.QUICK_L, va.QUICK_T, va.QUICK_B)
     else:
         defaults = (va.FULL_L, va.FULL_T, va.FULL_B)
-    known = va.SMOKE_LAYOUTS if smoke else va.LAYOUTS
-    lay_names = tuple(x.strip() for x in layouts.split(",") if x.strip()) or tuple(known)
+    known = va.SMOKE_LAYOUTS if smoke else {**va.LAYOUTS, **va.ENGINE_LAYOUTS}
+    default = va.SMOKE_LAYOUTS if smoke else va.LAYOUTS
+    lay_names = tuple(x.strip() for x in layouts.split(",") if x.strip()) or tuple(default)
     bad = [x for x in lay_names if x not in known]
     if bad:
         raise typer.BadParameter(f"unknown layouts {bad}; expected {tuple(known)}")
@@ -106,6 +107,9 @@ def verify_attention(
         seed=seed,
         smoke=smoke,
         tune=tune,
+        # --tune visits the lengths and trees asked for, else its own core points
+        tune_lengths=_ints(lengths, va.TUNE_L),
+        tune_trees=_ints(trees, va.QUICK_T),
         dtype=torch.float32 if smoke else torch.bfloat16,
     )
     if torch.cuda.is_available():

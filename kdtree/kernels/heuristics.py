@@ -265,10 +265,14 @@ def splits_for(
     )
 
 
-def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]:
+def tuning_candidates(
+    kind: str, rows: int, head_dim_k: int, head_dim_v: int | None = None
+) -> list[TileConfig]:
     """A handful of plausible Hopper configs around the heuristic choice (for the benchmark's
     ``--tune``): the chosen one first, then the configs that won or came close in the H200
-    sweeps (other M tiles, key tiles, warps and stages)."""
+    sweeps (other M tiles, key tiles, warps and stages). For MLA ``head_dim_v`` is the latent
+    rank (default 512); a small latent (the shipped target's 64 + 16) leaves room for larger
+    tiles and fewer warps, which the 512 latent's registers rule out."""
     if kind == "gqa":
         first = gqa_configs(rows, head_dim_k)[0]
         extra = [
@@ -277,6 +281,16 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
             TileConfig(64, 64, 4, 3),
             TileConfig(128, 64, 8, 4),
             TileConfig(64, 128, 4, 2),
+        ]
+    elif head_dim_v is not None and head_dim_v <= 128:
+        first = mla_configs(rows)[0]
+        extra = [
+            TileConfig(64, 64, 4, 2),
+            TileConfig(128, 64, 8, 2),
+            TileConfig(64, 128, 4, 2),
+            TileConfig(32, 64, 4, 2),
+            TileConfig(16, 128, 4, 2),
+            TileConfig(16, 64, 2, 2),
         ]
     else:
         first = mla_configs(rows)[0]
@@ -292,5 +306,5 @@ def tuning_candidates(kind: str, rows: int, head_dim_k: int) -> list[TileConfig]
         TileConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, 1) for c in [first, *extra[:2]]
     ]
     shared = kind == "mla"
-    dv = 512 if shared else head_dim_k
+    dv = (head_dim_v or 512) if shared else head_dim_k
     return _fitting([first, *extra], head_dim_k, dv, shared_kv=shared)

@@ -90,6 +90,21 @@ def test_tuning_candidates_fit(kind, rows, dk):
         assert cfg.fits(dk, 512 if shared else dk, shared_kv=shared)
 
 
+@pytest.mark.parametrize("rows", [4, 68, 260])
+def test_small_latent_tuning_candidates_try_larger_tiles(rows):
+    """The shipped target's latent (64 + 16): larger and 4-warp tiles that the 512 latent
+    cannot hold, bounded by the packed rows, all fitting shared memory."""
+    small = tuning_candidates("mla", rows, 80, 64)
+    big = tuning_candidates("mla", rows, 576)
+    assert small[0] == big[0]  # the heuristic's own choice comes first either way
+    assert all(c.fits(80, 64, shared_kv=True) for c in small)
+    assert all(c.block_m <= max(16, 1 << (rows - 1).bit_length()) for c in small)
+    assert set(small) != set(big)
+    if rows > 128:
+        assert any(c.block_m == 128 for c in small)
+    assert any(c.num_warps == 4 and c.block_m >= 64 for c in small) == (rows > 32)
+
+
 @pytest.mark.parametrize("rows", [8, 16, 136, 520, 2176])
 def test_mla_configs_fit_shared_memory(rows):
     for cfg in mla_configs(rows):
