@@ -79,7 +79,8 @@ class BatchedTrees:
 
 
 def draft_topk(draft_logits: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-depth sorted top-K log-probs: one fp32 ``log_softmax`` then ``topk``.
+    """Per-depth sorted top-K log-probs: one fp32 ``log_softmax`` then ``topk`` (on a GPU, one
+    fused Triton launch that selects the same values: :mod:`kdtree.spec.gpu.topk_triton`).
 
     ``draft_logits [B, D, V]`` → ``(lp float32 [B, D, K], tok int64 [B, D, K])``, descending.
     """
@@ -91,37 +92,17 @@ def draft_topk(draft_logits: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.
     V = draft_logits.shape[-1]
     if not 1 <= K <= V:
         raise ValueError(f"K={K}: expected 1 <= K <= vocabulary size {V}")
-    if draft_logits.is_cuda and V >= TOPK_TWO_STAGE_MIN_V and K <= TOPK_CHUNK:
-        return _draft_topk_two_stage(draft_logits, K)
+    if draft_logits.is_cuda and V <= TOPK_FUSED_MAX_V:
+        from kdtree.spec.gpu.topk_triton import draft_topk_triton
+
+        return draft_topk_triton(draft_logits, K)
     logp = torch.log_softmax(draft_logits, dim=-1, dtype=torch.float32)
     lp, tok = torch.topk(logp, K, dim=-1, largest=True, sorted=True)
     return lp, tok
 
 
-#: Vocabulary from which :func:`draft_topk` selects in two stages on a GPU, and the chunk of
-#: the first stage. ``torch.topk`` over a whole 16k row runs one radix-select block per row
-#: (16 rows: 16 of 132 SMs, ~49 us on the H200 in the session-3 profile); a top-K per
-#: ``TOPK_CHUNK``-wide chunk first spreads the rows over the machine, then a top-K over the
-#: ``K`` survivors of each chunk picks the same values.
-TOPK_TWO_STAGE_MIN_V = 4096
-TOPK_CHUNK = 512
-
-
-def _draft_topk_two_stage(x: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`draft_topk` as top-K per chunk, then top-K of the survivors, then ``x - lse``.
-    The selected values are those of a one-pass top-K (ties between equal values may list
-    their tokens in another order)."""
-    *lead, V = x.shape
-    pad = -V % TOPK_CHUNK
-    xp = torch.nn.functional.pad(x, (0, pad), value=float("-inf")) if pad else x
-    nc = (V + pad) // TOPK_CHUNK
-    v1, i1 = torch.topk(xp.reshape(*lead, nc, TOPK_CHUNK), K, dim=-1, sorted=False)
-    base = torch.arange(nc, device=x.device).mul_(TOPK_CHUNK).unsqueeze(-1)
-    cand = (i1 + base).reshape(*lead, nc * K)
-    v2, i2 = torch.topk(v1.reshape(*lead, nc * K), K, dim=-1, largest=True, sorted=True)
-    tok = cand.gather(-1, i2).clamp_(max=V - 1)  # a padded column only if the row is all -inf
-    lse = torch.logsumexp(x.float(), dim=-1, keepdim=True)
-    return v2.float() - lse, tok
+#: Largest vocabulary the fused Triton top-K (:mod:`kdtree.spec.gpu.topk_triton`) takes on a GPU.
+TOPK_FUSED_MAX_V = 32768
 
 
 def _check_tree_inputs(lp, tok, budget: int) -> tuple[np.ndarray, np.ndarray]:

@@ -96,7 +96,9 @@ def test_small_latent_tuning_candidates_try_larger_tiles(rows):
     cannot hold, bounded by the packed rows, all fitting shared memory."""
     small = tuning_candidates("mla", rows, 80, 64)
     big = tuning_candidates("mla", rows, 576)
-    assert small[0] == big[0]  # the heuristic's own choice comes first either way
+    assert small[0] == mla_configs(rows, 80)[0]  # the heuristic's own choice comes first
+    assert small[0].block_n == 128 and small[0].num_warps == 4  # the call-N 64k winners' shape
+    assert mla_configs(rows, 576)[0].block_n <= 64  # the 512 latent keeps its own choice
     assert all(c.fits(80, 64, shared_kv=True) for c in small)
     assert all(c.block_m <= max(16, 1 << (rows - 1).bit_length()) for c in small)
     assert set(small) != set(big)

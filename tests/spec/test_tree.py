@@ -136,29 +136,38 @@ def test_bad_inputs(gen):
         build_trees(lp, tok, 3, bonus=[1, 2])
 
 
-@pytest.mark.parametrize("V", [4096, 5000, 16385])
+@pytest.mark.parametrize("V", [37, 4096, 5000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_two_stage_draft_topk_selects_what_one_pass_selects(V, dtype):
-    from kdtree.spec.tree import _draft_topk_two_stage
+def test_fused_draft_topk_selects_what_log_softmax_topk_selects(V, dtype):
+    from kdtree.spec.gpu.topk_triton import draft_topk_triton
 
     g = torch.Generator().manual_seed(V)
-    # distinct values (a permutation), so the order of the top-K is unique
-    x = (torch.randperm(3 * 16 * V, generator=g).reshape(3, 16, V).float() / 1024).to(dtype)
-    for K in (1, 8, 64):
-        lp, tok = _draft_topk_two_stage(x, K)
+    # distinct values (a permutation), so the order of the top-K is unique in fp32
+    x = (torch.randperm(2 * 3 * V, generator=g).reshape(2, 3, V).float() / 256).to(dtype)
+    for K in (1, 8, 33):
+        lp, tok = draft_topk_triton(x, K)
         logp = torch.log_softmax(x, dim=-1, dtype=torch.float32)
         ref_lp, ref_tok = torch.topk(logp, K, dim=-1)
         if dtype == torch.float32:
             assert torch.equal(tok, ref_tok)
-        else:  # bf16 rounds the permutation into ties: the same values, maybe other tokens
+        else:  # bf16 rounds the permutation into ties: the same values, lowest id first
             assert torch.equal(x.gather(-1, tok), x.gather(-1, ref_tok))
+            same = lp[..., 1:] == lp[..., :-1]
+            assert (tok[..., 1:][same] > tok[..., :-1][same]).all()
         torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-4)
         assert lp.dtype == torch.float32 and tok.dtype == torch.int64
         assert (lp[..., :-1] >= lp[..., 1:]).all()
 
 
+def test_fused_draft_topk_rejects_a_vocabulary_beyond_its_registers():
+    from kdtree.spec.gpu.topk_triton import MAX_VOCAB, draft_topk_triton
+
+    with pytest.raises(ValueError, match="at most"):
+        draft_topk_triton(torch.zeros(1, 1, MAX_VOCAB + 1), 4)
+
+
 @pytest.mark.gpu
-def test_draft_topk_on_the_gpu_takes_two_stages_and_selects_the_same_values():
+def test_draft_topk_on_the_gpu_is_fused_and_selects_the_same_values():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from kdtree.spec.tree import draft_topk
