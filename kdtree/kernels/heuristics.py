@@ -116,12 +116,14 @@ def mla_configs(rows: int, head_dim_k: int = 576) -> list[TileConfig]:
     ``BLOCK_M x 512`` accumulator dominates registers: 64-row tiles take 8 warps and 32-key
     tiles (the H200 tune: 64x32 w8 s2 beat 64x64 w8 s1 by 1.4x at T=17, h=16).
 
-    A small latent (``head_dim_k <= 192``, like the shipped target's 64 + 16) leaves room for
-    128-key tiles on 4 warps: at 64k, h=4, they took 35 / 41 µs against 61 / 65 µs for the
-    512-latent choice at T = 1 / 17 (``--tune``, session-4 call N)."""
+    A small latent (``head_dim_k <= 192``, like the shipped target's 64 + 16) is fastest in
+    16-row, 128-key tiles on 4 warps, whatever ``rows``: the H200 ``--tune`` runs of the shipped
+    target's shape (h=4, session-4 calls N–P) put them first or within 5 % of the first at 1k for
+    T = 1 / 17 / 65 (10.7 / 11.8 / 12.5 µs with the merge) and first at 64k, T = 1 (35 µs vs 61
+    for the 512-latent choice); 64-row tiles lost at 1k (T=17: 20.3 µs with 128 keys, 13.5 with
+    the 512-latent 64x32 w8)."""
     if head_dim_k <= 192:
-        first = TileConfig(min(_pow2_at_least(rows, 16), 64), 128, 4, 2)
-        ladder = [first, TileConfig(first.block_m, 64, 4, 2), TileConfig(16, 32, 4, 1)]
+        ladder = [TileConfig(16, 128, 4, 2), TileConfig(16, 64, 2, 2), TileConfig(16, 32, 4, 1)]
         return _fitting(ladder, head_dim_k, head_dim_k, shared_kv=True)
     if rows <= 16:
         first = TileConfig(16, 64, 4, 2)

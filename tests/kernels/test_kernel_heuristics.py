@@ -97,14 +97,14 @@ def test_small_latent_tuning_candidates_try_larger_tiles(rows):
     small = tuning_candidates("mla", rows, 80, 64)
     big = tuning_candidates("mla", rows, 576)
     assert small[0] == mla_configs(rows, 80)[0]  # the heuristic's own choice comes first
-    assert small[0].block_n == 128 and small[0].num_warps == 4  # the call-N 64k winners' shape
+    assert small[0] == TileConfig(16, 128, 4, 2)  # the tuned winners' shape (calls N-P)
     assert mla_configs(rows, 576)[0].block_n <= 64  # the 512 latent keeps its own choice
     assert all(c.fits(80, 64, shared_kv=True) for c in small)
     assert all(c.block_m <= max(16, 1 << (rows - 1).bit_length()) for c in small)
     assert set(small) != set(big)
     if rows > 128:
         assert any(c.block_m == 128 for c in small)
-    assert any(c.num_warps == 4 and c.block_m >= 64 for c in small) == (rows > 32)
+    assert any(c.num_warps == 4 and c.block_m >= 64 for c in small) == (rows > 16)
 
 
 @pytest.mark.parametrize("rows", [8, 16, 136, 520, 2176])
