@@ -632,7 +632,9 @@ def run_drafter(
         f"DFlash block drafter (block {cfg.block_size}, {cfg.num_hidden_layers} layers, "
         f"taps {cfg.target_layer_ids}) for `../target`, trained on {where} (preset "
         f"`{preset.name}`) on {len(data)} target-generated continuations. Offline "
-        f"acceptance length on held-out modules (greedy): τ = {tau.tau:.2f}. Weights of step "
+        f"acceptance length on held-out modules (greedy): τ = {tau.tau:.2f}"
+        + (f" (after docstring cuts: τ = {tau_doc.tau:.2f})" if tau_doc is not None else "")
+        + ". Weights of step "
         f"{res.best_step} of {res.steps} run (best held-out loss {res.best_val_loss:.3f}; "
         f"stopped: {res.stop_reason})." + _warning_lines(warnings)
     )
