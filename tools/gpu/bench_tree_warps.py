@@ -1,0 +1,72 @@
+"""Warps per program for the two-pop Triton tree builder (``default_num_warps`` is still the
+single-pop kernel's tuning): batch 1, depth 15, K 8 (the engine's top-K) and 32 (the
+tree-build benchmark's), budgets 16 / 64 / 256, warps 1-16, each build replayed from a CUDA
+graph holding ten builds and timed with CUDA events. Prints one line per point and writes
+``tree_warps.csv`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import torch
+
+from kdtree.bench.timing import time_cuda
+from kdtree.spec.gpu.tree_build_triton import build_trees_triton, default_num_warps
+from kdtree.spec.tree import draft_topk
+
+
+def graphed(fn, reps=10):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            out = fn()
+    return g, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for k in (8, 32):
+        logits = torch.randn(1, 15, 8192, device="cuda", generator=gen) * 3
+        lp, tok = draft_topk(logits, k)
+        bonus = torch.zeros(1, dtype=torch.int64, device="cuda")
+        for budget in (16, 64, 256):
+            ref = build_trees_triton(lp, tok, budget, bonus)
+            line = []
+            for w in (1, 2, 4, 8, 16):
+                try:
+                    g, out = graphed(
+                        lambda w=w, b=budget, lp=lp, tok=tok, bonus=bonus: build_trees_triton(
+                            lp, tok, b, bonus, num_warps=w
+                        )
+                    )
+                    us = time_cuda(g.replay).p50 / 10 * 1e3
+                    same = torch.equal(out.parents, ref.parents) and torch.equal(
+                        out.tokens, ref.tokens
+                    )
+                except Exception as exc:  # a config Triton refuses is a row, not a crash
+                    us, same = float("nan"), f"failed: {type(exc).__name__}"
+                rows.append(dict(K=k, budget=budget, num_warps=w, p50_us=round(us, 2),
+                                 default=w == default_num_warps(budget), same_tree=same))  # fmt: skip
+                line.append(f"w{w} {us:6.1f}{'*' if w == default_num_warps(budget) else ''}")
+            print(f"K={k:2} B={budget:3}: " + "  ".join(line) + "   (* = default)")
+    with open(Path(a.out) / "tree_warps.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
