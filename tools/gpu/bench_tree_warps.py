@@ -1,8 +1,9 @@
 """Warps per program for the two-pop Triton tree builder (``default_num_warps`` is still the
 single-pop kernel's tuning): batch 1, depth 15, K 8 (the engine's top-K) and 32 (the
 tree-build benchmark's), budgets 16 / 64 / 256, warps 1-16, each build replayed from a CUDA
-graph holding ten builds and timed with CUDA events. Prints one line per point and writes
-``tree_warps.csv`` to ``--out``.
+graph holding ten builds and timed with CUDA events. Prints one line per point and appends it
+to ``tree_warps.csv`` in ``--out`` as it goes (each config compiles first, ~3 s: a stage timeout
+keeps what was measured).
 """
 
 from __future__ import annotations
@@ -37,14 +38,17 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows = []
+    path = Path(a.out) / "tree_warps.csv"
+    fields = ["K", "budget", "num_warps", "p50_us", "default", "same_tree"]
+    with open(path, "w", newline="") as fh:
+        csv.DictWriter(fh, fieldnames=fields).writeheader()
     for k in (8, 32):
         logits = torch.randn(1, 15, 8192, device="cuda", generator=gen) * 3
         lp, tok = draft_topk(logits, k)
         bonus = torch.zeros(1, dtype=torch.int64, device="cuda")
         for budget in (16, 64, 256):
             ref = build_trees_triton(lp, tok, budget, bonus)
-            line = []
+            line, rows = [], []
             for w in (1, 2, 4, 8, 16):
                 try:
                     g, out = graphed(
@@ -61,11 +65,9 @@ def main() -> None:
                 rows.append(dict(K=k, budget=budget, num_warps=w, p50_us=round(us, 2),
                                  default=w == default_num_warps(budget), same_tree=same))  # fmt: skip
                 line.append(f"w{w} {us:6.1f}{'*' if w == default_num_warps(budget) else ''}")
-            print(f"K={k:2} B={budget:3}: " + "  ".join(line) + "   (* = default)")
-    with open(Path(a.out) / "tree_warps.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+            print(f"K={k:2} B={budget:3}: " + "  ".join(line) + "   (* = default)", flush=True)
+            with open(path, "a", newline="") as fh:
+                csv.DictWriter(fh, fieldnames=fields).writerows(rows)
 
 
 if __name__ == "__main__":
