@@ -114,9 +114,9 @@ fixes
 # %% [markdown]
 # ## 4. Shipped H200 rows: decode modes and the step's phases
 # `data/bench/decode.csv` (`kdtree bench decode --sweep` on the H200 with the shipped
-# H200-trained pair, every mode replayed from CUDA graphs through `GraphStepRunner`), seven
+# H200-trained pair, every mode replayed from CUDA graphs through `GraphStepRunner`), eight
 # runs: the modes over all 164 HumanEval prompts behind 1k tokens of stdlib (twice: calls P and
-# Q), T = 1 over 32 prompts, the budget sweep (tree B = 8-256, 32 prompts), the context sweeps
+# Q) and over 32 prompts (call S), T = 1 over 32 prompts, the budget sweep (tree B = 8-256, 32 prompts), the context sweeps
 # (1k / 64k over 8 prompts; 1k-128k over 4 prompts, 96 tokens, with the eager dense-mask path
 # beside them) and the modes over 8 prompts with per-phase ms; and
 # `data/bench/step.csv` (`kdtree bench step`, tiny-llama from a synthetic prefix: eager,

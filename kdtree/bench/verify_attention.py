@@ -48,6 +48,9 @@ CORE_L = (16384, 131072, 65536, 262144)  # in this order
 CORE_T = (1, 17, 65)
 QUICK_L = (16384, 131072)
 QUICK_T = (17, 65)
+#: ``--tune`` also tries one split (no merge) up to this prefix length; beyond it a single CTA
+#: column costs milliseconds (0.9-2.4 ms at 64k in session-4 call N) and eats the time box.
+ONE_SPLIT_MAX_L = 16384
 #: Lengths the ``--tune`` sweep visits (batch 1, T in QUICK_T).
 TUNE_L = (16384, 65536, 131072)
 QUICK_B = (1,)
@@ -94,6 +97,13 @@ SMOKE_LAYOUTS = {
     "gqa_4q2kv_d32": HeadLayout("gqa_4q2kv_d32", "gqa", 4, 2, 32),
     "mla_h2_r64": HeadLayout("mla_h2_r64", "mla", 2, 1, 64, 16),
 }
+
+
+def known_layouts(smoke: bool) -> tuple[dict[str, HeadLayout], dict[str, HeadLayout]]:
+    """(every layout that may be named, the default grid's layouts)."""
+    if smoke:
+        return SMOKE_LAYOUTS, SMOKE_LAYOUTS
+    return {**LAYOUTS, **ENGINE_LAYOUTS}, LAYOUTS
 
 
 class Skip(Exception):
@@ -859,8 +869,7 @@ def _points(opts: Options) -> Iterator[tuple[HeadLayout, int, int, tuple[int, ..
     """(layout, batch, L, trees) in priority order: batch 1 x ``CORE_L`` x ``CORE_T`` first
     (every layout and provider), then batch 1 at the other lengths, then larger batches, and
     the other tree sizes last; each (layout, batch, L) appears once per tree group."""
-    layouts = SMOKE_LAYOUTS if opts.smoke else {**LAYOUTS, **ENGINE_LAYOUTS}
-    default = SMOKE_LAYOUTS if opts.smoke else LAYOUTS
+    layouts, default = known_layouts(opts.smoke)
     chosen = [layouts[n] for n in opts.layouts if n in layouts] or list(default.values())
     core_t = tuple(t for t in opts.trees if t in CORE_T) or tuple(opts.trees)
     other_t = tuple(t for t in opts.trees if t not in core_t)
@@ -1053,8 +1062,9 @@ class _Runner:
         lay, b, t = wl.layout, wl.batch, ti.t
         for tc in tuning_candidates(lay.kind, rows, dk, lay.d):
             base = plan.num_splits(tc, b, t)
-            # one split (no merge launch) is always a candidate: at short context it can win
-            splits = {1, max(1, base // 2), base, 2 * base, 4 * base}
+            splits = {max(1, base // 2), base, 2 * base, 4 * base}
+            if wl.length <= ONE_SPLIT_MAX_L:  # no merge launch: at short context it can win
+                splits.add(1)
             for s in sorted(x for x in splits if x <= MAX_SPLITS):
                 pf = "p" if tc.pt_prefetch else ""
                 label = (

@@ -89,8 +89,7 @@ def verify_attention(
         defaults = (va.QUICK_L, va.QUICK_T, va.QUICK_B)
     else:
         defaults = (va.FULL_L, va.FULL_T, va.FULL_B)
-    known = va.SMOKE_LAYOUTS if smoke else {**va.LAYOUTS, **va.ENGINE_LAYOUTS}
-    default = va.SMOKE_LAYOUTS if smoke else va.LAYOUTS
+    known, default = va.known_layouts(smoke)
     lay_names = tuple(x.strip() for x in layouts.split(",") if x.strip()) or tuple(default)
     bad = [x for x in lay_names if x not in known]
     if bad:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 __all__ = [
     "MAX_SPLITS",
     "MAX_TREE_TOKENS",
+    "SMALL_LATENT_DK",
     "TileConfig",
     "choose_num_splits",
     "configs_for",
@@ -34,6 +35,10 @@ __all__ = [
 MAX_TREE_TOKENS = 1024
 #: Largest number of KV splits (bounds the fp32 partial workspace).
 MAX_SPLITS = 128
+
+#: MLA keys (latent + rope) up to this width take the small-latent tiles (the shipped target:
+#: 64 + 16); the 512 + 64 latent of DeepSeek-V3 / Kimi-K2 takes the register-bound ones.
+SMALL_LATENT_DK = 192
 
 _SMEM_PER_SM = 228 * 1024  # H100/H200
 _SMEM_PER_CTA = 227 * 1024
@@ -112,17 +117,18 @@ def gqa_configs(rows: int, head_dim: int) -> list[TileConfig]:
 
 
 def mla_configs(rows: int, head_dim_k: int = 576) -> list[TileConfig]:
-    """Configs to try, best first, for ``rows = h·T`` and the 512 + 64 latent. The fp32
-    ``BLOCK_M x 512`` accumulator dominates registers: 64-row tiles take 8 warps and 32-key
-    tiles (the H200 tune: 64x32 w8 s2 beat 64x64 w8 s1 by 1.4x at T=17, h=16).
+    """Configs to try, best first, for ``rows = h·T`` and keys of ``head_dim_k`` = latent +
+    rope. For the 512 + 64 latent the fp32 ``BLOCK_M x 512`` accumulator dominates registers:
+    64-row tiles take 8 warps and 32-key tiles (the H200 tune: 64x32 w8 s2 beat 64x64 w8 s1 by
+    1.4x at T=17, h=16).
 
-    A small latent (``head_dim_k <= 192``, like the shipped target's 64 + 16) is fastest in
-    16-row, 128-key tiles on 4 warps, whatever ``rows``: the H200 ``--tune`` runs of the shipped
+    A small latent (``head_dim_k <= SMALL_LATENT_DK``, like the shipped target's 64 + 16) is
+    fastest in 16-row, 128-key tiles on 4 warps, whatever ``rows``: the H200 ``--tune`` runs of the shipped
     target's shape (h=4, session-4 calls N–P) put them first or within 5 % of the first at 1k for
     T = 1 / 17 / 65 (10.7 / 11.8 / 12.5 µs with the merge) and first at 64k, T = 1 (35 µs vs 61
     for the 512-latent choice); 64-row tiles lost at 1k (T=17: 20.3 µs with 128 keys, 13.5 with
     the 512-latent 64x32 w8)."""
-    if head_dim_k <= 192:
+    if head_dim_k <= SMALL_LATENT_DK:
         ladder = [TileConfig(16, 128, 4, 2), TileConfig(16, 64, 2, 2), TileConfig(16, 32, 4, 1)]
         return _fitting(ladder, head_dim_k, head_dim_k, shared_kv=True)
     if rows <= 16:
@@ -281,8 +287,9 @@ def tuning_candidates(
     """A handful of plausible Hopper configs around the heuristic choice (for the benchmark's
     ``--tune``): the chosen one first, then the configs that won or came close in the H200
     sweeps (other M tiles, key tiles, warps and stages). For MLA ``head_dim_v`` is the latent
-    rank (default 512); a small latent (the shipped target's 64 + 16) leaves room for larger
-    tiles and fewer warps, which the 512 latent's registers rule out."""
+    rank (default 512); a small latent (``head_dim_k <= SMALL_LATENT_DK``, the shipped target's
+    64 + 16) leaves room for larger tiles and fewer warps, which the 512 latent's registers rule
+    out."""
     if kind == "gqa":
         first = gqa_configs(rows, head_dim_k)[0]
         extra = [
@@ -292,9 +299,10 @@ def tuning_candidates(
             TileConfig(128, 64, 8, 4),
             TileConfig(64, 128, 4, 2),
         ]
-    elif head_dim_v is not None and head_dim_v <= 128:
+    elif head_dim_k <= SMALL_LATENT_DK:
         first = mla_configs(rows, head_dim_k)[0]
         extra = [
+            TileConfig(64, 128, 4, 2),  # the 64k, T=17 winner of session-4 call N
             TileConfig(64, 64, 4, 2),
             TileConfig(128, 64, 8, 2),
             TileConfig(128, 128, 8, 2),
@@ -304,7 +312,7 @@ def tuning_candidates(
             TileConfig(64, 32, 8, 2),
         ]
     else:
-        first = mla_configs(rows)[0]
+        first = mla_configs(rows, head_dim_k)[0]
         extra = [
             TileConfig(64, 64, 8, 1),
             TileConfig(64, 32, 8, 2),
@@ -317,5 +325,5 @@ def tuning_candidates(
         TileConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, 1) for c in [first, *extra[:2]]
     ]
     shared = kind == "mla"
-    dv = (head_dim_v or 512) if shared else head_dim_k
+    dv = (head_dim_v or 512) if shared else head_dim_k  # (shared KV: smem ignores dv)
     return _fitting([first, *extra], head_dim_k, dv, shared_kv=shared)

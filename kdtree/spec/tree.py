@@ -92,17 +92,14 @@ def draft_topk(draft_logits: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.
     V = draft_logits.shape[-1]
     if not 1 <= K <= V:
         raise ValueError(f"K={K}: expected 1 <= K <= vocabulary size {V}")
-    if draft_logits.is_cuda and V <= TOPK_FUSED_MAX_V:
-        from kdtree.spec.gpu.topk_triton import draft_topk_triton
+    if draft_logits.is_cuda:
+        from kdtree.spec.gpu.topk_triton import MAX_VOCAB, draft_topk_triton
 
-        return draft_topk_triton(draft_logits, K)
+        if V <= MAX_VOCAB:
+            return draft_topk_triton(draft_logits, K)
     logp = torch.log_softmax(draft_logits, dim=-1, dtype=torch.float32)
     lp, tok = torch.topk(logp, K, dim=-1, largest=True, sorted=True)
     return lp, tok
-
-
-#: Largest vocabulary the fused Triton top-K (:mod:`kdtree.spec.gpu.topk_triton`) takes on a GPU.
-TOPK_FUSED_MAX_V = 32768
 
 
 def _check_tree_inputs(lp, tok, budget: int) -> tuple[np.ndarray, np.ndarray]:

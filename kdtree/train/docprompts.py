@@ -16,6 +16,7 @@ for a HumanEval prompt encoded on its own).
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ __all__ = ["DocPromptSampler", "docstring_ends"]
 #: Characters taken before a cut per requested token (byte-level BPE on Python source averages
 #: 3-4 characters a token; the slack covers runs of short tokens).
 CHARS_PER_TOKEN = 12
+_NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 def docstring_ends(text: str) -> list[int]:
@@ -39,10 +41,10 @@ def docstring_ends(text: str) -> list[int]:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
-    lines = text.splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
+    # line breaks as the tokenizer counts them (str.splitlines also breaks on \f, \x1c, ...)
+    starts = [0, *(m.end() for m in _NEWLINE.finditer(text))]
+    if starts[-1] != len(text):
+        starts.append(len(text))
     ends = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or len(node.body) < 2:
@@ -55,7 +57,7 @@ def docstring_ends(text: str) -> list[int]:
             and doc.end_lineno is not None
         ):
             continue
-        line = lines[doc.end_lineno - 1]
+        line = text[starts[doc.end_lineno - 1] : starts[doc.end_lineno]]
         # the closing quotes end the line (col offsets are in UTF-8 bytes)
         if line.encode("utf-8")[doc.end_col_offset :].strip():
             continue
@@ -93,6 +95,14 @@ class DocPromptSampler:
     def __len__(self) -> int:
         return len(self.cuts)
 
+    def halves(self) -> tuple[DocPromptSampler, DocPromptSampler]:
+        """Two samplers over disjoint files (even / odd file index): prompts drawn from one
+        never share a function with the other (model selection vs evaluation)."""
+        parts = tuple([c for c in self.cuts if c[0] % 2 == r] for r in (0, 1))
+        if not all(parts):
+            raise ValueError(f"{len(self.texts)} file(s) with cuts: too few to split in two")
+        return tuple(DocPromptSampler(self.texts, p) for p in parts)
+
     def prompt_text(self, i: int, chars: int) -> str:
         fi, end = self.cuts[i]
         return self.texts[fi][max(0, end - chars) : end]
@@ -102,6 +112,8 @@ class DocPromptSampler:
         whose slice encodes to fewer tokens is replaced by another draw."""
         if n < 0 or length < 1:
             raise ValueError(f"n={n}, length={length}: expected n >= 0 and length >= 1")
+        if n == 0:
+            return torch.empty(0, length, dtype=torch.int64)
         rows: list[list[int]] = []
         tries = 0
         while len(rows) < n:

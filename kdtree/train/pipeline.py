@@ -351,7 +351,7 @@ def mixed_prompts(
     first, then random windows of ``stream``."""
     if not 0.0 <= doc_share <= 1.0:
         raise ValueError(f"doc_share={doc_share}: expected 0..1")
-    n_doc = round(n * doc_share) if doc is not None else 0
+    n_doc = math.floor(n * doc_share + 0.5) if doc is not None else 0  # half up, not to even
     if n_doc and tok is None:
         raise ValueError("docstring prompts need the tokenizer (tok=...)")
     parts = []
@@ -451,6 +451,8 @@ def run_drafter(
     files, train, val = streams or load_streams(tok, corpus_root=corpus_root)
     target = load_target(out_dir, dev)
     d = preset.drafter
+    if not 0.0 <= d.gen_doc_share <= 1.0:
+        raise ValueError(f"gen_doc_share={d.gen_doc_share}: expected 0..1")
     doc_train = doc_val = None
     if d.gen_doc_share > 0:
         t0 = time.perf_counter()
@@ -508,14 +510,16 @@ def run_drafter(
         f"[drafter] DFlash {cfg.num_hidden_layers} layers, taps {cfg.target_layer_ids}, "
         f"block {cfg.block_size}, {n_params / 1e6:.2f}M parameters"
     )
-    # model selection: greedy continuations of held-out prompts (not the τ evaluation set)
+    # model selection: greedy continuations of held-out prompts (not the τ evaluation set; the
+    # docstring cuts of the validation files are split by file between the two)
+    doc_sel, doc_eval = doc_val.halves() if doc_val is not None else (None, None)
     n_sel = max(1, d.select_sequences)
     sel_prompts = mixed_prompts(
         val,
         n_sel,
         d.gen_prompt_len,
         torch.Generator().manual_seed(seed + 11),
-        doc_val,
+        doc_sel,
         d.gen_doc_share,
         tok,
     )
@@ -539,35 +543,19 @@ def run_drafter(
     eval_prompts = prompt_windows(
         val, n_eval, d.gen_prompt_len, torch.Generator().manual_seed(seed + 7)
     )
-    greedy = generate_batch(target, eval_prompts, d.gen_new_tokens, torch.zeros(n_eval))
-    tau = offline_tau(
-        drafter,
-        target,
-        greedy.cpu(),
-        gen_start=d.gen_prompt_len,
-        anchors_per_seq=d.anchors_per_seq,
-        seed=seed,
-    )
+    greedy, tau = _greedy_tau(target, drafter, eval_prompts, d, seed)
     log(
         f"[drafter] offline tau {tau.tau:.2f} on {tau.n_blocks} held-out blocks "
         f"(per-position acceptance {[round(x, 2) for x in tau.per_position[:6]]}...) "
         f"in {time.perf_counter() - t1:.0f}s"
     )
     tau_doc = None
-    if doc_val is not None:
+    if doc_eval is not None:
         # the HumanEval shape on held-out modules: prompts cut just past a docstring
-        doc_prompts = doc_val.sample(
+        doc_prompts = doc_eval.sample(
             tok, n_eval, d.gen_prompt_len, torch.Generator().manual_seed(seed + 13)
         )
-        doc_greedy = generate_batch(target, doc_prompts, d.gen_new_tokens, torch.zeros(n_eval))
-        tau_doc = offline_tau(
-            drafter,
-            target,
-            doc_greedy.cpu(),
-            gen_start=d.gen_prompt_len,
-            anchors_per_seq=d.anchors_per_seq,
-            seed=seed,
-        )
+        _, tau_doc = _greedy_tau(target, drafter, doc_prompts, d, seed)
         log(
             f"[drafter] offline tau {tau_doc.tau:.2f} on {tau_doc.n_blocks} held-out blocks "
             "after docstring cuts"
@@ -657,6 +645,20 @@ def run_drafter(
         "warnings": warnings,
         "dir": str(ddir),
     }
+
+
+def _greedy_tau(target, drafter, prompts, d, seed: int):
+    """(greedy continuations of ``prompts``, the drafter's offline τ on them)."""
+    greedy = generate_batch(target, prompts, d.gen_new_tokens, torch.zeros(len(prompts)))
+    tau = offline_tau(
+        drafter,
+        target,
+        greedy.cpu(),
+        gen_start=d.gen_prompt_len,
+        anchors_per_seq=d.anchors_per_seq,
+        seed=seed,
+    )
+    return greedy, tau
 
 
 def live_check(target, drafter, prompts, greedy, log=_log) -> dict:

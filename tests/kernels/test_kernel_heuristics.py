@@ -95,6 +95,7 @@ def test_small_latent_tuning_candidates_try_larger_tiles(rows):
     """The shipped target's latent (64 + 16): larger and 4-warp tiles that the 512 latent
     cannot hold, bounded by the packed rows, all fitting shared memory."""
     small = tuning_candidates("mla", rows, 80, 64)
+    assert tuning_candidates("mla", rows, 80) == small  # one rule: the key width decides
     big = tuning_candidates("mla", rows, 576)
     assert small[0] == mla_configs(rows, 80)[0]  # the heuristic's own choice comes first
     assert small[0] == TileConfig(16, 128, 4, 2)  # the tuned winners' shape (calls N-P)
@@ -104,6 +105,8 @@ def test_small_latent_tuning_candidates_try_larger_tiles(rows):
     assert set(small) != set(big)
     if rows > 128:
         assert any(c.block_m == 128 for c in small)
+    if rows > 32:  # the shipped 64k, T=17 winner stays findable
+        assert TileConfig(64, 128, 4, 2) in small
     assert any(c.num_warps == 4 and c.block_m >= 64 for c in small) == (rows > 16)
 
 

@@ -159,22 +159,56 @@ def test_fused_draft_topk_selects_what_log_softmax_topk_selects(V, dtype):
         assert (lp[..., :-1] >= lp[..., 1:]).all()
 
 
-def test_fused_draft_topk_rejects_a_vocabulary_beyond_its_registers():
+def test_fused_draft_topk_with_minus_inf_logits_and_k_equal_to_v():
+    """Fewer finite logits than K: distinct ids below V and -inf values, as torch.topk; K = V
+    lists the whole row; no rows, no launch."""
+    from kdtree.spec.gpu.topk_triton import draft_topk_triton
+
+    inf = float("inf")
+    x = torch.tensor([[[0.0, -inf, -inf, -inf, 1.0], [-inf, 2.0, -inf, 0.5, -inf]]])
+    lp, tok = draft_topk_triton(x, 5)
+    ref_lp, _ = torch.topk(torch.log_softmax(x, dim=-1), 5, dim=-1)
+    torch.testing.assert_close(lp, ref_lp)
+    assert tok[0, 0, :2].tolist() == [4, 0] and tok[0, 1, :2].tolist() == [1, 3]
+    for row in tok.reshape(-1, 5):
+        assert sorted(row.tolist()) == [0, 1, 2, 3, 4]  # every id once, none beyond V
+    lp0, tok0 = draft_topk_triton(torch.zeros(0, 16, 50), 4)
+    assert lp0.shape == tok0.shape == (0, 16, 4)
+
+
+def test_fused_draft_topk_rejects_what_it_cannot_do():
     from kdtree.spec.gpu.topk_triton import MAX_VOCAB, draft_topk_triton
 
     with pytest.raises(ValueError, match="at most"):
         draft_topk_triton(torch.zeros(1, 1, MAX_VOCAB + 1), 4)
+    with pytest.raises(ValueError, match="K=6"):
+        draft_topk_triton(torch.zeros(1, 1, 5), 6)
 
 
 @pytest.mark.gpu
-def test_draft_topk_on_the_gpu_is_fused_and_selects_the_same_values():
+def test_draft_topk_on_the_gpu_is_fused_and_selects_the_same_values(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    import kdtree.spec.gpu.topk_triton as tt
     from kdtree.spec.tree import draft_topk
 
+    calls = []
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return fused(*args)
+
+    fused = tt.draft_topk_triton
+    monkeypatch.setattr(tt, "draft_topk_triton", spy)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 16, 16385, generator=g).to(torch.bfloat16)
     lp_c, tok_c = draft_topk(x, 8)
     lp_g, tok_g = draft_topk(x.cuda(), 8)
+    assert calls == [x.shape]  # the GPU call took the fused kernel, the CPU call did not
     torch.testing.assert_close(lp_g.cpu(), lp_c, rtol=0, atol=1e-4)
     assert torch.equal(x.gather(-1, tok_g.cpu()), x.gather(-1, tok_c))
+    # beyond the registers' vocabulary the GPU falls back to log_softmax + topk
+    big = torch.randn(1, 2, tt.MAX_VOCAB + 7, generator=g)
+    lp_b, tok_b = draft_topk(big.cuda(), 4)
+    assert len(calls) == 1
+    assert torch.equal(tok_b.cpu(), draft_topk(big, 4)[1])

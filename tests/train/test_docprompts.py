@@ -61,6 +61,19 @@ def test_non_ascii_before_the_closing_quotes_is_measured_in_bytes():
     src = 'def f():\n    """Grüße, 日本."""\n    return 0\n'
     (e,) = docstring_ends(src)
     assert src[:e].endswith('日本."""\n')
+    # ast's end_col_offset counts UTF-8 bytes: read as characters it would point into the
+    # docstring and miss the code after the quotes
+    assert docstring_ends('def g():\n    """日本日本日本."""; y = 1\n    return y\n') == []
+
+
+def test_lines_are_counted_as_python_counts_them():
+    """A form feed (or \\x1c, \\u2028) splits a line for str.splitlines, not for ast."""
+    src = 'x = 1\n\x0c\ndef f():\n    """d"""\n    return 1\n'
+    (e,) = docstring_ends(src)
+    assert src[:e].endswith('"""d"""\n') and src[e:].startswith("    return 1")
+    crlf = 'def f():\r\n    """d"""\r\n    return 1\r\n'
+    (e,) = docstring_ends(crlf)
+    assert crlf[:e].endswith('"""d"""\r\n')
 
 
 def _sampler_over(tmp_path, text: str) -> DocPromptSampler:
@@ -81,6 +94,20 @@ def test_sampled_prompts_end_at_a_cut(tmp_path, tiny_tok):
     for r in rows:
         text = tiny_tok.decode(r.tolist())
         assert any(e.endswith(text) for e in endings), text
+
+
+def test_no_prompts_and_disjoint_halves(tmp_path, tiny_tok):
+    from kdtree.train.corpus import list_corpus
+
+    (tmp_path / "a.py").write_text(SRC)
+    (tmp_path / "b.py").write_text(SRC.replace("documented", "other"))
+    s = DocPromptSampler.from_files(list_corpus(tmp_path), tmp_path)
+    assert s.sample(tiny_tok, 0, 12, torch.Generator()).shape == (0, 12)
+    one, two = s.halves()
+    assert len(one) + len(two) == len(s) == 6
+    assert {f for f, _ in one.cuts}.isdisjoint({f for f, _ in two.cuts})
+    with pytest.raises(ValueError, match="too few"):
+        DocPromptSampler(s.texts[:1], s.cuts[:3]).halves()
 
 
 def test_min_chars_drops_cuts_near_the_file_start(tmp_path):
@@ -105,6 +132,8 @@ def test_mixed_prompts_put_the_docstring_share_first(tmp_path, tiny_tok):
     # consecutive windows of the stream
     assert ((out[2:, 1:] - out[2:, :-1]) == 1).all()
     assert (mixed_prompts(stream, 4, 12, torch.Generator(), s, 0.0, tiny_tok) >= 1000).all()
+    # half up: one row at share 0.5 is a docstring prompt (round() would give 0)
+    assert (mixed_prompts(stream, 1, 12, torch.Generator(), s, 0.5, tiny_tok) < 400).all()
     with pytest.raises(ValueError, match="doc_share"):
         mixed_prompts(stream, 4, 12, torch.Generator(), s, 1.5, tiny_tok)
     with pytest.raises(ValueError, match="tokenizer"):
