@@ -242,9 +242,14 @@ def note(text: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def data_path(*parts: str, data_dir: Path | None = None) -> Path:
+    """A path under the shipped data folder (``KDTREE_DATA_DIR`` or ``data/``)."""
+    return Path(data_dir or env.DATA_DIR).joinpath(*parts)
+
+
 def bench_csv(suite: str, data_dir: Path | None = None) -> Path | None:
     """``data/bench/<suite>.csv`` if it is shipped, else None."""
-    path = Path(data_dir or env.DATA_DIR) / "bench" / f"{suite}.csv"
+    path = data_path("bench", f"{suite}.csv", data_dir=data_dir)
     return path if path.exists() and path.stat().st_size > 0 else None
 
 

@@ -324,6 +324,29 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def drafter_ab_table(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Decode runs made with different drafters side by side (``runs``: label → the rows of one
+    run): per label and point, pooled tok/s, pooled τ (all accepted tokens over all steps) and
+    the speed-ups over that run's own ``ar`` and ``chain``."""
+    from kdtree.viz.decode import decode_frame, tau_histogram
+
+    out = []
+    for label, df in runs.items():
+        table = decode_table(df)
+        if table["run"].nunique() != 1:
+            raise ValueError(f"{label}: {table['run'].nunique()} runs; pass the rows of one run")
+        counts = decode_frame(df)
+        counts = counts[counts["metric"] == "tau_count"]
+        for r in table.itertuples():
+            g = counts[(counts["name"] == r.name) & (counts["temperature"] == r.temperature)]
+            out.append({"drafter": label, "name": r.name, "n_prompts": r.n_prompts,
+                        "decode_tok_s_pooled": r.decode_tok_s_pooled,
+                        "tau_pooled": tau_histogram(g)[2] if len(g) else np.nan,
+                        "speedup_vs_ar": r.speedup_vs_ar,
+                        "speedup_vs_chain": r.speedup_vs_chain})  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def step_phase_table(df: pd.DataFrame) -> pd.DataFrame:
     """``decode_step`` rows of ``step.csv`` per (provider, context): whole-step ms, GPU idle
     fraction, kernels per step and ms of every recorded phase."""

@@ -9,6 +9,7 @@
 
 # %%
 import ipywidgets as widgets
+import pandas as pd
 from IPython.display import display
 
 from kdtree import nb, nb_live
@@ -151,6 +152,35 @@ if gpu_steps is not None:
     display(gpu_steps.round(4))
 
 # %% [markdown]
+# ## 4b. What moved τ on HumanEval: the drafter's training prompts
+# The session-3 drafter was trained on target continuations of random stdlib windows; the
+# shipped one on the same recipe with half of the prompts cut just past a function docstring
+# (`kdtree/train/docprompts.py`, the HumanEval shape, HumanEval itself never read). Both decoded
+# all 164 prompts in the same device call (P), under the same kernels and tuning table: the
+# session-3 drafter's run is kept in `data/bench/logs/decode_session4_old_drafter.csv`.
+
+# %%
+old_path = nb.data_path("bench", "logs", "decode_session4_old_drafter.csv")
+if decode_rows is not None and old_path.is_file():
+    old_rows = pd.read_csv(old_path)
+    ab_runs = {
+        # call P's runs: the old drafter's second run (--max-seconds 120), the new one's modes
+        "session-3 drafter (random windows)": old_rows[
+            old_rows["command"].str.contains("--max-seconds 120", regex=False)
+        ],
+        "shipped drafter (half docstring cuts)": decode_rows[
+            decode_rows["command"].str.contains("--parts modes", regex=False)
+            & decode_rows["command"].str.contains("--drafter drafter_doc", regex=False)
+        ],
+    }
+    ab = ns.drafter_ab_table(ab_runs)
+    nb.show(vd.make_drafter_ab_fig(ab_runs), "gpu_drafter_ab")
+    display(ab.round(3))
+else:
+    ab = None
+    print("drafter A/B rows not shipped here")
+
+# %% [markdown]
 # ## 5. Budget and mode (interactive only)
 
 # %%
@@ -203,6 +233,12 @@ nb.markdown(
         f"- {line}\n"
         for line in (ns.decode_findings(gpu_decode, gpu_steps) if gpu_decode is not None else [])
     )
+    + "".join(
+        f"- Same call, {int(r.n_prompts)} prompts: the {r.drafter} decodes `{r.name}` at "
+        f"{r.decode_tok_s_pooled:.0f} tok/s, pooled τ {r.tau_pooled:.2f} "
+        f"({r.speedup_vs_ar:.2f}× its run's ar).\n"
+        for r in ([] if ab is None else ab[ab["name"].str.startswith("tree")].itertuples())
+    )
 )
 
 # %%
@@ -221,6 +257,7 @@ nb.write_summary(
         "fixes": fixes.to_dict("records"),
         "gpu_decode": None if gpu_decode is None else gpu_decode.to_dict("records"),
         "gpu_steps": None if gpu_steps is None else gpu_steps.to_dict("records"),
+        "gpu_drafter_ab": None if ab is None else ab.to_dict("records"),
     }
 )
 nb.check((table["gen_tok"] == NEW_TOKENS).all(), "every mode generated NEW_TOKENS tokens")

@@ -77,12 +77,46 @@ def make_acceptance_fig(
     sub = run_with_most_prompts(sub)
     fig = go.Figure()
     for name, g in sub.groupby("name", sort=False):
-        g = g.assign(tau=g["x_value"].astype(int)).sort_values("tau")
-        share = g["p50"] / g["p50"].sum()
-        mean_tau = float((g["tau"] * g["p50"]).sum() / g["p50"].sum())
-        fig.add_trace(go.Bar(x=g["tau"], y=share, name=f"{name} (τ̄ = {mean_tau:.2f})"))
+        tau, share, mean_tau = tau_histogram(g)
+        fig.add_trace(go.Bar(x=tau, y=share, name=f"{name} (τ̄ = {mean_tau:.2f})"))
     fig.update_layout(
         title=title or f"Acceptance length per step, T = {temperature:g}, context {ctx}",
+        xaxis_title="accepted tokens per step τ (bonus included)",
+        yaxis_title="share of steps",
+        barmode="group",
+        yaxis_tickformat=".0%",
+    )
+    return fig
+
+
+def tau_histogram(g):
+    """One point's ``tau_count`` rows → (accepted lengths, share of steps, pooled τ: all
+    accepted tokens over all steps)."""
+    g = g.assign(tau=g["x_value"].astype(int)).sort_values("tau")
+    count = g["p50"].astype(float)
+    if count.sum() <= 0:
+        raise ValueError("tau_count rows: no steps counted")
+    return g["tau"], count / count.sum(), float((g["tau"] * count).sum() / count.sum())
+
+
+def make_drafter_ab_fig(
+    runs: dict, name: str = "tree_B64_graph", temperature: float = 0.0, title: str | None = None
+):
+    """Acceptance-length histograms of one point (``name``) across decode runs made with
+    different drafters: ``runs`` maps a label to that run's rows."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for label, df in runs.items():
+        sub = decode_frame(df)
+        sub = sub[(sub["name"] == name) & (sub["temperature"] == temperature)]
+        sub = _pick(sub, "tau_count")
+        if sub["run"].nunique() != 1:
+            raise ValueError(f"{label}: {sub['run'].nunique()} runs; pass the rows of one run")
+        tau, share, mean_tau = tau_histogram(sub)
+        fig.add_trace(go.Bar(x=tau, y=share, name=f"{label} (τ̄ = {mean_tau:.2f})"))
+    fig.update_layout(
+        title=title or f"{name}: acceptance length per step by drafter, T = {temperature:g}",
         xaxis_title="accepted tokens per step τ (bonus included)",
         yaxis_title="share of steps",
         barmode="group",

@@ -143,3 +143,46 @@ def test_decode_table_compares_points_within_their_run():
     assert any("2.50× ar" in line for line in lines)  # the first run at 1k: the modes run
     assert any("2.00× at 1,024, 3.20× at 65,536" in line and "160%" in line for line in lines)
     assert sum(line.startswith("Against context") for line in lines) == 1  # one run spans two
+
+
+def _ab_rows(cmd, tree_tps, counts):
+    """One decode run: ar and tree B=64 at 1k, the tree's accepted-length histogram."""
+    cfg = json.dumps({"ctx": 1024, "temperature": 0.0, "budget": 64, "n_prompts": 164})
+    base = {"suite": "decode", "x_name": "ctx", "config_json": cfg, "command": cmd}
+    rows = [
+        {
+            **base,
+            "name": n,
+            "mode": m,
+            "metric": "decode_tok_s_pooled",
+            "x_value": 1024,
+            "p50": v,
+            "p20": v,
+            "p80": v,
+        }
+        for n, m, v in (("ar_graph", "ar", 800.0), ("tree_B64_graph", "tree", tree_tps))
+    ]
+    rows += [{**base, "name": "tree_B64_graph", "mode": "tree", "metric": "tau_count",
+              "x_name": "tau", "x_value": t, "p50": c, "p20": c, "p80": c}
+             for t, c in counts.items()]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_drafter_ab_table_and_figure_pool_tau_per_run():
+    from kdtree.viz.decode import make_drafter_ab_fig
+
+    runs = {"old": _ab_rows("old run", 1600.0, {1: 10, 3: 10}),  # pooled τ 2.0
+            "new": _ab_rows("new run", 2000.0, {2: 5, 5: 15})}  # (10 + 75) / 20 = 4.25  # fmt: skip
+    ab = ns.drafter_ab_table(runs).set_index(["drafter", "name"])
+    assert ab.loc[("old", "tree_B64_graph"), "tau_pooled"] == pytest.approx(2.0)
+    assert ab.loc[("new", "tree_B64_graph"), "tau_pooled"] == pytest.approx(4.25)
+    assert ab.loc[("new", "tree_B64_graph"), "speedup_vs_ar"] == pytest.approx(2.5)
+    assert np.isnan(ab.loc[("old", "ar_graph"), "tau_pooled"])  # no histogram rows for ar
+    fig = make_drafter_ab_fig(runs)
+    assert [t.name for t in fig.data] == ["old (τ̄ = 2.00)", "new (τ̄ = 4.25)"]
+    assert list(fig.data[1].y) == pytest.approx([0.25, 0.75])
+    two = pd.concat([runs["old"], runs["new"]])
+    with pytest.raises(ValueError, match="2 runs"):
+        ns.drafter_ab_table({"mixed": two})
+    with pytest.raises(ValueError, match="2 runs"):
+        make_drafter_ab_fig({"mixed": two})
