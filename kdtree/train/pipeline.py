@@ -347,8 +347,8 @@ def mixed_prompts(
     doc_share: float = 0.0,
     tok=None,
 ) -> torch.Tensor:
-    """``int64 [n, length]``: ``round(n * doc_share)`` docstring-cut prompts from ``doc``
-    first, then random windows of ``stream``."""
+    """``int64 [n, length]``: ``n * doc_share`` (rounded half up) docstring-cut prompts from
+    ``doc`` first, then random windows of ``stream``."""
     if not 0.0 <= doc_share <= 1.0:
         raise ValueError(f"doc_share={doc_share}: expected 0..1")
     n_doc = math.floor(n * doc_share + 0.5) if doc is not None else 0  # half up, not to even
