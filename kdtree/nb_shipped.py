@@ -543,7 +543,8 @@ def tree_build_findings(table: pd.DataFrame) -> list[str]:
 
 
 def decode_findings(dec: pd.DataFrame, steps: pd.DataFrame | None = None) -> list[str]:
-    """Conclusion bullets from ``decode_table`` (and ``step_phase_table``): tok/s, τ and the
+    """Conclusion bullets from ``decode_table`` (and ``step_phase_table``): tok/s, τ (the
+    median over prompts of each prompt's τ; ``drafter_ab_table`` pools all steps) and the
     speed-ups of every mode at the shortest context per temperature, the best tree budget,
     the verify share of a tree step, and eager vs graph steps."""
     from kdtree.viz.decode import run_with_most_prompts
@@ -557,7 +558,7 @@ def decode_findings(dec: pd.DataFrame, steps: pd.DataFrame | None = None) -> lis
         modes = g[g["mode"] != "tree"].sort_values("mode")
         best = g[(g["mode"] == "tree") & ~g["dense_mask"]].sort_values(rate).tail(1)
         parts = [
-            f"`{r.name}` **{getattr(r, rate):.0f} tok/s** (τ {r.tau:.2f})"
+            f"`{r.name}` **{getattr(r, rate):.0f} tok/s** (median τ {r.tau:.2f})"
             for r in pd.concat([modes, best]).itertuples()
         ]
         line = (
