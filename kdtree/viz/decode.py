@@ -79,8 +79,15 @@ def make_acceptance_fig(
     for name, g in sub.groupby("name", sort=False):
         tau, share, mean_tau = tau_histogram(g)
         fig.add_trace(go.Bar(x=tau, y=share, name=f"{name} (τ̄ = {mean_tau:.2f})"))
+    return _acceptance_layout(
+        fig, title or f"Acceptance length per step, T = {temperature:g}, context {ctx}"
+    )
+
+
+def _acceptance_layout(fig, title: str):
+    """Axes of an acceptance-length histogram figure (grouped bars, share of steps)."""
     fig.update_layout(
-        title=title or f"Acceptance length per step, T = {temperature:g}, context {ctx}",
+        title=title,
         xaxis_title="accepted tokens per step τ (bonus included)",
         yaxis_title="share of steps",
         barmode="group",
@@ -115,14 +122,9 @@ def make_drafter_ab_fig(
             raise ValueError(f"{label}: {sub['run'].nunique()} runs; pass the rows of one run")
         tau, share, mean_tau = tau_histogram(sub)
         fig.add_trace(go.Bar(x=tau, y=share, name=f"{label} (τ̄ = {mean_tau:.2f})"))
-    fig.update_layout(
-        title=title or f"{name}: acceptance length per step by drafter, T = {temperature:g}",
-        xaxis_title="accepted tokens per step τ (bonus included)",
-        yaxis_title="share of steps",
-        barmode="group",
-        yaxis_tickformat=".0%",
+    return _acceptance_layout(
+        fig, title or f"{name}: acceptance length per step by drafter, T = {temperature:g}"
     )
-    return fig
 
 
 def make_budget_fig(df, temperature: float = 0.0, title: str | None = None):

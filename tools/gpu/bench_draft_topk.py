@@ -13,11 +13,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import torch
 
-from kdtree.bench.timing import time_cuda
+from kdtree.bench.schema import run_env
+from kdtree.bench.timing import graph_of, time_cuda
 from kdtree.spec.gpu.topk_triton import draft_topk_triton
 
 CHUNK = 512
@@ -39,24 +42,11 @@ def two_stage(x, k):
     return v2.float() - torch.logsumexp(x.float(), dim=-1, keepdim=True), cand.gather(-1, i2)
 
 
-def graphed(fn, reps=10):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            out = fn()
-    return g, out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
+    env = run_env(shlex.join(["python3", *sys.argv]))  # device, versions, sha, time, command
     V = json.loads(Path("data/models/target/config.json").read_text())["vocab_size"]
     rows = []
     for b in (1, 8, 32):
@@ -66,14 +56,14 @@ def main() -> None:
             variants = (("one_pass", one_pass), ("two_stage", two_stage),
                         ("fused", draft_topk_triton))  # fmt: skip
             for name, f in variants:
-                g, out = graphed(lambda f=f, x=x, k=k: f(x, k))
+                g, out = graph_of(lambda f=f, x=x, k=k: f(x, k))
                 t = time_cuda(g.replay)
                 res[name] = (t.p50 / 10 * 1e3, out)
             ref = res["one_pass"][1]
             for name, (us, out) in res.items():
                 same = torch.equal(x.gather(-1, out[1]), x.gather(-1, ref[1]))
                 rows.append(dict(batch=b, D=16, V=V, K=k, variant=name, p50_us=round(us, 2),
-                                 same_values=same))  # fmt: skip
+                                 same_values=same, **env))  # fmt: skip
             print(f"B={b:2} K={k:2} V={V}: " + ", ".join(
                 f"{n} {us:7.2f} us" for n, (us, _) in res.items()))  # fmt: skip
     with open(Path(a.out) / "draft_topk.csv", "w", newline="") as fh:

@@ -10,27 +10,16 @@ from __future__ import annotations
 
 import argparse
 import csv
+import shlex
+import sys
 from pathlib import Path
 
 import torch
 
-from kdtree.bench.timing import time_cuda
+from kdtree.bench.schema import run_env
+from kdtree.bench.timing import graph_of, time_cuda
 from kdtree.spec.gpu.tree_build_triton import build_trees_triton, default_num_warps
 from kdtree.spec.tree import draft_topk
-
-
-def graphed(fn, reps=10):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            out = fn()
-    return g, out
 
 
 def main() -> None:
@@ -39,7 +28,8 @@ def main() -> None:
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     path = Path(a.out) / "tree_warps.csv"
-    fields = ["K", "budget", "num_warps", "p50_us", "default", "same_tree"]
+    env = run_env(shlex.join(["python3", *sys.argv]))  # device, versions, sha, time, command
+    fields = ["K", "budget", "num_warps", "p50_us", "default", "same_tree", *env]
     with open(path, "w", newline="") as fh:
         csv.DictWriter(fh, fieldnames=fields).writeheader()
     for k in (8, 32):
@@ -51,7 +41,7 @@ def main() -> None:
             line, rows = [], []
             for w in (1, 2, 4, 8, 16):
                 try:
-                    g, out = graphed(
+                    g, out = graph_of(
                         lambda w=w, b=budget, lp=lp, tok=tok, bonus=bonus: build_trees_triton(
                             lp, tok, b, bonus, num_warps=w
                         )
@@ -63,7 +53,7 @@ def main() -> None:
                 except Exception as exc:  # a config Triton refuses is a row, not a crash
                     us, same = float("nan"), f"failed: {type(exc).__name__}"
                 rows.append(dict(K=k, budget=budget, num_warps=w, p50_us=round(us, 2),
-                                 default=w == default_num_warps(budget), same_tree=same))  # fmt: skip
+                                 default=w == default_num_warps(budget), same_tree=same, **env))  # fmt: skip
                 line.append(f"w{w} {us:6.1f}{'*' if w == default_num_warps(budget) else ''}")
             print(f"K={k:2} B={budget:3}: " + "  ".join(line) + "   (* = default)", flush=True)
             with open(path, "a", newline="") as fh:
