@@ -86,7 +86,13 @@ def run_tree_build(
     top_k: int = 32,
     vocab: int = 32768,
     device: torch.device | str = "cpu",
-    providers: Sequence[str] = ("heap", "device_torch", "device_torch_graph", "device_triton"),
+    providers: Sequence[str] = (
+        "heap",
+        "device_torch",
+        "device_torch_graph",
+        "device_triton",
+        "device_triton_heap",
+    ),
     fast: bool = False,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
@@ -94,7 +100,9 @@ def run_tree_build(
     """Time every provider on every (batch, budget); K = min(budget, top_k) (>= 1).
 
     Providers that cannot run here (graphs and Triton without CUDA; Triton outside
-    ``tree_build_triton.supports``) are skipped. Rows: time per
+    ``tree_build_triton.supports``) are skipped. ``device_triton`` is the threshold builder,
+    ``device_triton_heap`` the two-pop heap replay; each is also timed from a CUDA graph
+    (``_graph``) and, graphed, with the fused top-K in front (``+topk_graph``). Rows: time per
     step (ms), and ``speedup`` (heap / provider) for every device provider.
     """
     dev = torch.device(device)
@@ -127,18 +135,26 @@ def run_tree_build(
                         lp, tok, budget, bonus, backend="torch"
                     )
                 )
-            if "device_triton" in providers and dev.type == "cuda":
+            for prov, algo in (("device_triton", "threshold"), ("device_triton_heap", "heap")):
+                if prov not in providers or dev.type != "cuda":
+                    continue
                 from kdtree.spec.gpu import tree_build_triton as tbt
 
-                if tbt.supports(lp, budget):
-                    fns["device_triton"] = lambda lp=lp, tok=tok, budget=budget, bonus=bonus: (
-                        build_trees_device(lp, tok, budget, bonus, backend="triton")
+                if not tbt.supports(lp, budget):
+                    continue
+                fns[prov] = lambda lp=lp, tok=tok, budget=budget, bonus=bonus, algo=algo: (
+                    tbt.build_trees_triton(lp, tok, budget, bonus, algo=algo)
+                )
+                fns[f"{prov}_graph"] = _graphed(
+                    lambda lp=lp, tok=tok, budget=budget, bonus=bonus, algo=algo: (
+                        tbt.build_trees_triton(lp, tok, budget, bonus, algo=algo)
                     )
-                    fns["device_triton_graph"] = _graphed(
-                        lambda lp=lp, tok=tok, budget=budget, bonus=bonus: build_trees_device(
-                            lp, tok, budget, bonus, backend="triton"
-                        )
+                )
+                fns[f"{prov}+topk_graph"] = _graphed(
+                    lambda logits=logits, K=K, budget=budget, bonus=bonus, algo=algo: (
+                        tbt.build_trees_triton(*draft_topk(logits, K), budget, bonus, algo=algo)
                     )
+                )
             times: dict[str, Timing] = {}
             for name, fn in fns.items():
                 times[name] = timer(fn)

@@ -34,37 +34,39 @@ def _compile(name: str, fn, sig: dict, consts: dict, num_warps: int = 4) -> None
     print(f"OK {name}", flush=True)
 
 
-def tree_build(N: int, K: int, D: int = 15) -> None:
-    fn = tbt._tree_build_kernel
-    f32 = {"lp_ptr", "ws_score", "out_score"}
-    i64 = {"tok_ptr", "bonus_ptr", "ws_key", "ws_anc"}
+def tree_build(N: int, K: int, D: int = 15, algo: str = "threshold") -> None:
+    fn = tbt._tree_build_thresh_kernel if algo == "threshold" else tbt._tree_build_kernel
+    f32 = {"lp_ptr", "ws_f", "out_score"}
+    i64 = {"tok_ptr", "bonus_ptr", "ws_key"}
     sig = {}
     for n in fn.arg_names:
         if n in f32:
             sig[n] = "*fp32"
-        elif n in i64 or n.startswith("out_"):
+        elif n in i64 or (n.startswith("out_") and n != "out_path"):
             sig[n] = "*i64"
-        elif n.startswith("ws_"):
+        elif n.startswith("ws_") or n == "out_path":
             sig[n] = "*i32"
         elif n.startswith("s_"):
             sig[n] = "i32"
         else:
             sig[n] = "constexpr"
     ke, dm = min(K, N), min(D, N)
-    NP, KP, W = triton.next_power_of_2(N), triton.next_power_of_2(ke), (N + 64) // 64
+    W = (N + 64) // 64
     consts = dict(
         N=N,
         KE=ke,
         DM=dm,
-        DMP=triton.next_power_of_2(dm),
-        NP=NP,
-        KP=KP,
+        NP=triton.next_power_of_2(N),
         W=W,
         WP=triton.next_power_of_2(W),
         TP=triton.next_power_of_2(N + 1),
     )
-    warps = 16 if NP * KP >= 4096 else (8 if NP * KP >= 1024 else 4)
-    _compile(f"tree_build N={N} K={K}", fn, sig, consts, warps)
+    if algo == "threshold":
+        consts.update(tbt.thresh_params(N, K, D))
+        warps = tbt.thresh_warps(N)
+    else:
+        warps = tbt.default_num_warps(N)
+    _compile(f"tree_build[{algo}] N={N} K={K}", fn, sig, consts, warps)
 
 
 def commit_and_fill() -> None:
@@ -121,4 +123,6 @@ def commit_and_fill() -> None:
 if __name__ == "__main__":
     for n, k in ((16, 16), (64, 32), (255, 7), (256, 32)):
         tree_build(n, k)
+    for n, k in ((16, 8), (64, 32), (256, 32)):
+        tree_build(n, k, algo="heap")
     commit_and_fill()

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kdtree.spec.gpu.tree_build import DeviceTree, build_trees_device, score_key
-from kdtree.spec.tree import build_tree_ref, pad_trees
+from kdtree.spec.gpu.tree_build_triton import ALGOS, build_trees_triton
+from kdtree.spec.tree import build_tree_ref, draft_topk, pad_trees
 
 
 def _sorted_lp(B, D, K, gen, quant=None, zeros=False, neg_inf=False):
@@ -81,15 +82,17 @@ TRITON_CASES = [
 ]
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("B,D,K,budget,quant,zeros,neg_inf", TRITON_CASES)
-def test_triton_tree_equals_heap(B, D, K, budget, quant, zeros, neg_inf, gen):
+def test_triton_tree_equals_heap(B, D, K, budget, quant, zeros, neg_inf, algo, gen):
     lp, tok = _sorted_lp(B, D, K, gen, quant, zeros, neg_inf)
     bonus = torch.randint(0, 1000, (B,), generator=gen)
-    dt = build_trees_device(lp, tok, budget, bonus, backend="triton")
+    dt = build_trees_triton(lp, tok, budget, bonus, algo=algo)
     _assert_same(dt, lp, tok, budget, bonus)
 
 
-def test_triton_all_ties_follow_rank_tuple_order(gen):
+@pytest.mark.parametrize("algo", ALGOS)
+def test_triton_all_ties_follow_rank_tuple_order(algo, gen):
     """Every log-prob equal: all nodes of a depth tie, so the tree is decided by the tie rule
     alone (smaller rank tuple first), across parents and depths (lp 0: children tie parents)."""
     for value in (-1.0, 0.0):
@@ -97,11 +100,12 @@ def test_triton_all_ties_follow_rank_tuple_order(gen):
         tok = torch.randint(0, 1000, (2, 4, 5), generator=gen)
         bonus = torch.tensor([7, 11])
         for budget in (3, 17, 40):
-            dt = build_trees_device(lp, tok, budget, bonus, backend="triton")
+            dt = build_trees_triton(lp, tok, budget, bonus, algo=algo)
             _assert_same(dt, lp, tok, budget, bonus)
 
 
-def test_triton_random_sweep(gen):
+@pytest.mark.parametrize("algo", ALGOS)
+def test_triton_random_sweep(algo, gen):
     """Small random shapes, many tie patterns, batch > 1 with different root tokens."""
     for trial in range(10):
         B, D, K = 1 + trial % 3, 1 + trial % 7, 1 + (trial * 3) % 10
@@ -116,12 +120,11 @@ def test_triton_random_sweep(gen):
             neg_inf=trial % 5 == 3,
         )
         bonus = torch.randint(0, 1000, (B,), generator=gen)
-        _assert_same(
-            build_trees_device(lp, tok, budget, bonus, backend="triton"), lp, tok, budget, bonus
-        )
+        _assert_same(build_trees_triton(lp, tok, budget, bonus, algo=algo), lp, tok, budget, bonus)
 
 
-def test_triton_second_pop_ties_the_first_pops_successors():
+@pytest.mark.parametrize("algo", ALGOS)
+def test_triton_second_pop_ties_the_first_pops_successors(algo):
     """Two pops per reduction: the second pop is the best of the other slots' pending children
     and the first pop's child and sibling, compared at the tie positions the first pop shifts.
     Every pair ties: (0), (1) at -1, then (0,0) (0,0,0) (1,0) (1,0,0) (2) at -2 in rank-tuple
@@ -130,23 +133,25 @@ def test_triton_second_pop_ties_the_first_pops_successors():
     tok = torch.arange(9).reshape(1, 3, 3)
     bonus = torch.tensor([5])
     for budget in range(1, 12):
-        dt = build_trees_device(lp, tok, budget, bonus, backend="triton")
+        dt = build_trees_triton(lp, tok, budget, bonus, algo=algo)
         _assert_same(dt, lp, tok, budget, bonus)
     tree = build_tree_ref(lp[0], tok[0], 8, 5)
     assert tree.ranks[1:] == [(0,), (1,), (0, 0), (0, 0, 0), (1, 0), (1, 0, 0), (2,), (2, 0)]
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("budget", [2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33])
-def test_triton_budgets_around_powers_of_two(budget, gen):
+def test_triton_budgets_around_powers_of_two(budget, algo, gen):
     """Odd budgets end on a single pop; at budget = next_pow2(budget) the last node has no
     slot; ties everywhere (coarse grid, lp 0: a child ties its parent)."""
     lp, tok = _sorted_lp(2, 6, 5, gen, quant=1.0, zeros=True)
     bonus = torch.randint(0, 1000, (2,), generator=gen)
-    dt = build_trees_device(lp, tok, budget, bonus, backend="triton")
+    dt = build_trees_triton(lp, tok, budget, bonus, algo=algo)
     _assert_same(dt, lp, tok, budget, bonus)
 
 
-def test_triton_tie_heavy_sweep(gen):
+@pytest.mark.parametrize("algo", ALGOS)
+def test_triton_tie_heavy_sweep(algo, gen):
     """Many small tie-heavy trees (grids, lp 0, -inf tails, K below and above the budget,
     heaps that run dry between the two pops of a reduction)."""
     for trial in range(24):
@@ -162,8 +167,55 @@ def test_triton_tie_heavy_sweep(gen):
             neg_inf=trial % 4 == 3,
         )
         bonus = torch.randint(0, 1000, (1,), generator=gen)
-        _assert_same(
-            build_trees_device(lp, tok, budget, bonus, backend="triton"), lp, tok, budget, bonus
+        _assert_same(build_trees_triton(lp, tok, budget, bonus, algo=algo), lp, tok, budget, bonus)
+
+
+def _draft_like(B, D, K, V, gen, peak=None):
+    """Top-K of random logits (the tree-build benchmark's: N(0, 3^2)); ``peak`` adds a spike of
+    that height to one token per depth (a confident drafter)."""
+    logits = torch.randn(B, D, V, generator=gen) * 3
+    if peak is not None:
+        logits[:, torch.arange(D), torch.randint(0, V, (D,), generator=gen)] += peak
+    return draft_topk(logits, K)
+
+
+@pytest.mark.parametrize(
+    "B,K,budget,peak",
+    [(2, 8, 16, None), (2, 32, 64, None), (1, 8, 64, 15.0), (1, 32, 256, None), (1, 8, 256, 20.0)],
+)
+def test_threshold_path_builds_typical_trees(B, K, budget, peak, gen):
+    """On draft-like log-probs the seed lands: the threshold path (not the heap fallback)
+    builds the tree, and it is the heap's."""
+    lp, tok = _draft_like(B, 15, K, 4096, gen, peak)
+    bonus = torch.randint(0, 1000, (B,), generator=gen)
+    path = torch.full((B,), -1, dtype=torch.int32)
+    dt = build_trees_triton(lp, tok, budget, bonus, path_out=path)
+    assert path.tolist() == [1] * B
+    _assert_same(dt, lp, tok, budget, bonus)
+
+
+def test_threshold_falls_back_to_the_heap_when_the_nodes_outgrow_the_cap(gen):
+    lp, tok = _sorted_lp(2, 8, 6, gen, quant=0.5, zeros=True)
+    bonus = torch.randint(0, 1000, (2,), generator=gen)
+    for cap, want in ((4, 0), (None, 1)):
+        path = torch.full((2,), -1, dtype=torch.int32)
+        dt = build_trees_triton(lp, tok, 24, bonus, path_out=path, cap=cap)
+        assert path.tolist() == [want, want]
+        _assert_same(dt, lp, tok, 24, bonus)
+
+
+def test_threshold_rejects_bad_options(gen):
+    lp, tok = _sorted_lp(1, 3, 4, gen)
+    bonus = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="algo"):
+        build_trees_triton(lp, tok, 4, bonus, algo="bisect")
+    with pytest.raises(ValueError, match="cap"):
+        build_trees_triton(lp, tok, 4, bonus, cap=0)
+    with pytest.raises(ValueError, match="path_out"):
+        build_trees_triton(lp, tok, 4, bonus, path_out=torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="path_out"):
+        build_trees_triton(
+            lp, tok, 4, bonus, algo="heap", path_out=torch.zeros(1, dtype=torch.int32)
         )
 
 
@@ -205,11 +257,27 @@ def test_triton_rejects_unsupported_shapes():
 def test_triton_and_torch_match_heap_on_gpu(batch, budget, K, gen):
     lp, tok = _sorted_lp(batch, 15, K, gen, quant=0.5)
     bonus = torch.randint(0, 1000, (batch,), generator=gen)
-    for backend in ("triton", "torch"):
-        dt = build_trees_device(lp.cuda(), tok.cuda(), budget, bonus.cuda(), backend=backend)
+    for backend in ("triton", "heap", "torch"):
+        args = (lp.cuda(), tok.cuda(), budget, bonus.cuda())
+        if backend == "heap":
+            dt = build_trees_triton(*args, algo="heap")
+        else:
+            dt = build_trees_device(*args, backend=backend)
         _assert_same(
             DeviceTree(**{k: getattr(dt, k).cpu() for k in FIELDS}), lp, tok, budget, bonus
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,budget,K", [(1, 16, 8), (8, 64, 32), (32, 256, 32), (4, 256, 8)])
+def test_threshold_path_on_gpu(batch, budget, K, gen):
+    """Draft-like top-K on the GPU: the threshold path builds every tree, and it is the heap's."""
+    lp, tok = _draft_like(batch, 15, K, 8192, gen)
+    bonus = torch.randint(0, 1000, (batch,), generator=gen)
+    path = torch.full((batch,), -1, dtype=torch.int32, device="cuda")
+    dt = build_trees_triton(lp.cuda(), tok.cuda(), budget, bonus.cuda(), path_out=path)
+    assert path.tolist() == [1] * batch
+    _assert_same(DeviceTree(**{k: getattr(dt, k).cpu() for k in FIELDS}), lp, tok, budget, bonus)
 
 
 def test_many_random_tie_heavy(gen):

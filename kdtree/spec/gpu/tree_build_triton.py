@@ -164,50 +164,35 @@ def _store_last(outs, ws, q, j, cj, s_new, valid):
 
 
 @triton.jit
-def _tree_build_kernel(
-    lp_ptr,
-    tok_ptr,
-    bonus_ptr,  # [B, D, K] f32, [B, D, K] i64, [B] i64
-    s_lpb,
-    s_lpd,
-    s_tkb,
-    s_tkd,  # strides (last dim contiguous)
-    ws_lex,
-    ws_end,  # [B, TP] i32: preorder interval of every node, for the mask
-    out_tok,
-    out_par,
-    out_dep,
-    out_score,
-    out_rank,
-    out_mask,
-    out_n,
-    N: tl.constexpr,  # budget (pops)
-    KE: tl.constexpr,  # min(K, N): higher ranks never pop
-    DM: tl.constexpr,  # min(D, N): deeper nodes never pop
-    DMP: tl.constexpr,  # unused (kept for the sm_90 compile check's signature)
-    NP: tl.constexpr,  # slots: next_pow2(N) (node N, the last pop, needs none)
-    KP: tl.constexpr,  # unused
-    W: tl.constexpr,  # mask words
-    WP: tl.constexpr,  # unused
-    TP: tl.constexpr,  # next_pow2(N + 1)
-):
-    b = tl.program_id(0)
-    T: tl.constexpr = N + 1
-    RB: tl.constexpr = 64 if TP > 64 else TP  # mask tile (rows and columns)
-    lpb = lp_ptr + b * s_lpb
-    tkb = tok_ptr + b * s_tkb
-    ob = b * T
-    wrow = b * TP
-    neg_inf = float("-inf")
-
-    # ---- defaults: padding rows (rows 1 .. n - 1 are overwritten after the pops) ------------
+def _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_rank, out_mask,
+                    T: tl.constexpr, TP: tl.constexpr, W: tl.constexpr, WP: tl.constexpr):  # fmt: skip
+    """Padding rows everywhere (the builders overwrite rows 1 .. n - 1); row 0 is the root."""
     rows = tl.arange(0, TP)
     rmask = rows < T
     tl.store(out_tok + ob + rows, tl.where(rows == 0, tl.load(bonus_ptr + b), 0), mask=rmask)
     tl.store(out_par + ob + rows, tl.full([TP], -1, tl.int64), mask=rmask)
     tl.store(out_dep + ob + rows, tl.zeros([TP], tl.int64), mask=rmask)
-    tl.store(out_score + ob + rows, tl.where(rows == 0, 0.0, neg_inf), mask=rmask)
+    tl.store(out_score + ob + rows, tl.where(rows == 0, 0.0, float("-inf")), mask=rmask)
     tl.store(out_rank + ob + rows, tl.where(rows == 0, 0, -1).to(tl.int64), mask=rmask)
+    wc = tl.arange(0, WP)
+    self_bit = tl.where(
+        wc[None, :] == (rows // 64)[:, None],
+        tl.full([TP, WP], 1, tl.int64) << (rows % 64).to(tl.int64)[:, None],
+        0,
+    )
+    mptr = out_mask + (ob + rows)[:, None] * W + wc[None, :]
+    tl.store(mptr, self_bit, mask=rmask[:, None] & (wc[None, :] < W))
+
+
+@triton.jit
+def _heap_replay(lpb, tkb, s_lpd, s_tkd, ws_lex, ws_end, wrow, out_tok, out_par, out_dep,
+                 out_score, out_rank, out_mask, out_n, b, ob, N: tl.constexpr, KE: tl.constexpr,
+                 DM: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, TP: tl.constexpr):  # fmt: skip
+    """The two-pop heap replay (module docstring): every row and the mask of one request."""
+    T: tl.constexpr = N + 1
+    RB: tl.constexpr = 64 if TP > 64 else TP  # mask tile (rows and columns)
+    neg_inf = float("-inf")
+    rows = tl.arange(0, TP)
     tl.store(ws_lex + wrow + rows, tl.full([TP], -1, tl.int32))
     tl.store(ws_end + wrow + rows, tl.full([TP], -1, tl.int32))
     tl.debug_barrier()
@@ -293,16 +278,359 @@ def _tree_build_kernel(
             tl.store(out_mask + (ob + ri) * W + w, word, mask=ri < T)
 
 
+@triton.jit
+def _tree_build_kernel(
+    lp_ptr,
+    tok_ptr,
+    bonus_ptr,  # [B, D, K] f32, [B, D, K] i64, [B] i64
+    s_lpb,
+    s_lpd,
+    s_tkb,
+    s_tkd,  # strides (last dim contiguous)
+    ws_lex,
+    ws_end,  # [B, TP] i32: preorder interval of every node, for the mask
+    out_tok,
+    out_par,
+    out_dep,
+    out_score,
+    out_rank,
+    out_mask,
+    out_n,
+    N: tl.constexpr,  # budget (pops)
+    KE: tl.constexpr,  # min(K, N): higher ranks never pop
+    DM: tl.constexpr,  # min(D, N): deeper nodes never pop
+    NP: tl.constexpr,  # slots: next_pow2(N) (node N, the last pop, needs none)
+    W: tl.constexpr,  # mask words
+    WP: tl.constexpr,  # next_pow2(W)
+    TP: tl.constexpr,  # next_pow2(N + 1)
+):
+    """The heap replay alone (``algo="heap"``)."""
+    b = tl.program_id(0)
+    ob = b * (N + 1)
+    _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_rank, out_mask,
+                    N + 1, TP, W, WP)  # fmt: skip
+    _heap_replay(lp_ptr + b * s_lpb, tok_ptr + b * s_tkb, s_lpd, s_tkd, ws_lex, ws_end, b * TP,
+                 out_tok, out_par, out_dep, out_score, out_rank, out_mask, out_n, b, ob, N, KE,
+                 DM, NP, W, TP)  # fmt: skip
+
+
+# ---- the threshold builder ------------------------------------------------------------------
+
+
+@triton.jit
+def _seed(lpb, s_lpd, ws_dp, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr,
+          DMP: tl.constexpr, KEP: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+    """A threshold ``theta`` with (usually) a little more than ``N`` nodes at or above it.
+
+    Counts nodes by their deviation from the rank-0 chain, ``dev = sum_d (lp[d, 0] - lp[d,
+    r_d])``, in ``NB`` bins of width ``w`` with every deviation rounded up: ``C_d[c]`` = nodes
+    of depth ``d`` whose rounded deviation is at most ``c`` bins, by ``C_d[c] = sum_j C_{d-1}[c
+    - u_dj]`` (a shift-and-add per rank, cumulative counts throughout). A node of depth ``d``
+    scores ``z_d - dev`` (``z_d`` the chain's score), so ``count(-t w) = sum_d C_d[z_d / w +
+    t]`` for every grid threshold at once; ``theta`` is the highest with a count ``>= N``
+    (``-inf`` when none, or when the range is not finite). Only speed rests on this estimate:
+    the expansion counts the real nodes and the kernel falls back to the heap replay when
+    there are too few or too many.
+    """
+    dd = tl.arange(0, DMP)
+    kk = tl.arange(0, KEP)
+    dmask = dd < DM
+    tile = tl.load(lpb + dd[:, None] * s_lpd + kk[None, :], mask=dmask[:, None] & (kk < KE)[None, :],
+                   other=float("-inf"))  # fmt: skip
+    fin = tile > float("-inf")
+    lp0 = tl.load(lpb + dd * s_lpd, mask=dmask, other=0.0)
+    last = tl.min(tl.where(fin, tile, float("inf")), 1)  # the last finite log-prob per depth
+    chain = (tl.cumsum(tl.where(lp0 > float("-inf"), 0, 1), 0) == 0) & dmask  # finite chain
+    zprev = tl.cumsum(tl.where(chain, lp0, 0.0), 0) - tl.where(chain, lp0, 0.0)
+    n_sib = tl.sum(tl.where(chain, tl.sum(fin.to(tl.int32), 1), 0), 0)
+    # the chain and its finite siblings, if N of them: theta* >= their minimum; else the
+    # deepest node of the last finite ranks bounds every finite node
+    low = tl.where(
+        n_sib >= N,
+        tl.min(tl.where(chain, zprev + last, float("inf")), 0),
+        tl.sum(tl.where(dmask & (last < float("inf")), last, 0.0), 0),
+    )
+    rng = -low
+    finite = rng < 3.0e38  # false for inf and NaN
+    rng = tl.where(finite, tl.maximum(rng, 1e-30), 1.0)
+    w = rng / (NB - 1)
+    c = tl.arange(0, NB)
+    tl.store(ws_dp + c, tl.full([NB], 1.0, tl.float32))  # C_0: the root, deviation 0
+    tl.debug_barrier()
+    for d in range(DM):
+        row = lpb + d * s_lpd
+        l0 = tl.load(row)
+        acc = tl.zeros([NB], tl.float32)
+        for j in range(KE):
+            x = (l0 - tl.load(row + j)) / w
+            u = tl.where(x < NB, tl.ceil(x), NB).to(tl.int32)  # NaN / inf: out of range
+            src = c - u
+            acc += tl.load(ws_dp + d * NB + src, mask=src >= 0, other=0.0)
+        tl.store(ws_dp + (d + 1) * NB + c, acc)
+        tl.debug_barrier()
+    t = c.to(tl.float32)
+    cnt = tl.zeros([NB], tl.float32)
+    z = tl.zeros([NB], tl.float32)
+    for d in range(DM):
+        z = z + tl.load(lpb + d * s_lpd)
+        f = z / w + t
+        ok = f >= 0  # false for NaN and -inf
+        idx = tl.where(ok, tl.minimum(f, NB - 1), 0.0).to(tl.int32)
+        cnt += tl.load(ws_dp + (d + 1) * NB + idx, mask=ok, other=0.0)
+    tstar = tl.min(tl.where(cnt >= N, c, NB), 0)
+    return tl.where(finite & (tstar < NB), -tstar.to(tl.float32) * w, float("-inf"))
+
+
+@triton.jit
+def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE: tl.constexpr,
+            DM: tl.constexpr, KEP: tl.constexpr, CAP: tl.constexpr, PC: tl.constexpr):  # fmt: skip
+    """Every node scoring ``>= theta`` (within rank < KE, depth <= DM), level by level.
+
+    A child never outscores its parent, so this set ``U`` is prefix-closed and a parent's
+    kept children are a prefix of its ranks. Level ``l`` occupies ``[lvl[l-1], lvl[l])`` of the
+    ``ws_*`` arrays in rank-tuple (lexicographic) order: parents are visited in order and
+    children by rank. ``ws_cst`` holds each parent's first child as an index into the next
+    level. Returns ``|U|`` and whether it outgrew ``CAP`` (then ``U`` is incomplete).
+    """
+    kk = tl.arange(0, KEP)
+    kin = kk < KE
+    s1 = 0.0 + tl.load(lpb + kk, mask=kin, other=float("-inf"))
+    keep = kin & (s1 >= theta)
+    n1 = tl.sum(keep.to(tl.int32), 0)
+    tl.store(ws_s + kk, s1, mask=keep)
+    tl.store(ws_par + kk, tl.full([KEP], -1, tl.int32), mask=keep)
+    tl.store(ws_rk + kk, kk, mask=keep)
+    tl.store(ws_dep + kk, tl.full([KEP], 1, tl.int32), mask=keep)
+    tl.store(ws_lvl, 0)
+    tl.store(ws_lvl + 1, n1)
+    tl.debug_barrier()
+    pp = tl.arange(0, PC)
+    start = n1 * 0
+    end = n1
+    over = n1 > CAP
+    for d in range(1, DM):  # parents at depth d, children at depth d + 1
+        lrow = tl.load(lpb + d * s_lpd + kk, mask=kin, other=float("-inf"))
+        base = end
+        for c0 in range(start, end, PC):
+            pidx = c0 + pp
+            pm = pidx < end
+            sp = tl.load(ws_s + pidx, mask=pm, other=float("-inf"))
+            cs = sp[:, None] + lrow[None, :]  # the heap's float32 sum, parent first
+            ok = pm[:, None] & kin[None, :] & (cs >= theta)
+            cnt = tl.sum(ok.to(tl.int32), 1)
+            off = base + tl.cumsum(cnt, 0) - cnt
+            tl.store(ws_cst + pidx, off - end, mask=pm)
+            dst = off[:, None] + kk[None, :]
+            wm = ok & (dst < CAP)
+            tl.store(ws_s + dst, cs, mask=wm)
+            tl.store(ws_par + dst, pidx[:, None] + kk[None, :] * 0, mask=wm)
+            tl.store(ws_rk + dst, pidx[:, None] * 0 + kk[None, :], mask=wm)
+            tl.store(ws_dep + dst, tl.full([PC, KEP], d + 1, tl.int32), mask=wm)
+            base = base + tl.sum(cnt, 0)
+        over = over | (base > CAP)
+        base = tl.minimum(base, CAP)
+        tl.store(ws_lvl + d + 1, base)
+        start = tl.where(over, base, end)  # after an overflow: no more work
+        end = base
+        tl.debug_barrier()
+    return end, over
+
+
+@triton.jit
+def _preorder_keys(ws_s, ws_par, ws_dep, ws_cst, ws_lvl, ws_key, nU, DM: tl.constexpr,
+                   CU: tl.constexpr):  # fmt: skip
+    """``ws_key`` = the heap's order as one ``int64`` (larger first): the score's
+    order-preserving image high, ``2^32 - 1 - pre`` low, ``pre`` the node's position in the
+    rank-tuple order of ``U``: nodes before a node ``v`` of depth ``d`` and level index ``i``
+    are, per level ``e``, its ancestor's level index + 1 (``e < d``: the ancestor and what
+    precedes it), ``i`` (``e = d``) and the level-``e`` descendants of level-``d`` nodes before
+    ``v`` (``e > d``: first-child indices chained down)."""
+    for x0 in range(0, nU, CU):
+        x = x0 + tl.arange(0, CU)
+        xm = x < nU
+        d = tl.load(ws_dep + x, mask=xm, other=1)
+        pre = x - tl.load(ws_lvl + d - 1, mask=xm, other=0)
+        cur = pre
+        y = tl.load(ws_par + x, mask=xm, other=-1)
+        e = d - 1
+        for _ in range(DM - 1):  # ancestors, depth d - 1 up to 1
+            a = y >= 0
+            pre += tl.where(a, y - tl.load(ws_lvl + e - 1, mask=a, other=0) + 1, 0)
+            y = tl.load(ws_par + y, mask=a, other=-1)
+            e = e - 1
+        lv = d
+        for _ in range(DM - 1):  # descendants, depth d + 1 down to DM
+            go = xm & (lv < DM)
+            st_l = tl.load(ws_lvl + lv - 1, mask=go, other=0)
+            st_n = tl.load(ws_lvl + lv, mask=go, other=0)
+            st_nn = tl.load(ws_lvl + lv + 1, mask=go, other=0)
+            inside = cur < st_n - st_l
+            nxt = tl.where(
+                inside, tl.load(ws_cst + st_l + cur, mask=go & inside, other=0), st_nn - st_n
+            )
+            pre += tl.where(go, nxt, 0)
+            cur = tl.where(go, nxt, cur)
+            lv = tl.where(go, lv + 1, lv)
+        s = tl.load(ws_s + x, mask=xm, other=0.0)
+        key = (_ordered(s).to(tl.int64) << 32) | (4294967295 - pre.to(tl.int64))
+        tl.store(ws_key + x, key, mask=xm)
+
+
+@triton.jit
+def _rank_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_key, ws_rank, nU, out_tok,
+                   out_par, out_dep, out_score, out_rank, out_mask, ob, N: tl.constexpr,
+                   DM: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, CU: tl.constexpr,
+                   CV: tl.constexpr):  # fmt: skip
+    """Rank every node of ``U`` by its key (all pairs), then write the ``N`` best as rows
+    ``rank + 1`` (pop order) with their parents' rows and their ancestors' bits."""
+    for x0 in range(0, nU, CU):
+        x = x0 + tl.arange(0, CU)
+        xm = x < nU
+        kx = tl.load(ws_key + x, mask=xm, other=_INVALID)
+        r = tl.zeros([CU], tl.int32)
+        for y0 in range(0, nU, CV):
+            yv = y0 + tl.arange(0, CV)
+            ky = tl.load(ws_key + yv, mask=yv < nU, other=_INVALID)
+            r += tl.sum((ky[None, :] > kx[:, None]).to(tl.int32), 1)
+        tl.store(ws_rank + x, r, mask=xm)
+    tl.debug_barrier()
+    wc = tl.arange(0, WP)
+    for x0 in range(0, nU, CU):
+        x = x0 + tl.arange(0, CU)
+        xm = x < nU
+        r = tl.load(ws_rank + x, mask=xm, other=N)
+        sel = xm & (r < N)
+        row = r + 1
+        d = tl.load(ws_dep + x, mask=sel, other=1)
+        j = tl.load(ws_rk + x, mask=sel, other=0)
+        p = tl.load(ws_par + x, mask=sel, other=-1)
+        prow = tl.where(p >= 0, tl.load(ws_rank + p, mask=sel & (p >= 0), other=-1) + 1, 0)
+        tl.store(out_tok + ob + row, tl.load(tkb + (d - 1) * s_tkd + j, mask=sel), mask=sel)
+        tl.store(out_par + ob + row, prow.to(tl.int64), mask=sel)
+        tl.store(out_dep + ob + row, d.to(tl.int64), mask=sel)
+        tl.store(out_rank + ob + row, j.to(tl.int64), mask=sel)
+        tl.store(out_score + ob + row, tl.load(ws_s + x, mask=sel, other=0.0), mask=sel)
+        one = tl.full([CU, WP], 1, tl.int64)
+        words = tl.where(
+            wc[None, :] == (row // 64)[:, None], one << (row % 64).to(tl.int64)[:, None], 0
+        )
+        words = words | tl.where(wc[None, :] == 0, one, 0)  # the root
+        y = p
+        for _ in range(DM - 1):  # ancestors' rows
+            a = sel & (y >= 0)
+            ra = tl.load(ws_rank + y, mask=a, other=-1) + 1
+            hit = a[:, None] & (wc[None, :] == (ra // 64)[:, None])
+            words = words | tl.where(hit, one << (ra % 64).to(tl.int64)[:, None], 0)
+            y = tl.load(ws_par + y, mask=a, other=-1)
+        mptr = out_mask + (ob + row)[:, None] * W + wc[None, :]
+        tl.store(mptr, words, mask=sel[:, None] & (wc[None, :] < W))
+
+
+@triton.jit
+def _tree_build_thresh_kernel(
+    lp_ptr,
+    tok_ptr,
+    bonus_ptr,  # [B, D, K] f32, [B, D, K] i64, [B] i64
+    s_lpb,
+    s_lpd,
+    s_tkb,
+    s_tkd,  # strides (last dim contiguous)
+    ws_lex,
+    ws_end,  # [B, TP] i32: the heap fallback's preorder intervals
+    ws_f,  # [B, (DM + 1) * NB + CAP] f32: the seed's counts, then U's scores
+    ws_i,  # [B, 5 * CAP + DMP + 1] i32: U's parents, ranks, depths, first children, key ranks
+    ws_key,  # [B, CAP] i64
+    out_tok,
+    out_par,
+    out_dep,
+    out_score,
+    out_rank,
+    out_mask,
+    out_n,
+    out_path,  # [B] i32: 1 = threshold path, 0 = heap fallback
+    N: tl.constexpr,
+    KE: tl.constexpr,
+    DM: tl.constexpr,
+    DMP: tl.constexpr,  # next_pow2(DM)
+    NP: tl.constexpr,
+    KEP: tl.constexpr,  # next_pow2(KE)
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    TP: tl.constexpr,
+    NB: tl.constexpr,  # seed bins
+    CAP: tl.constexpr,  # most nodes U may hold
+    PC: tl.constexpr,  # parents per expansion chunk
+    CU: tl.constexpr,  # rows per rank / emit chunk
+    CV: tl.constexpr,  # columns per rank chunk
+):
+    """Seed a threshold, expand every node above it, order them by rank: ~3·DM dependent
+    steps instead of ``N / 2`` reductions; the heap replay when the seed misses."""
+    b = tl.program_id(0)
+    ob = b * (N + 1)
+    lpb = lp_ptr + b * s_lpb
+    tkb = tok_ptr + b * s_tkb
+    _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_rank, out_mask,
+                    N + 1, TP, W, WP)  # fmt: skip
+    fb = ws_f + b * ((DM + 1) * NB + CAP)
+    ws_s = fb + (DM + 1) * NB
+    ib = ws_i + b * (5 * CAP + DMP + 1)
+    ws_par = ib
+    ws_rk = ib + CAP
+    ws_dep = ib + 2 * CAP
+    ws_cst = ib + 3 * CAP
+    ws_rank = ib + 4 * CAP
+    ws_lvl = ib + 5 * CAP
+    theta = _seed(lpb, s_lpd, fb, N, KE, DM, DMP, KEP, NB)
+    nU, over = _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE, DM,
+                       KEP, CAP, PC)  # fmt: skip
+    fast = (~over) & ((nU >= N) | (theta == float("-inf")))
+    tl.store(out_path + b, fast.to(tl.int32))
+    if fast:
+        _preorder_keys(ws_s, ws_par, ws_dep, ws_cst, ws_lvl, ws_key + b * CAP, nU, DM, CU)
+        tl.debug_barrier()
+        _rank_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_key + b * CAP, ws_rank, nU,
+                       out_tok, out_par, out_dep, out_score, out_rank, out_mask, ob, N, DM, W, WP,
+                       CU, CV)  # fmt: skip
+        tl.store(out_n + b, (1 + tl.minimum(nU, N)).to(tl.int64))
+    else:
+        _heap_replay(lpb, tkb, s_lpd, s_tkd, ws_lex, ws_end, b * TP, out_tok, out_par, out_dep,
+                     out_score, out_rank, out_mask, out_n, b, ob, N, KE, DM, NP, W, TP)  # fmt: skip
+
+
 def supports(lp: torch.Tensor, budget: int) -> bool:
     """Whether the kernel handles this shape (else use the torch builder)."""
     return 1 <= budget <= MAX_BUDGET and lp.dim() == 3 and lp.shape[1] > 0 and lp.shape[2] > 0
 
 
 def default_num_warps(budget: int) -> int:
-    """Warps per program: the pop loop reduces over ``next_pow2(budget)`` slots."""
+    """Warps per program for the heap replay: it reduces over ``next_pow2(budget)`` slots."""
     np_ = triton.next_power_of_2(budget)  # single-pop version, H200 graph-timed: 1 / 4 / 8 warps
-    # to 32 / 128 / 256 slots (the two-pop loop is not tuned yet)
+    # to 32 / 128 / 256 slots; the two-pop loop measured best at 4 warps for 64 (call T)
     return 1 if np_ <= 32 else (4 if np_ <= 128 else 8)
+
+
+def thresh_warps(budget: int) -> int:
+    """Warps per program for the threshold builder (its widest tiles: ``NB`` seed bins and
+    ``CU x CV`` rank pairs)."""
+    return 4 if budget <= 64 else 8
+
+
+def thresh_params(budget: int, K: int, D: int) -> dict[str, int]:
+    """The threshold builder's static sizes for a shape (``KE``, ``DM`` clipped to the budget)."""
+    N = budget
+    ke, dm = min(K, N), min(D, N)
+    return dict(
+        NB=256 if N <= 64 else 512,
+        CAP=max(64, 2 * N + 32),  # the seed lands within 1.4 N on the shapes measured
+        PC=64,
+        CU=128 if N > 64 else 64,
+        CV=64,
+        KEP=triton.next_power_of_2(ke),
+        DMP=triton.next_power_of_2(dm),
+    )
+
+
+ALGOS = ("threshold", "heap")
 
 
 def build_trees_triton(
@@ -312,9 +640,21 @@ def build_trees_triton(
     bonus: torch.Tensor,
     *,
     num_warps: int | None = None,
+    algo: str = "threshold",
+    path_out: torch.Tensor | None = None,
+    cap: int | None = None,
 ) -> DeviceTree:
-    """Launch one program per request; shapes as ``build_trees_torch``."""
+    """Launch one program per request; shapes as ``build_trees_torch``.
+
+    ``algo="threshold"`` (default): seed a score threshold, expand every node above it level by
+    level, order them (the heap replay runs instead when the seed leaves too few or too many
+    nodes); ``"heap"``: the two-pop heap replay alone. ``path_out`` (``int32 [B]``, threshold
+    only) receives 1 where the threshold path built the tree and 0 where the heap replay did;
+    ``cap`` overrides the node capacity of the threshold path (tests force the fallback with it).
+    """
     check_tree_inputs(lp, tok, budget, bonus)
+    if algo not in ALGOS:
+        raise ValueError(f"algo={algo!r}: expected one of {ALGOS}")
     if not supports(lp, budget):
         raise ValueError(
             f"budget={budget}, lp {tuple(lp.shape)}: outside the kernel's range (budget in "
@@ -329,8 +669,9 @@ def build_trees_triton(
     lp = lp if lp.stride(-1) == 1 else lp.contiguous()
     tok = tok if tok.stride(-1) == 1 else tok.contiguous()
     bonus = bonus.to(torch.int64).contiguous()
-    ws_lex = torch.empty(max(Bsz, 1) * TP, dtype=torch.int32, device=dev)
-    ws_end = torch.empty(max(Bsz, 1) * TP, dtype=torch.int32, device=dev)
+    nb = max(Bsz, 1)
+    ws_lex = torch.empty(nb * TP, dtype=torch.int32, device=dev)
+    ws_end = torch.empty(nb * TP, dtype=torch.int32, device=dev)
     out = DeviceTree(
         tokens=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
         parents=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
@@ -340,34 +681,38 @@ def build_trees_triton(
         ranks=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
         n_nodes=torch.empty(Bsz, dtype=torch.int64, device=dev),
     )
+    if path_out is not None and (
+        algo != "threshold"
+        or path_out.shape != (Bsz,)
+        or path_out.dtype != torch.int32
+        or path_out.device != dev
+    ):
+        raise ValueError(f"path_out: expected int32 [{Bsz}] on {dev} with algo='threshold'")
     if Bsz == 0:
         return out
-    _tree_build_kernel[(Bsz,)](
-        lp,
-        tok,
-        bonus,
-        lp.stride(0),
-        lp.stride(1),
-        tok.stride(0),
-        tok.stride(1),
-        ws_lex,
-        ws_end,
-        out.tokens,
-        out.parents,
-        out.depths,
-        out.scores,
-        out.ranks,
-        out.mask,
-        out.n_nodes,
-        N=N,
-        KE=ke,
-        DM=dm,
-        DMP=triton.next_power_of_2(dm),
-        NP=NP,
-        KP=triton.next_power_of_2(ke),
-        W=W,
-        WP=triton.next_power_of_2(W),
-        TP=TP,
-        num_warps=num_warps or default_num_warps(N),
-    )
+    common = (lp, tok, bonus, lp.stride(0), lp.stride(1), tok.stride(0), tok.stride(1))
+    outs = (out.tokens, out.parents, out.depths, out.scores, out.ranks, out.mask, out.n_nodes)
+    if algo == "heap":
+        _tree_build_kernel[(Bsz,)](
+            *common, ws_lex, ws_end, *outs,
+            N=N, KE=ke, DM=dm, NP=NP, W=W, WP=triton.next_power_of_2(W), TP=TP,
+            num_warps=num_warps or default_num_warps(N),
+        )  # fmt: skip
+        return out
+    prm = thresh_params(N, K, D)
+    if cap is not None:
+        if not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"cap={cap!r}: expected a positive integer")
+        prm["CAP"] = cap
+    nbins, cap_, dmp = prm["NB"], prm["CAP"], prm["DMP"]
+    ws_f = torch.empty(nb * ((dm + 1) * nbins + cap_), dtype=torch.float32, device=dev)
+    ws_i = torch.empty(nb * (5 * cap_ + dmp + 1), dtype=torch.int32, device=dev)
+    ws_key = torch.empty(nb * cap_, dtype=torch.int64, device=dev)
+    if path_out is None:
+        path_out = torch.empty(Bsz, dtype=torch.int32, device=dev)
+    _tree_build_thresh_kernel[(Bsz,)](
+        *common, ws_lex, ws_end, ws_f, ws_i, ws_key, *outs, path_out,
+        N=N, KE=ke, DM=dm, NP=NP, W=W, WP=triton.next_power_of_2(W), TP=TP, **prm,
+        num_warps=num_warps or thresh_warps(N),
+    )  # fmt: skip
     return out
