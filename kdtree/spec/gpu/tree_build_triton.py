@@ -411,8 +411,8 @@ def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE: 
     for d in range(1, DM):  # parents at depth d, children at depth d + 1
         lrow = tl.load(lpb + d * s_lpd + kk, mask=kin, other=float("-inf"))
         base = end
-        for c0 in range(start, end, PC):
-            pidx = c0 + pp
+        for c0 in range(0, end - start, PC):  # (a loop from `start` ran from 0 on sm_90)
+            pidx = start + c0 + pp
             pm = pidx < end
             sp = tl.load(ws_s + pidx, mask=pm, other=float("-inf"))
             cs = sp[:, None] + lrow[None, :]  # the heap's float32 sum, parent first
