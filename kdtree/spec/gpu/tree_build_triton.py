@@ -185,12 +185,39 @@ def _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_
 
 
 @triton.jit
+def _mask_from_intervals(ws_lex, ws_end, wrow, out_mask, ob, T: tl.constexpr, W: tl.constexpr,
+                         TP: tl.constexpr):  # fmt: skip
+    """Row ``i``'s ancestor bitmask from preorder intervals: ``k`` is an ancestor-or-self of
+    ``i`` iff ``lex_k <= lex_i < end_k``; a row with ``lex < 0`` sees only itself."""
+    RB: tl.constexpr = 64 if TP > 64 else TP  # mask tile (rows and columns)
+    ar = tl.arange(0, RB)
+    one = tl.full([RB, RB], 1, tl.int64)
+    for rc in tl.static_range(W):
+        ri = rc * 64 + ar
+        lex_i = tl.load(ws_lex + wrow + ri, mask=ri < TP, other=-1)
+        real_i = lex_i >= 0
+        for w in tl.static_range(W):
+            ck = w * 64 + ar
+            if w <= rc:
+                lex_k = tl.load(ws_lex + wrow + ck, mask=ck < TP, other=-1)
+                end_k = tl.load(ws_end + wrow + ck, mask=ck < TP, other=-1)
+                hit = (lex_k[None, :] <= lex_i[:, None]) & (lex_i[:, None] < end_k[None, :])
+                word = tl.sum(tl.where(hit, one << ar.to(tl.int64)[None, :], 0), axis=1)
+            else:
+                word = tl.zeros([RB], tl.int64)
+            self_bit = tl.where(
+                ri // 64 == w, tl.full([RB], 1, tl.int64) << (ri % 64).to(tl.int64), 0
+            )
+            word = tl.where(real_i, word, self_bit)
+            tl.store(out_mask + (ob + ri) * W + w, word, mask=ri < T)
+
+
+@triton.jit
 def _heap_replay(lpb, tkb, s_lpd, s_tkd, ws_lex, ws_end, wrow, out_tok, out_par, out_dep,
                  out_score, out_rank, out_mask, out_n, b, ob, N: tl.constexpr, KE: tl.constexpr,
                  DM: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, TP: tl.constexpr):  # fmt: skip
     """The two-pop heap replay (module docstring): every row and the mask of one request."""
     T: tl.constexpr = N + 1
-    RB: tl.constexpr = 64 if TP > 64 else TP  # mask tile (rows and columns)
     neg_inf = float("-inf")
     rows = tl.arange(0, TP)
     tl.store(ws_lex + wrow + rows, tl.full([TP], -1, tl.int32))
@@ -255,27 +282,8 @@ def _heap_replay(lpb, tkb, s_lpd, s_tkd, ws_lex, ws_end, wrow, out_tok, out_par,
     r_r = tl.load(out_rank + ob + rows, mask=real, other=0)
     tl.store(out_tok + ob + rows, tl.load(tkb + (d_r - 1) * s_tkd + r_r, mask=real), mask=real)
 
-    # ---- ancestor bitmask: k is an ancestor-or-self of i iff lex_k <= lex_i < end_k -----------
-    ar = tl.arange(0, RB)
-    one = tl.full([RB, RB], 1, tl.int64)
-    for rc in tl.static_range(W):
-        ri = rc * 64 + ar
-        lex_i = tl.load(ws_lex + wrow + ri, mask=ri < TP, other=-1)
-        real_i = lex_i >= 0
-        for w in tl.static_range(W):
-            ck = w * 64 + ar
-            if w <= rc:
-                lex_k = tl.load(ws_lex + wrow + ck, mask=ck < TP, other=-1)
-                end_k = tl.load(ws_end + wrow + ck, mask=ck < TP, other=-1)
-                hit = (lex_k[None, :] <= lex_i[:, None]) & (lex_i[:, None] < end_k[None, :])
-                word = tl.sum(tl.where(hit, one << ar.to(tl.int64)[None, :], 0), axis=1)
-            else:
-                word = tl.zeros([RB], tl.int64)
-            self_bit = tl.where(
-                ri // 64 == w, tl.full([RB], 1, tl.int64) << (ri % 64).to(tl.int64), 0
-            )
-            word = tl.where(real_i, word, self_bit)
-            tl.store(out_mask + (ob + ri) * W + w, word, mask=ri < T)
+    # ---- ancestor bitmask from the intervals --------------------------------------------------
+    _mask_from_intervals(ws_lex, ws_end, wrow, out_mask, ob, T, W, TP)
 
 
 @triton.jit
@@ -318,19 +326,19 @@ def _tree_build_kernel(
 
 
 @triton.jit
-def _seed(lpb, s_lpd, ws_dp, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr,
-          DMP: tl.constexpr, KEP: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+def _seed(lpb, s_lpd, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr, DMP: tl.constexpr,
+          KEP: tl.constexpr, NB: tl.constexpr):  # fmt: skip
     """A threshold ``theta`` with (usually) a little more than ``N`` nodes at or above it.
 
     Counts nodes by their deviation from the rank-0 chain, ``dev = sum_d (lp[d, 0] - lp[d,
     r_d])``, in ``NB`` bins of width ``w`` with every deviation rounded up: ``C_d[c]`` = nodes
     of depth ``d`` whose rounded deviation is at most ``c`` bins, by ``C_d[c] = sum_j C_{d-1}[c
-    - u_dj]`` (a shift-and-add per rank, cumulative counts throughout). A node of depth ``d``
-    scores ``z_d - dev`` (``z_d`` the chain's score), so ``count(-t w) = sum_d C_d[z_d / w +
-    t]`` for every grid threshold at once; ``theta`` is the highest with a count ``>= N``
-    (``-inf`` when none, or when the range is not finite). Only speed rests on this estimate:
-    the expansion counts the real nodes and the kernel falls back to the heap replay when
-    there are too few or too many.
+    - u_dj]`` (a shift-and-add per rank, cumulative counts throughout, in registers). A node of
+    depth ``d`` scores ``z_d - dev`` (``z_d`` the chain's score), so ``count(-t w) = sum_d
+    C_d[z_d / w + t]`` for every grid threshold at once; ``theta`` is the highest with a count
+    ``>= N`` (``-inf`` when none, or when the range is not finite). Only speed rests on this
+    estimate: the expansion counts the real nodes and the kernel falls back to the heap replay
+    when there are too few or too many.
     """
     dd = tl.arange(0, DMP)
     kk = tl.arange(0, KEP)
@@ -355,42 +363,45 @@ def _seed(lpb, s_lpd, ws_dp, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr
     rng = tl.where(finite, tl.maximum(rng, 1e-30), 1.0)
     w = rng / (NB - 1)
     c = tl.arange(0, NB)
-    tl.store(ws_dp + c, tl.full([NB], 1.0, tl.float32))  # C_0: the root, deviation 0
-    tl.debug_barrier()
+    t = c.to(tl.float32)
+    KC: tl.constexpr = 8 if KEP > 8 else KEP
+    prev = tl.full([NB], 1.0, tl.float32)  # C_0: the root, deviation 0
+    cnt = tl.zeros([NB], tl.float32)
+    z = tl.zeros([NB], tl.float32)
     for d in range(DM):
         row = lpb + d * s_lpd
         l0 = tl.load(row)
         acc = tl.zeros([NB], tl.float32)
-        for j in range(KE):
-            x = (l0 - tl.load(row + j)) / w
-            u = tl.where(x < NB, tl.ceil(x), NB).to(tl.int32)  # NaN / inf: out of range
-            src = c - u
-            acc += tl.load(ws_dp + d * NB + src, mask=src >= 0, other=0.0)
-        tl.store(ws_dp + (d + 1) * NB + c, acc)
-        tl.debug_barrier()
-    t = c.to(tl.float32)
-    cnt = tl.zeros([NB], tl.float32)
-    z = tl.zeros([NB], tl.float32)
-    for d in range(DM):
-        z = z + tl.load(lpb + d * s_lpd)
+        for k0 in tl.static_range(0, KEP, KC):  # KC ranks' shifts at once
+            kc = k0 + tl.arange(0, KC)
+            x = (l0 - tl.load(row + kc, mask=kc < KE, other=float("-inf"))) / w
+            u = tl.where((kc < KE) & (x < NB), tl.ceil(x), NB).to(tl.int32)  # NaN/inf: out
+            src = c[None, :] - u[:, None]
+            got = tl.gather(tl.broadcast_to(prev[None, :], (KC, NB)), tl.maximum(src, 0), axis=1)
+            acc += tl.sum(tl.where(src >= 0, got, 0.0), 0)
+        prev = acc
+        z = z + l0
         f = z / w + t
         ok = f >= 0  # false for NaN and -inf
         idx = tl.where(ok, tl.minimum(f, NB - 1), 0.0).to(tl.int32)
-        cnt += tl.load(ws_dp + (d + 1) * NB + idx, mask=ok, other=0.0)
+        cnt += tl.where(ok, tl.gather(acc, idx, axis=0), 0.0)
     tstar = tl.min(tl.where(cnt >= N, c, NB), 0)
     return tl.where(finite & (tstar < NB), -tstar.to(tl.float32) * w, float("-inf"))
 
 
 @triton.jit
-def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE: tl.constexpr,
-            DM: tl.constexpr, KEP: tl.constexpr, CAP: tl.constexpr, PC: tl.constexpr):  # fmt: skip
+def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl,
+            KE: tl.constexpr, DM: tl.constexpr, KEP: tl.constexpr, CAP: tl.constexpr,
+            PC: tl.constexpr):  # fmt: skip
     """Every node scoring ``>= theta`` (within rank < KE, depth <= DM), level by level.
 
     A child never outscores its parent, so this set ``U`` is prefix-closed and a parent's
     kept children are a prefix of its ranks. Level ``l`` occupies ``[lvl[l-1], lvl[l])`` of the
     ``ws_*`` arrays in rank-tuple (lexicographic) order: parents are visited in order and
     children by rank. ``ws_cst`` holds each parent's first child as an index into the next
-    level. Returns ``|U|`` and whether it outgrew ``CAP`` (then ``U`` is incomplete).
+    level; ``ws_a`` the number of nodes of ``U`` before the node in rank-tuple order at smaller
+    depths (per ancestor level: the ancestor's level index + 1). Returns ``|U|`` and whether
+    it outgrew ``CAP`` (then ``U`` is incomplete).
     """
     kk = tl.arange(0, KEP)
     kin = kk < KE
@@ -401,6 +412,7 @@ def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE: 
     tl.store(ws_par + kk, tl.full([KEP], -1, tl.int32), mask=keep)
     tl.store(ws_rk + kk, kk, mask=keep)
     tl.store(ws_dep + kk, tl.full([KEP], 1, tl.int32), mask=keep)
+    tl.store(ws_a + kk, tl.zeros([KEP], tl.int32), mask=keep)
     tl.store(ws_lvl, 0)
     tl.store(ws_lvl + 1, n1)
     tl.debug_barrier()
@@ -415,6 +427,7 @@ def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE: 
             pidx = start + c0 + pp
             pm = pidx < end
             sp = tl.load(ws_s + pidx, mask=pm, other=float("-inf"))
+            ap = tl.load(ws_a + pidx, mask=pm, other=0) + (c0 + pp) + 1
             cs = sp[:, None] + lrow[None, :]  # the heap's float32 sum, parent first
             ok = pm[:, None] & kin[None, :] & (cs >= theta)
             cnt = tl.sum(ok.to(tl.int32), 1)
@@ -426,6 +439,7 @@ def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE: 
             tl.store(ws_par + dst, pidx[:, None] + kk[None, :] * 0, mask=wm)
             tl.store(ws_rk + dst, pidx[:, None] * 0 + kk[None, :], mask=wm)
             tl.store(ws_dep + dst, tl.full([PC, KEP], d + 1, tl.int32), mask=wm)
+            tl.store(ws_a + dst, ap[:, None] + kk[None, :] * 0, mask=wm)
             base = base + tl.sum(cnt, 0)
         over = over | (base > CAP)
         base = tl.minimum(base, CAP)
@@ -437,93 +451,84 @@ def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE: 
 
 
 @triton.jit
-def _preorder_keys(ws_s, ws_par, ws_dep, ws_cst, ws_lvl, ws_key, nU, DM: tl.constexpr,
-                   CU: tl.constexpr):  # fmt: skip
-    """``ws_key`` = the heap's order as one ``int64`` (larger first): the score's
-    order-preserving image high, ``2^32 - 1 - pre`` low, ``pre`` the node's position in the
-    rank-tuple order of ``U``: nodes before a node ``v`` of depth ``d`` and level index ``i``
-    are, per level ``e``, its ancestor's level index + 1 (``e < d``: the ancestor and what
-    precedes it), ``i`` (``e = d``) and the level-``e`` descendants of level-``d`` nodes before
-    ``v`` (``e > d``: first-child indices chained down)."""
-    for x0 in range(0, nU, CU):
-        x = x0 + tl.arange(0, CU)
-        xm = x < nU
-        d = tl.load(ws_dep + x, mask=xm, other=1)
-        pre = x - tl.load(ws_lvl + d - 1, mask=xm, other=0)
-        cur = pre
-        y = tl.load(ws_par + x, mask=xm, other=-1)
-        e = d - 1
-        for _ in range(DM - 1):  # ancestors, depth d - 1 up to 1
-            a = y >= 0
-            pre += tl.where(a, y - tl.load(ws_lvl + e - 1, mask=a, other=0) + 1, 0)
-            y = tl.load(ws_par + y, mask=a, other=-1)
-            e = e - 1
-        lv = d
-        for _ in range(DM - 1):  # descendants, depth d + 1 down to DM
-            go = xm & (lv < DM)
-            st_l = tl.load(ws_lvl + lv - 1, mask=go, other=0)
-            st_n = tl.load(ws_lvl + lv, mask=go, other=0)
-            st_nn = tl.load(ws_lvl + lv + 1, mask=go, other=0)
-            inside = cur < st_n - st_l
-            nxt = tl.where(
-                inside, tl.load(ws_cst + st_l + cur, mask=go & inside, other=0), st_nn - st_n
-            )
-            pre += tl.where(go, nxt, 0)
-            cur = tl.where(go, nxt, cur)
-            lv = tl.where(go, lv + 1, lv)
-        s = tl.load(ws_s + x, mask=xm, other=0.0)
-        key = (_ordered(s).to(tl.int64) << 32) | (4294967295 - pre.to(tl.int64))
-        tl.store(ws_key + x, key, mask=xm)
+def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl, ws_key,
+                    ws_rank, ws_lex, ws_end, wrow, nU, out_tok, out_par, out_dep, out_score,
+                    out_rank, out_mask, ob, N: tl.constexpr, DM: tl.constexpr, W: tl.constexpr,
+                    TP: tl.constexpr, CAPP: tl.constexpr, LVP: tl.constexpr, CU: tl.constexpr,
+                    CV: tl.constexpr):  # fmt: skip
+    """Order ``U`` as the heap pops it and write the ``N`` best.
 
-
-@triton.jit
-def _rank_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_key, ws_rank, nU, out_tok,
-                   out_par, out_dep, out_score, out_rank, out_mask, ob, N: tl.constexpr,
-                   DM: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, CU: tl.constexpr,
-                   CV: tl.constexpr):  # fmt: skip
-    """Rank every node of ``U`` by its key (all pairs), then write the ``N`` best as rows
-    ``rank + 1`` (pop order) with their parents' rows and their ancestors' bits."""
-    for x0 in range(0, nU, CU):
+    In registers (``tl.gather`` for every chase): a node's position ``pre`` in the rank-tuple
+    order of ``U`` is ``ws_a`` (its ancestors' levels) + its level index ``i`` + the nodes of
+    deeper levels under level-``d`` nodes before it (first-child indices chained down from
+    ``i``); chaining from ``i + 1`` as well gives its subtree's size. The key (score's
+    order-preserving image high, ``2^32 - 1 - pre`` low) is ranked against all of ``U`` (all
+    pairs); rank ``r < N`` is row ``r + 1``, and the ancestor bitmask comes from the preorder
+    intervals ``[pre, pre + size)``.
+    """
+    xs = tl.arange(0, CAPP)
+    xm = xs < nU
+    par = tl.load(ws_par + xs, mask=xm, other=-1)
+    cst = tl.load(ws_cst + xs, mask=xm, other=0)
+    dep = tl.load(ws_dep + xs, mask=xm, other=1)
+    lv_i = tl.arange(0, LVP)
+    lvl = tl.load(ws_lvl + lv_i, mask=lv_i <= DM, other=0)
+    lvl = tl.where(lv_i <= DM, lvl, tl.max(lvl, 0))  # past the deepest level: |U|
+    i = xs - tl.gather(lvl, dep - 1, axis=0)
+    cur = i
+    cur1 = i + 1
+    lv = dep
+    g = tl.zeros([CAPP], tl.int32)
+    g1 = tl.zeros([CAPP], tl.int32)
+    for _ in range(DM - 1):  # levels d + 1 .. DM
+        go = xm & (lv < DM)
+        st_l = tl.gather(lvl, lv - 1, axis=0)
+        st_n = tl.gather(lvl, lv, axis=0)
+        n_l = st_n - st_l
+        n_n = tl.gather(lvl, tl.minimum(lv + 1, LVP - 1), axis=0) - st_n
+        at = tl.gather(cst, tl.minimum(st_l + cur, CAPP - 1), axis=0)
+        at1 = tl.gather(cst, tl.minimum(st_l + cur1, CAPP - 1), axis=0)
+        nxt = tl.where(cur < n_l, at, n_n)
+        nxt1 = tl.where(cur1 < n_l, at1, n_n)
+        g += tl.where(go, nxt, 0)
+        g1 += tl.where(go, nxt1, 0)
+        cur = tl.where(go, nxt, cur)
+        cur1 = tl.where(go, nxt1, cur1)
+        lv = tl.where(go, lv + 1, lv)
+    pre = tl.load(ws_a + xs, mask=xm, other=0) + i + g
+    size = 1 + g1 - g
+    score = tl.load(ws_s + xs, mask=xm, other=0.0)
+    key = (_ordered(score).to(tl.int64) << 32) | (4294967295 - pre.to(tl.int64))
+    tl.store(ws_key + xs, key, mask=xm)
+    # padding rows: no interval; the root's covers every node
+    rows = tl.arange(0, TP)
+    tl.store(ws_lex + wrow + rows, tl.full([TP], -1, tl.int32))
+    tl.store(ws_end + wrow + rows, tl.where(rows == 0, _FAR, -1))
+    tl.debug_barrier()
+    for x0 in range(0, nU, CU):  # rank = how many keys of U are larger
         x = x0 + tl.arange(0, CU)
-        xm = x < nU
-        kx = tl.load(ws_key + x, mask=xm, other=_INVALID)
+        kx = tl.load(ws_key + x, mask=x < nU, other=_INVALID)
         r = tl.zeros([CU], tl.int32)
         for y0 in range(0, nU, CV):
             yv = y0 + tl.arange(0, CV)
             ky = tl.load(ws_key + yv, mask=yv < nU, other=_INVALID)
             r += tl.sum((ky[None, :] > kx[:, None]).to(tl.int32), 1)
-        tl.store(ws_rank + x, r, mask=xm)
+        tl.store(ws_rank + x, r, mask=x < nU)
     tl.debug_barrier()
-    wc = tl.arange(0, WP)
-    for x0 in range(0, nU, CU):
-        x = x0 + tl.arange(0, CU)
-        xm = x < nU
-        r = tl.load(ws_rank + x, mask=xm, other=N)
-        sel = xm & (r < N)
-        row = r + 1
-        d = tl.load(ws_dep + x, mask=sel, other=1)
-        j = tl.load(ws_rk + x, mask=sel, other=0)
-        p = tl.load(ws_par + x, mask=sel, other=-1)
-        prow = tl.where(p >= 0, tl.load(ws_rank + p, mask=sel & (p >= 0), other=-1) + 1, 0)
-        tl.store(out_tok + ob + row, tl.load(tkb + (d - 1) * s_tkd + j, mask=sel), mask=sel)
-        tl.store(out_par + ob + row, prow.to(tl.int64), mask=sel)
-        tl.store(out_dep + ob + row, d.to(tl.int64), mask=sel)
-        tl.store(out_rank + ob + row, j.to(tl.int64), mask=sel)
-        tl.store(out_score + ob + row, tl.load(ws_s + x, mask=sel, other=0.0), mask=sel)
-        one = tl.full([CU, WP], 1, tl.int64)
-        words = tl.where(
-            wc[None, :] == (row // 64)[:, None], one << (row % 64).to(tl.int64)[:, None], 0
-        )
-        words = words | tl.where(wc[None, :] == 0, one, 0)  # the root
-        y = p
-        for _ in range(DM - 1):  # ancestors' rows
-            a = sel & (y >= 0)
-            ra = tl.load(ws_rank + y, mask=a, other=-1) + 1
-            hit = a[:, None] & (wc[None, :] == (ra // 64)[:, None])
-            words = words | tl.where(hit, one << (ra % 64).to(tl.int64)[:, None], 0)
-            y = tl.load(ws_par + y, mask=a, other=-1)
-        mptr = out_mask + (ob + row)[:, None] * W + wc[None, :]
-        tl.store(mptr, words, mask=sel[:, None] & (wc[None, :] < W))
+    r = tl.load(ws_rank + xs, mask=xm, other=N)
+    sel = xm & (r < N)
+    row = r + 1
+    prow = tl.where(par >= 0, tl.gather(r, tl.maximum(par, 0), axis=0) + 1, 0)
+    j = tl.load(ws_rk + xs, mask=sel, other=0)
+    tl.store(out_tok + ob + row, tl.load(tkb + (dep - 1) * s_tkd + j, mask=sel), mask=sel)
+    tl.store(out_par + ob + row, prow.to(tl.int64), mask=sel)
+    tl.store(out_dep + ob + row, dep.to(tl.int64), mask=sel)
+    tl.store(out_rank + ob + row, j.to(tl.int64), mask=sel)
+    tl.store(out_score + ob + row, score, mask=sel)
+    tl.store(ws_lex + wrow + row, pre, mask=sel)
+    tl.store(ws_end + wrow + row, pre + size, mask=sel)
+    tl.debug_barrier()
+    _mask_from_intervals(ws_lex, ws_end, wrow, out_mask, ob, N + 1, W, TP)
 
 
 @triton.jit
@@ -536,9 +541,10 @@ def _tree_build_thresh_kernel(
     s_tkb,
     s_tkd,  # strides (last dim contiguous)
     ws_lex,
-    ws_end,  # [B, TP] i32: the heap fallback's preorder intervals
-    ws_f,  # [B, (DM + 1) * NB + CAP] f32: the seed's counts, then U's scores
-    ws_i,  # [B, 5 * CAP + DMP + 1] i32: U's parents, ranks, depths, first children, key ranks
+    ws_end,  # [B, TP] i32: preorder intervals of the rows, for the mask
+    ws_f,  # [B, CAP] f32: U's scores
+    ws_i,  # [B, 7 * CAP + LVP] i32: U's parents, ranks, depths, first children, ancestor
+    #        terms, key ranks; level starts
     ws_key,  # [B, CAP] i64
     out_tok,
     out_par,
@@ -559,11 +565,14 @@ def _tree_build_thresh_kernel(
     TP: tl.constexpr,
     NB: tl.constexpr,  # seed bins
     CAP: tl.constexpr,  # most nodes U may hold
+    CAPP: tl.constexpr,  # next_pow2(CAP)
+    LVP: tl.constexpr,  # next_pow2(DM + 2)
     PC: tl.constexpr,  # parents per expansion chunk
-    CU: tl.constexpr,  # rows per rank / emit chunk
+    CU: tl.constexpr,  # rows per rank chunk
     CV: tl.constexpr,  # columns per rank chunk
+    STOP: tl.constexpr = 0,  # profiling only: 1 = stop after the seed, 2 = after the expansion
 ):
-    """Seed a threshold, expand every node above it, order them by rank: ~3·DM dependent
+    """Seed a threshold, expand every node above it, order them by rank: ~2·DM dependent
     steps instead of ``N / 2`` reductions; the heap replay when the seed misses."""
     b = tl.program_id(0)
     ob = b * (N + 1)
@@ -571,26 +580,30 @@ def _tree_build_thresh_kernel(
     tkb = tok_ptr + b * s_tkb
     _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_rank, out_mask,
                     N + 1, TP, W, WP)  # fmt: skip
-    fb = ws_f + b * ((DM + 1) * NB + CAP)
-    ws_s = fb + (DM + 1) * NB
-    ib = ws_i + b * (5 * CAP + DMP + 1)
+    ws_s = ws_f + b * CAP
+    ib = ws_i + b * (7 * CAP + LVP)
     ws_par = ib
     ws_rk = ib + CAP
     ws_dep = ib + 2 * CAP
     ws_cst = ib + 3 * CAP
-    ws_rank = ib + 4 * CAP
-    ws_lvl = ib + 5 * CAP
-    theta = _seed(lpb, s_lpd, fb, N, KE, DM, DMP, KEP, NB)
-    nU, over = _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_lvl, KE, DM,
-                       KEP, CAP, PC)  # fmt: skip
+    ws_a = ib + 4 * CAP
+    ws_rank = ib + 5 * CAP
+    ws_lvl = ib + 7 * CAP
+    theta = _seed(lpb, s_lpd, N, KE, DM, DMP, KEP, NB)
+    if STOP == 1:
+        tl.store(out_path + b, (theta > 0).to(tl.int32))
+        return
+    nU, over = _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl, KE,
+                       DM, KEP, CAP, PC)  # fmt: skip
     fast = (~over) & ((nU >= N) | (theta == float("-inf")))
     tl.store(out_path + b, fast.to(tl.int32))
+    if STOP == 2:
+        return
     if fast:
-        _preorder_keys(ws_s, ws_par, ws_dep, ws_cst, ws_lvl, ws_key + b * CAP, nU, DM, CU)
-        tl.debug_barrier()
-        _rank_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_key + b * CAP, ws_rank, nU,
-                       out_tok, out_par, out_dep, out_score, out_rank, out_mask, ob, N, DM, W, WP,
-                       CU, CV)  # fmt: skip
+        _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl,
+                        ws_key + b * CAP, ws_rank, ws_lex, ws_end, b * TP, nU, out_tok, out_par,
+                        out_dep, out_score, out_rank, out_mask, ob, N, DM, W, TP, CAPP, LVP, CU,
+                        CV)  # fmt: skip
         tl.store(out_n + b, (1 + tl.minimum(nU, N)).to(tl.int64))
     else:
         _heap_replay(lpb, tkb, s_lpd, s_tkd, ws_lex, ws_end, b * TP, out_tok, out_par, out_dep,
@@ -622,11 +635,13 @@ def thresh_params(budget: int, K: int, D: int) -> dict[str, int]:
     return dict(
         NB=256 if N <= 64 else 512,
         CAP=max(64, 2 * N + 32),  # the seed lands within 1.4 N on the shapes measured
+        CAPP=triton.next_power_of_2(max(64, 2 * N + 32)),
         PC=64,
         CU=128 if N > 64 else 64,
         CV=64,
         KEP=triton.next_power_of_2(ke),
         DMP=triton.next_power_of_2(dm),
+        LVP=triton.next_power_of_2(dm + 2),
     )
 
 
@@ -643,6 +658,7 @@ def build_trees_triton(
     algo: str = "threshold",
     path_out: torch.Tensor | None = None,
     cap: int | None = None,
+    _stop: int = 0,
 ) -> DeviceTree:
     """Launch one program per request; shapes as ``build_trees_torch``.
 
@@ -650,7 +666,9 @@ def build_trees_triton(
     level, order them (the heap replay runs instead when the seed leaves too few or too many
     nodes); ``"heap"``: the two-pop heap replay alone. ``path_out`` (``int32 [B]``, threshold
     only) receives 1 where the threshold path built the tree and 0 where the heap replay did;
-    ``cap`` overrides the node capacity of the threshold path (tests force the fallback with it).
+    ``cap`` overrides the node capacity of the threshold path (tests force the fallback with it);
+    ``_stop`` (profiling only: the outputs are then incomplete) ends the threshold kernel after
+    its seed (1) or its expansion (2).
     """
     check_tree_inputs(lp, tok, budget, bonus)
     if algo not in ALGOS:
@@ -703,16 +721,16 @@ def build_trees_triton(
     if cap is not None:
         if not isinstance(cap, int) or cap < 1:
             raise ValueError(f"cap={cap!r}: expected a positive integer")
-        prm["CAP"] = cap
-    nbins, cap_, dmp = prm["NB"], prm["CAP"], prm["DMP"]
-    ws_f = torch.empty(nb * ((dm + 1) * nbins + cap_), dtype=torch.float32, device=dev)
-    ws_i = torch.empty(nb * (5 * cap_ + dmp + 1), dtype=torch.int32, device=dev)
+        prm["CAP"], prm["CAPP"] = cap, triton.next_power_of_2(cap)
+    cap_, lvp = prm["CAP"], prm["LVP"]
+    ws_f = torch.empty(nb * cap_, dtype=torch.float32, device=dev)
+    ws_i = torch.empty(nb * (7 * cap_ + lvp), dtype=torch.int32, device=dev)
     ws_key = torch.empty(nb * cap_, dtype=torch.int64, device=dev)
     if path_out is None:
         path_out = torch.empty(Bsz, dtype=torch.int32, device=dev)
     _tree_build_thresh_kernel[(Bsz,)](
         *common, ws_lex, ws_end, ws_f, ws_i, ws_key, *outs, path_out,
-        N=N, KE=ke, DM=dm, NP=NP, W=W, WP=triton.next_power_of_2(W), TP=TP, **prm,
+        N=N, KE=ke, DM=dm, NP=NP, W=W, WP=triton.next_power_of_2(W), TP=TP, **prm, STOP=_stop,
         num_warps=num_warps or thresh_warps(N),
     )  # fmt: skip
     return out
