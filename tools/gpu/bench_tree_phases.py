@@ -48,7 +48,7 @@ def main() -> None:
                 if phase != "heap":
                     kw = dict(kw, path_out=pth)
                 g, _ = graph_of(
-                    lambda kw=kw, b=budget, lp=lp, tok=tok: build_trees_triton(
+                    lambda kw=kw, b=budget, lp=lp, tok=tok, bonus=bonus: build_trees_triton(
                         lp, tok, b, bonus, **kw
                     )
                 )
