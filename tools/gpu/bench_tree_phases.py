@@ -1,7 +1,7 @@
 """Phase breakdown of the threshold tree builder against the heap replay: batch 1, depth 15,
 K 8 and 32, budgets 16 / 64 / 256, each kernel replayed from a CUDA graph holding ten builds.
 ``seed`` stops the kernel after its threshold, ``seed+expand`` after the expansion, ``full`` is
-the whole build; ``heap`` is ``algo="heap"``. Prints one line per point and appends rows to
+the whole build (``full_wN``: with N warps); ``heap`` is ``algo="heap"``. Prints one line per point and appends rows to
 ``tree_phases.csv`` in ``--out`` as it goes."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--budgets", default="16,64,256")
     ap.add_argument("--topk", default="8,32")
+    ap.add_argument("--alt-warps", default="4,8", help="warps for extra full builds")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     path = Path(a.out) / "tree_phases.csv"
@@ -38,10 +39,12 @@ def main() -> None:
         bonus = torch.zeros(1, dtype=torch.int64, device="cuda")
         for budget in (int(x) for x in a.budgets.split(",")):
             rows, line = [], []
+            alts = [(f"full_w{w}", dict(num_warps=int(w))) for w in a.alt_warps.split(",") if w]
             for phase, kw in (
                 ("seed", dict(_stop=1)),
                 ("seed+expand", dict(_stop=2)),
                 ("full", {}),
+                *alts,
                 ("heap", dict(algo="heap")),
             ):
                 pth = torch.full((1,), -1, dtype=torch.int32, device="cuda")

@@ -326,14 +326,14 @@ def _tree_build_kernel(
 
 
 @triton.jit
-def _seed(lpb, s_lpd, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr, DMP: tl.constexpr,
-          KEP: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+def _seed(lpb, s_lpd, ws_dp, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr,
+          DMP: tl.constexpr, KEP: tl.constexpr, NB: tl.constexpr):  # fmt: skip
     """A threshold ``theta`` with (usually) a little more than ``N`` nodes at or above it.
 
     Counts nodes by their deviation from the rank-0 chain, ``dev = sum_d (lp[d, 0] - lp[d,
     r_d])``, in ``NB`` bins of width ``w`` with every deviation rounded up: ``C_d[c]`` = nodes
     of depth ``d`` whose rounded deviation is at most ``c`` bins, by ``C_d[c] = sum_j C_{d-1}[c
-    - u_dj]`` (a shift-and-add per rank, cumulative counts throughout, in registers). A node of
+    - u_dj]`` (a shift-and-add per rank, cumulative counts throughout, rows in ``ws_dp``). A node of
     depth ``d`` scores ``z_d - dev`` (``z_d`` the chain's score), so ``count(-t w) = sum_d
     C_d[z_d / w + t]`` for every grid threshold at once; ``theta`` is the highest with a count
     ``>= N`` (``-inf`` when none, or when the range is not finite). Only speed rests on this
@@ -365,26 +365,27 @@ def _seed(lpb, s_lpd, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr, DMP: 
     c = tl.arange(0, NB)
     t = c.to(tl.float32)
     KC: tl.constexpr = 8 if KEP > 8 else KEP
-    prev = tl.full([NB], 1.0, tl.float32)  # C_0: the root, deviation 0
+    tl.store(ws_dp + c, tl.full([NB], 1.0, tl.float32))  # C_0: the root, deviation 0
+    tl.debug_barrier()
     cnt = tl.zeros([NB], tl.float32)
     z = tl.zeros([NB], tl.float32)
     for d in range(DM):
         row = lpb + d * s_lpd
         l0 = tl.load(row)
         acc = tl.zeros([NB], tl.float32)
-        for k0 in tl.static_range(0, KEP, KC):  # KC ranks' shifts at once
+        for k0 in tl.static_range(0, KEP, KC):  # KC ranks' shifts at once: independent loads
             kc = k0 + tl.arange(0, KC)
             x = (l0 - tl.load(row + kc, mask=kc < KE, other=float("-inf"))) / w
             u = tl.where((kc < KE) & (x < NB), tl.ceil(x), NB).to(tl.int32)  # NaN/inf: out
             src = c[None, :] - u[:, None]
-            got = tl.gather(tl.broadcast_to(prev[None, :], (KC, NB)), tl.maximum(src, 0), axis=1)
-            acc += tl.sum(tl.where(src >= 0, got, 0.0), 0)
-        prev = acc
+            acc += tl.sum(tl.load(ws_dp + d * NB + src, mask=src >= 0, other=0.0), 0)
+        tl.store(ws_dp + (d + 1) * NB + c, acc)
+        tl.debug_barrier()
         z = z + l0
         f = z / w + t
         ok = f >= 0  # false for NaN and -inf
         idx = tl.where(ok, tl.minimum(f, NB - 1), 0.0).to(tl.int32)
-        cnt += tl.where(ok, tl.gather(acc, idx, axis=0), 0.0)
+        cnt += tl.load(ws_dp + (d + 1) * NB + idx, mask=ok, other=0.0)
     tstar = tl.min(tl.where(cnt >= N, c, NB), 0)
     return tl.where(finite & (tstar < NB), -tstar.to(tl.float32) * w, float("-inf"))
 
@@ -458,7 +459,7 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
                     CV: tl.constexpr):  # fmt: skip
     """Order ``U`` as the heap pops it and write the ``N`` best.
 
-    In registers (``tl.gather`` for every chase): a node's position ``pre`` in the rank-tuple
+    A node's position ``pre`` in the rank-tuple
     order of ``U`` is ``ws_a`` (its ancestors' levels) + its level index ``i`` + the nodes of
     deeper levels under level-``d`` nodes before it (first-child indices chained down from
     ``i``); chaining from ``i + 1`` as well gives its subtree's size. The key (score's
@@ -469,12 +470,8 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
     xs = tl.arange(0, CAPP)
     xm = xs < nU
     par = tl.load(ws_par + xs, mask=xm, other=-1)
-    cst = tl.load(ws_cst + xs, mask=xm, other=0)
     dep = tl.load(ws_dep + xs, mask=xm, other=1)
-    lv_i = tl.arange(0, LVP)
-    lvl = tl.load(ws_lvl + lv_i, mask=lv_i <= DM, other=0)
-    lvl = tl.where(lv_i <= DM, lvl, tl.max(lvl, 0))  # past the deepest level: |U|
-    i = xs - tl.gather(lvl, dep - 1, axis=0)
+    i = xs - tl.load(ws_lvl + dep - 1, mask=xm, other=0)
     cur = i
     cur1 = i + 1
     lv = dep
@@ -482,12 +479,12 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
     g1 = tl.zeros([CAPP], tl.int32)
     for _ in range(DM - 1):  # levels d + 1 .. DM
         go = xm & (lv < DM)
-        st_l = tl.gather(lvl, lv - 1, axis=0)
-        st_n = tl.gather(lvl, lv, axis=0)
+        st_l = tl.load(ws_lvl + lv - 1, mask=go, other=0)
+        st_n = tl.load(ws_lvl + lv, mask=go, other=0)
         n_l = st_n - st_l
-        n_n = tl.gather(lvl, tl.minimum(lv + 1, LVP - 1), axis=0) - st_n
-        at = tl.gather(cst, tl.minimum(st_l + cur, CAPP - 1), axis=0)
-        at1 = tl.gather(cst, tl.minimum(st_l + cur1, CAPP - 1), axis=0)
+        n_n = tl.load(ws_lvl + lv + 1, mask=go, other=0) - st_n
+        at = tl.load(ws_cst + st_l + cur, mask=go & (cur < n_l), other=0)
+        at1 = tl.load(ws_cst + st_l + cur1, mask=go & (cur1 < n_l), other=0)
         nxt = tl.where(cur < n_l, at, n_n)
         nxt1 = tl.where(cur1 < n_l, at1, n_n)
         g += tl.where(go, nxt, 0)
@@ -518,7 +515,7 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
     r = tl.load(ws_rank + xs, mask=xm, other=N)
     sel = xm & (r < N)
     row = r + 1
-    prow = tl.where(par >= 0, tl.gather(r, tl.maximum(par, 0), axis=0) + 1, 0)
+    prow = tl.where(par >= 0, tl.load(ws_rank + par, mask=sel & (par >= 0), other=-1) + 1, 0)
     j = tl.load(ws_rk + xs, mask=sel, other=0)
     tl.store(out_tok + ob + row, tl.load(tkb + (dep - 1) * s_tkd + j, mask=sel), mask=sel)
     tl.store(out_par + ob + row, prow.to(tl.int64), mask=sel)
@@ -542,7 +539,7 @@ def _tree_build_thresh_kernel(
     s_tkd,  # strides (last dim contiguous)
     ws_lex,
     ws_end,  # [B, TP] i32: preorder intervals of the rows, for the mask
-    ws_f,  # [B, CAP] f32: U's scores
+    ws_f,  # [B, (DM + 1) * NB + CAP] f32: the seed's counts, then U's scores
     ws_i,  # [B, 7 * CAP + LVP] i32: U's parents, ranks, depths, first children, ancestor
     #        terms, key ranks; level starts
     ws_key,  # [B, CAP] i64
@@ -580,7 +577,8 @@ def _tree_build_thresh_kernel(
     tkb = tok_ptr + b * s_tkb
     _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_rank, out_mask,
                     N + 1, TP, W, WP)  # fmt: skip
-    ws_s = ws_f + b * CAP
+    ws_dp = ws_f + b * ((DM + 1) * NB + CAP)
+    ws_s = ws_dp + (DM + 1) * NB
     ib = ws_i + b * (7 * CAP + LVP)
     ws_par = ib
     ws_rk = ib + CAP
@@ -589,7 +587,7 @@ def _tree_build_thresh_kernel(
     ws_a = ib + 4 * CAP
     ws_rank = ib + 5 * CAP
     ws_lvl = ib + 7 * CAP
-    theta = _seed(lpb, s_lpd, N, KE, DM, DMP, KEP, NB)
+    theta = _seed(lpb, s_lpd, ws_dp, N, KE, DM, DMP, KEP, NB)
     if STOP == 1:
         tl.store(out_path + b, (theta > 0).to(tl.int32))
         return
@@ -723,7 +721,7 @@ def build_trees_triton(
             raise ValueError(f"cap={cap!r}: expected a positive integer")
         prm["CAP"], prm["CAPP"] = cap, triton.next_power_of_2(cap)
     cap_, lvp = prm["CAP"], prm["LVP"]
-    ws_f = torch.empty(nb * cap_, dtype=torch.float32, device=dev)
+    ws_f = torch.empty(nb * ((dm + 1) * prm["NB"] + cap_), dtype=torch.float32, device=dev)
     ws_i = torch.empty(nb * (7 * cap_ + lvp), dtype=torch.int32, device=dev)
     ws_key = torch.empty(nb * cap_, dtype=torch.int64, device=dev)
     if path_out is None:
