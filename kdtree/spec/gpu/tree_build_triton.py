@@ -326,6 +326,15 @@ def _tree_build_kernel(
 
 
 @triton.jit
+def _shifted(row, j, l0, w, prev, c, NB: tl.constexpr):
+    """``C_{d-1}[c - u_j]`` (0 below 0): rank ``j``'s deviation ``u_j`` in bins, rounded up."""
+    x = (l0 - tl.load(row + j)) / w
+    u = tl.where(x < NB, tl.ceil(x), NB).to(tl.int32)  # NaN / inf: out of range
+    src = c - u
+    return tl.load(prev + src, mask=src >= 0, other=0.0)
+
+
+@triton.jit
 def _seed(lpb, s_lpd, ws_dp, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr,
           DMP: tl.constexpr, KEP: tl.constexpr, NB: tl.constexpr):  # fmt: skip
     """A threshold ``theta`` with (usually) a little more than ``N`` nodes at or above it.
@@ -364,7 +373,6 @@ def _seed(lpb, s_lpd, ws_dp, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr
     w = rng / (NB - 1)
     c = tl.arange(0, NB)
     t = c.to(tl.float32)
-    KC: tl.constexpr = 8 if KEP > 8 else KEP
     tl.store(ws_dp + c, tl.full([NB], 1.0, tl.float32))  # C_0: the root, deviation 0
     tl.debug_barrier()
     cnt = tl.zeros([NB], tl.float32)
@@ -372,13 +380,16 @@ def _seed(lpb, s_lpd, ws_dp, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr
     for d in range(DM):
         row = lpb + d * s_lpd
         l0 = tl.load(row)
+        prev = ws_dp + d * NB
         acc = tl.zeros([NB], tl.float32)
-        for k0 in tl.static_range(0, KEP, KC):  # KC ranks' shifts at once: independent loads
-            kc = k0 + tl.arange(0, KC)
-            x = (l0 - tl.load(row + kc, mask=kc < KE, other=float("-inf"))) / w
-            u = tl.where((kc < KE) & (x < NB), tl.ceil(x), NB).to(tl.int32)  # NaN/inf: out
-            src = c[None, :] - u[:, None]
-            acc += tl.sum(tl.load(ws_dp + d * NB + src, mask=src >= 0, other=0.0), 0)
+        # one shift per rank: independent 1-D loads, no cross-thread reduction (a [ranks, NB]
+        # tile summed over ranks cost ~2 µs per level in call X)
+        if KE <= 64:
+            for j in tl.static_range(KE):
+                acc += _shifted(row, j, l0, w, prev, c, NB)
+        else:
+            for j in range(KE):
+                acc += _shifted(row, j, l0, w, prev, c, NB)
         tl.store(ws_dp + (d + 1) * NB + c, acc)
         tl.debug_barrier()
         z = z + l0
@@ -453,19 +464,16 @@ def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl
 
 @triton.jit
 def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl, ws_key,
-                    ws_rank, ws_lex, ws_end, wrow, nU, out_tok, out_par, out_dep, out_score,
-                    out_rank, out_mask, ob, N: tl.constexpr, DM: tl.constexpr, W: tl.constexpr,
-                    TP: tl.constexpr, CAPP: tl.constexpr, LVP: tl.constexpr, CU: tl.constexpr,
-                    CV: tl.constexpr):  # fmt: skip
+                    ws_rank, nU, out_tok, out_par, out_dep, out_score, out_rank, out_mask, ob,
+                    N: tl.constexpr, DM: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+                    CAPP: tl.constexpr, CU: tl.constexpr, CV: tl.constexpr):  # fmt: skip
     """Order ``U`` as the heap pops it and write the ``N`` best.
 
-    A node's position ``pre`` in the rank-tuple
-    order of ``U`` is ``ws_a`` (its ancestors' levels) + its level index ``i`` + the nodes of
+    A node's position ``pre`` in the rank-tuple order of ``U`` is ``ws_a`` (its ancestors' levels) + its level index ``i`` + the nodes of
     deeper levels under level-``d`` nodes before it (first-child indices chained down from
-    ``i``); chaining from ``i + 1`` as well gives its subtree's size. The key (score's
-    order-preserving image high, ``2^32 - 1 - pre`` low) is ranked against all of ``U`` (all
-    pairs); rank ``r < N`` is row ``r + 1``, and the ancestor bitmask comes from the preorder
-    intervals ``[pre, pre + size)``.
+    ``i``). The key (score's order-preserving image high, ``2^32 - 1 - pre`` low) is ranked
+    against all of ``U`` (all pairs); rank ``r < N`` is row ``r + 1``, and the ancestor bitmask
+    collects the rows up the parent chain.
     """
     xs = tl.arange(0, CAPP)
     xm = xs < nU
@@ -473,10 +481,8 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
     dep = tl.load(ws_dep + xs, mask=xm, other=1)
     i = xs - tl.load(ws_lvl + dep - 1, mask=xm, other=0)
     cur = i
-    cur1 = i + 1
     lv = dep
     g = tl.zeros([CAPP], tl.int32)
-    g1 = tl.zeros([CAPP], tl.int32)
     for _ in range(DM - 1):  # levels d + 1 .. DM
         go = xm & (lv < DM)
         st_l = tl.load(ws_lvl + lv - 1, mask=go, other=0)
@@ -484,32 +490,24 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
         n_l = st_n - st_l
         n_n = tl.load(ws_lvl + lv + 1, mask=go, other=0) - st_n
         at = tl.load(ws_cst + st_l + cur, mask=go & (cur < n_l), other=0)
-        at1 = tl.load(ws_cst + st_l + cur1, mask=go & (cur1 < n_l), other=0)
         nxt = tl.where(cur < n_l, at, n_n)
-        nxt1 = tl.where(cur1 < n_l, at1, n_n)
         g += tl.where(go, nxt, 0)
-        g1 += tl.where(go, nxt1, 0)
         cur = tl.where(go, nxt, cur)
-        cur1 = tl.where(go, nxt1, cur1)
         lv = tl.where(go, lv + 1, lv)
     pre = tl.load(ws_a + xs, mask=xm, other=0) + i + g
-    size = 1 + g1 - g
     score = tl.load(ws_s + xs, mask=xm, other=0.0)
     key = (_ordered(score).to(tl.int64) << 32) | (4294967295 - pre.to(tl.int64))
     tl.store(ws_key + xs, key, mask=xm)
-    # padding rows: no interval; the root's covers every node
-    rows = tl.arange(0, TP)
-    tl.store(ws_lex + wrow + rows, tl.full([TP], -1, tl.int32))
-    tl.store(ws_end + wrow + rows, tl.where(rows == 0, _FAR, -1))
     tl.debug_barrier()
     for x0 in range(0, nU, CU):  # rank = how many keys of U are larger
         x = x0 + tl.arange(0, CU)
         kx = tl.load(ws_key + x, mask=x < nU, other=_INVALID)
-        r = tl.zeros([CU], tl.int32)
-        for y0 in range(0, nU, CV):
+        gt = tl.zeros([CU, CV], tl.int32)
+        for y0 in range(0, nU, CV):  # elementwise counts; one reduction per row chunk
             yv = y0 + tl.arange(0, CV)
             ky = tl.load(ws_key + yv, mask=yv < nU, other=_INVALID)
-            r += tl.sum((ky[None, :] > kx[:, None]).to(tl.int32), 1)
+            gt += (ky[None, :] > kx[:, None]).to(tl.int32)
+        r = tl.sum(gt, 1)
         tl.store(ws_rank + x, r, mask=x < nU)
     tl.debug_barrier()
     r = tl.load(ws_rank + xs, mask=xm, other=N)
@@ -522,10 +520,22 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
     tl.store(out_dep + ob + row, dep.to(tl.int64), mask=sel)
     tl.store(out_rank + ob + row, j.to(tl.int64), mask=sel)
     tl.store(out_score + ob + row, score, mask=sel)
-    tl.store(ws_lex + wrow + row, pre, mask=sel)
-    tl.store(ws_end + wrow + row, pre + size, mask=sel)
-    tl.debug_barrier()
-    _mask_from_intervals(ws_lex, ws_end, wrow, out_mask, ob, N + 1, W, TP)
+    # the ancestor bitmask: self, the root, then the parents' rows up the chain
+    wc = tl.arange(0, WP)
+    one = tl.full([CAPP, WP], 1, tl.int64)
+    words = tl.where(
+        wc[None, :] == (row // 64)[:, None], one << (row % 64).to(tl.int64)[:, None], 0
+    )
+    words = words | tl.where(wc[None, :] == 0, one, 0)
+    y = par
+    for _ in range(DM - 1):
+        a = sel & (y >= 0)
+        ra = tl.load(ws_rank + y, mask=a, other=-1) + 1
+        hit = a[:, None] & (wc[None, :] == (ra // 64)[:, None])
+        words = words | tl.where(hit, one << (ra % 64).to(tl.int64)[:, None], 0)
+        y = tl.load(ws_par + y, mask=a, other=-1)
+    mptr = out_mask + (ob + row)[:, None] * W + wc[None, :]
+    tl.store(mptr, words, mask=sel[:, None] & (wc[None, :] < W))
 
 
 @triton.jit
@@ -538,7 +548,7 @@ def _tree_build_thresh_kernel(
     s_tkb,
     s_tkd,  # strides (last dim contiguous)
     ws_lex,
-    ws_end,  # [B, TP] i32: preorder intervals of the rows, for the mask
+    ws_end,  # [B, TP] i32: the heap fallback's preorder intervals
     ws_f,  # [B, (DM + 1) * NB + CAP] f32: the seed's counts, then U's scores
     ws_i,  # [B, 7 * CAP + LVP] i32: U's parents, ranks, depths, first children, ancestor
     #        terms, key ranks; level starts
@@ -599,9 +609,8 @@ def _tree_build_thresh_kernel(
         return
     if fast:
         _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl,
-                        ws_key + b * CAP, ws_rank, ws_lex, ws_end, b * TP, nU, out_tok, out_par,
-                        out_dep, out_score, out_rank, out_mask, ob, N, DM, W, TP, CAPP, LVP, CU,
-                        CV)  # fmt: skip
+                        ws_key + b * CAP, ws_rank, nU, out_tok, out_par, out_dep, out_score,
+                        out_rank, out_mask, ob, N, DM, W, WP, CAPP, CU, CV)  # fmt: skip
         tl.store(out_n + b, (1 + tl.minimum(nU, N)).to(tl.int64))
     else:
         _heap_replay(lpb, tkb, s_lpd, s_tkd, ws_lex, ws_end, b * TP, out_tok, out_par, out_dep,
@@ -631,7 +640,7 @@ def thresh_params(budget: int, K: int, D: int) -> dict[str, int]:
     N = budget
     ke, dm = min(K, N), min(D, N)
     return dict(
-        NB=256 if N <= 64 else 512,
+        NB=256,
         CAP=max(64, 2 * N + 32),  # the seed lands within 1.4 N on the shapes measured
         CAPP=triton.next_power_of_2(max(64, 2 * N + 32)),
         PC=64,
