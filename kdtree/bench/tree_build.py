@@ -91,6 +91,7 @@ def run_tree_build(
         "device_torch",
         "device_torch_graph",
         "device_triton",
+        "device_triton_thresh",
         "device_triton_heap",
     ),
     fast: bool = False,
@@ -100,7 +101,8 @@ def run_tree_build(
     """Time every provider on every (batch, budget); K = min(budget, top_k) (>= 1).
 
     Providers that cannot run here (graphs and Triton without CUDA; Triton outside
-    ``tree_build_triton.supports``) are skipped. ``device_triton`` is the threshold builder,
+    ``tree_build_triton.supports``) are skipped. ``device_triton`` is the Triton builder the
+    engine runs (``algo="auto"``), ``device_triton_thresh`` the threshold builder and
     ``device_triton_heap`` the two-pop heap replay; each is also timed from a CUDA graph
     (``_graph``) and, graphed, with the fused top-K in front (``+topk_graph``). Rows: time per
     step (ms), and ``speedup`` (heap / provider) for every device provider.
@@ -135,7 +137,11 @@ def run_tree_build(
                         lp, tok, budget, bonus, backend="torch"
                     )
                 )
-            for prov, algo in (("device_triton", "threshold"), ("device_triton_heap", "heap")):
+            for prov, algo in (
+                ("device_triton", "auto"),
+                ("device_triton_thresh", "threshold"),
+                ("device_triton_heap", "heap"),
+            ):
                 if prov not in providers or dev.type != "cuda":
                     continue
                 from kdtree.spec.gpu import tree_build_triton as tbt

@@ -630,9 +630,18 @@ def default_num_warps(budget: int) -> int:
 
 
 def thresh_warps(budget: int) -> int:
-    """Warps per program for the threshold builder (its widest tiles: ``NB`` seed bins and
-    ``CU x CV`` rank pairs)."""
-    return 4 if budget <= 64 else 8
+    """Warps per program for the threshold builder: 8 beat 4 at every measured point (batch 1,
+    K 8 / 32, budget 16 / 64 / 256; call Y, ``tools/gpu/bench_tree_phases.py``)."""
+    return 8
+
+
+def auto_algo(budget: int, K: int) -> str:
+    """The faster builder for a shape, from call Y (batch 1, depth 15, CUDA graph): the heap
+    replay at budget 16 (5.5 µs against 15-25) and at budget 64 with K 32 (21.6 against 35.4);
+    the threshold builder at budget 64 with K 8 (15.8 against 21.3) and at budget 256 (45 / 59
+    against 99 / 100)."""
+    ke = min(K, budget)
+    return "threshold" if budget > 64 or (budget > 32 and ke <= 8) else "heap"
 
 
 def thresh_params(budget: int, K: int, D: int) -> dict[str, int]:
@@ -652,7 +661,7 @@ def thresh_params(budget: int, K: int, D: int) -> dict[str, int]:
     )
 
 
-ALGOS = ("threshold", "heap")
+ALGOS = ("auto", "threshold", "heap")
 
 
 def build_trees_triton(
@@ -662,17 +671,17 @@ def build_trees_triton(
     bonus: torch.Tensor,
     *,
     num_warps: int | None = None,
-    algo: str = "threshold",
+    algo: str = "auto",
     path_out: torch.Tensor | None = None,
     cap: int | None = None,
     _stop: int = 0,
 ) -> DeviceTree:
     """Launch one program per request; shapes as ``build_trees_torch``.
 
-    ``algo="threshold"`` (default): seed a score threshold, expand every node above it level by
-    level, order them (the heap replay runs instead when the seed leaves too few or too many
-    nodes); ``"heap"``: the two-pop heap replay alone. ``path_out`` (``int32 [B]``, threshold
-    only) receives 1 where the threshold path built the tree and 0 where the heap replay did;
+    ``algo="threshold"``: seed a score threshold, expand every node above it level by level,
+    order them (the heap replay runs instead when the seed leaves too few or too many nodes);
+    ``"heap"``: the two-pop heap replay alone; ``"auto"`` (default): whichever ``auto_algo``
+    says is faster for the shape. ``path_out`` (``int32 [B]``, threshold only) receives 1 where the threshold path built the tree and 0 where the heap replay did;
     ``cap`` overrides the node capacity of the threshold path (tests force the fallback with it);
     ``_stop`` (profiling only: the outputs are then incomplete) ends the threshold kernel after
     its seed (1) or its expansion (2).
@@ -680,6 +689,9 @@ def build_trees_triton(
     check_tree_inputs(lp, tok, budget, bonus)
     if algo not in ALGOS:
         raise ValueError(f"algo={algo!r}: expected one of {ALGOS}")
+    if algo == "auto":  # the threshold-only options pick the threshold builder
+        threshold_only = path_out is not None or cap is not None or bool(_stop)
+        algo = "threshold" if threshold_only else auto_algo(budget, lp.shape[2])
     if not supports(lp, budget):
         raise ValueError(
             f"budget={budget}, lp {tuple(lp.shape)}: outside the kernel's range (budget in "
