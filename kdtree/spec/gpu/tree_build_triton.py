@@ -1,5 +1,38 @@
-"""One Triton program per request replays the best-first heap in registers, two pops per
-reduction.
+"""Two exact Triton tree builders, one program per request: the heap replay (two pops per
+block reduction) and the threshold builder; ``algo="auto"`` runs the one measured faster.
+
+The threshold builder (``_tree_build_thresh_kernel``). The heap pops the global top-``N``
+nodes in the total order (score, rank tuple) (``tree_build.py``), so with ``theta`` any score
+that at least ``N`` real nodes reach, the set ``U`` of nodes scoring ``>= theta`` contains the
+tree, and the tree is the ``N`` best of ``U``. Four phases, ~3 * depth dependent steps instead
+of ``N / 2`` reductions:
+
+1. seed (``_seed``): count nodes per depth by their rounded-up deviation from the rank-0 chain
+   (a shift-and-add per rank over 256 bins, rows in global scratch) and take the highest grid
+   threshold with ``>= N`` nodes — an estimate: 1.1–1.6 N nodes on average, up to 2.7 N, on
+   draft-like top-K in numpy (``thresh_params``), and only speed rests on it;
+2. expand (``_expand``): every node ``>= theta`` level by level (parents in order, a parent's
+   kept children are a prefix of its ranks, one prefix sum per chunk of 64 parents); if ``U``
+   outgrows ``CAP = next_pow2(2 N + 32)``, or holds fewer than ``N`` nodes while ``theta >
+   -inf``, the program runs the heap replay instead (exact either way; ``path_out`` says which ran);
+3. order (``_order_and_emit``): a node's preorder position in ``U`` = its ancestors' level
+   indices + 1 (carried down the expansion) + its level index + the deeper nodes under earlier
+   nodes of its level (first-child indices chained down); the int64 key (score image, then
+   ``2^32 - 1 - pre``) is ranked against all of ``U`` (all pairs), rank ``r < N`` is row
+   ``r + 1``;
+4. emit: tokens, parents' rows, and the ancestor bitmask collected up the parent chain.
+
+Timing (H200, batch 1, depth 15, ten builds per CUDA-graph replay,
+``tools/gpu/bench_tree_phases.py``, call Y, rows in ``data/bench/logs/tree_phases_session5.csv``):
+threshold 14.6 / 15.8 / 45.4 µs at budget 16 / 64 / 256 for K 8 and 24.9 / 35.4 / 59.1 µs for
+K 32, against 5.5 / 21.3 / 99.4 and 5.7 / 21.6 / 99.9 µs for the heap replay; of the 59 µs at
+K 32, budget 256, the seed takes 25 and the expansion 10. What did not work on the H200's
+Triton 3.6: ``tl.gather`` for the seed's shifts and the ordering's chases (10x slower than
+global-memory rows, call W); a ``[ranks, bins]`` tile summed over ranks per level (~2 µs per
+level, call X); the interval-tile mask at budget 256 (~3 µs a tile, call X); a ``range``
+starting at a loop-carried value (it ran from 0, call U — the loop now counts from 0).
+
+The heap replay (``_tree_build_kernel``, and the threshold builder's fallback) follows.
 
 Before the heap replay (H200, CUDA graph: 95 µs at budget 16, 160 µs at 64, 420 µs at 256, the
 same at batch 1 and 32) the kernel built the tree level-synchronously: for each of the ``Dm - 1``
@@ -650,8 +683,11 @@ def thresh_params(budget: int, K: int, D: int) -> dict[str, int]:
     ke, dm = min(K, N), min(D, N)
     return dict(
         NB=256,
-        CAP=max(64, 2 * N + 32),  # the seed lands within 1.4 N on the shapes measured
-        CAPP=triton.next_power_of_2(max(64, 2 * N + 32)),
+        # |U| above the seed's threshold, numpy over draft-like top-K with 256 bins: 1.1-1.6 N
+        # on average, up to 2.7 N (budget 256, K 8, one token per depth far ahead); the cap is
+        # the power of two the ordering's [CAPP] tiles have anyway (2 N + 32 rounded up)
+        CAP=triton.next_power_of_2(2 * N + 32),
+        CAPP=triton.next_power_of_2(2 * N + 32),
         PC=64,
         CU=128 if N > 64 else 64,
         CV=64,
