@@ -518,6 +518,57 @@ def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     return w.reset_index()
 
 
+def tree_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataFrame:
+    """The threshold builder's phases against the heap replay, µs per build, by (K, budget),
+    from ``tools/gpu/bench_tree_phases.py`` rows (``data/bench/logs/tree_phases_session5.csv``):
+    ``seed``, ``expand`` (``seed+expand - seed``), ``order`` (``full - seed+expand``), ``full``
+    (all three at the warps the builder defaulted to in that call), ``best`` (the fastest whole
+    build over the warps tried, ``best_of`` names it: ``full`` or ``full_wN``), ``heap`` and
+    ``heap / best``. ``call`` picks one device call of the file (default: the last listed)."""
+    need = {"K", "budget", "phase", "p50_us"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"tree phase rows: missing columns {sorted(missing)}")
+    if "call" in df.columns:
+        call = call if call is not None else str(df["call"].iloc[-1])
+        df = df[df["call"].astype(str) == call]
+        if df.empty:
+            raise ValueError(f"call={call!r}: no rows")
+    w = df.pivot_table(index=["K", "budget"], columns="phase", values="p50_us")
+    for col in ("seed", "seed+expand", "full", "heap"):
+        if col not in w.columns:
+            raise ValueError(f"tree phase rows: no {col!r} phase")
+    whole = w[[c for c in w.columns if c == "full" or c.startswith("full_w")]]
+    out = pd.DataFrame(
+        {
+            "seed": w["seed"],
+            "expand": w["seed+expand"] - w["seed"],
+            "order": w["full"] - w["seed+expand"],
+            "full": w["full"],
+            "best": whole.min(axis=1),
+            "best_of": whole.idxmin(axis=1),
+            "heap": w["heap"],
+        }
+    )
+    out["heap_over_best"] = out["heap"] / out["best"]
+    return out.reset_index()
+
+
+def tree_phase_findings(table: pd.DataFrame) -> list[str]:
+    """Conclusion bullets from ``tree_phase_table``: where the threshold builder wins and which
+    phase dominates."""
+    out = []
+    for r in table.itertuples():
+        biggest = max(("seed", "expand", "order"), key=lambda c: getattr(r, c))
+        verdict = "faster" if r.best < r.heap else "slower"
+        out.append(
+            f"K={r.K}, B={r.budget}: threshold {r.best:.3g} µs (`{r.best_of}`) vs heap replay "
+            f"{r.heap:.3g} µs (**{verdict}**, {r.heap_over_best:.2g}×); largest phase "
+            f"`{biggest}` ({getattr(r, biggest):.3g} µs of {r.full:.3g})."
+        )
+    return out
+
+
 def tree_build_findings(table: pd.DataFrame) -> list[str]:
     """Conclusion bullets formatted from ``tree_build_table``."""
     out = []

@@ -8,6 +8,7 @@
 
 # %%
 import ipywidgets as widgets
+import pandas as pd
 import torch
 from IPython.display import display
 
@@ -119,6 +120,26 @@ if gpu is None and not ctx.live_gpu:
 times[["name", "provider", "x_value", "p50", "p20", "p80", "unit", "mode"]]
 
 # %% [markdown]
+# ### Where the threshold builder's time goes (shipped H200 rows)
+# The Triton heap replay does budget / 2 dependent block reductions; the threshold builder
+# (seed a score threshold, expand every node above it, rank the survivors) does ~3 × depth
+# dependent steps. Batch 1, depth 15, ten builds per graph replay
+# (`python3 tools/gpu/bench_tree_phases.py`, `data/bench/logs/tree_phases_session5.csv`); the
+# kernel stops after the seed, after the expansion, or runs whole. `algo="auto"` runs the
+# faster of the two per shape.
+
+# %%
+phase_csv = nb.data_path("bench", "logs", "tree_phases_session5.csv")
+phases = ns.tree_phase_table(pd.read_csv(phase_csv)) if phase_csv.exists() else None
+if phases is not None:
+    nb.show(vtree.make_tree_phase_fig(phases), "tree_phases_gpu")
+    display(phases.round(1))
+else:
+    nb.note(
+        "The tree-build phase rows are not shipped (data/bench/logs/tree_phases_session5.csv)."
+    )
+
+# %% [markdown]
 # ## 4. Budget and top-K (interactive only)
 
 # %%
@@ -155,6 +176,9 @@ nb.markdown(
     + "".join(
         f"- {line}\n" for line in (ns.tree_build_findings(gpu_builds) if gpu is not None else [])
     )
+    + "".join(
+        f"- {line}\n" for line in (ns.tree_phase_findings(phases) if phases is not None else [])
+    )
 )
 
 # %%
@@ -172,6 +196,7 @@ nb.write_summary(
         "device_builder_ms": {f"{k[0]}_B{k[1]}": v for k, v in devb.items()},
         "builders_agree": agree,
         "gpu_builds": None if gpu_builds is None else gpu_builds.to_dict("records"),
+        "gpu_tree_phases": None if phases is None else phases.to_dict("records"),
     }
 )
 nb.check(agree, "the device builder reproduces the heap's trees")

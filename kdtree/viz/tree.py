@@ -9,7 +9,34 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["make_tree_build_fig", "make_tree_fig", "tree_layout"]
+__all__ = ["make_tree_build_fig", "make_tree_fig", "make_tree_phase_fig", "tree_layout"]
+
+
+def make_tree_phase_fig(table, *, title: str | None = None):
+    """Stacked phases of the threshold builder (seed, expand, order) beside the heap replay's
+    bar, one group per (K, budget); ``table`` from ``kdtree.nb_shipped.tree_phase_table``."""
+    import plotly.graph_objects as go
+
+    need = {"K", "budget", "seed", "expand", "order", "heap"}
+    missing = need - set(table.columns)
+    if missing:
+        raise ValueError(f"table: missing columns {sorted(missing)} (expected tree_phase_table)")
+    cases = [f"K={r.K} B={r.budget}" for r in table.itertuples()]
+    fig = go.Figure()
+    for phase in ("seed", "expand", "order"):
+        fig.add_trace(
+            go.Bar(
+                x=[cases, ["threshold"] * len(cases)], y=table[phase], name=f"threshold: {phase}"
+            )
+        )
+    fig.add_trace(go.Bar(x=[cases, ["heap"] * len(cases)], y=table["heap"], name="heap replay"))
+    fig.update_layout(
+        barmode="stack",
+        title=title or "Tree build per phase, batch 1 (µs per build, ten builds per graph replay)",
+        yaxis_title="µs",
+        legend_title="builder: phase",
+    )
+    return fig
 
 
 def make_tree_build_fig(df, *, metric: str = "time", title: str | None = None):

@@ -186,3 +186,27 @@ def test_drafter_ab_table_and_figure_pool_tau_per_run():
         ns.drafter_ab_table({"mixed": two})
     with pytest.raises(ValueError, match="2 runs"):
         make_drafter_ab_fig({"mixed": two})
+
+
+def test_tree_phase_table_splits_the_threshold_build_into_phases():
+    from kdtree.viz.tree import make_tree_phase_fig
+
+    rows = []
+    for call, scale in (("X", 2.0), ("Y", 1.0)):
+        for phase, us in (("seed", 10.0), ("seed+expand", 14.0), ("full", 20.0), ("full_w8", 16.0),
+                          ("heap", 40.0)):  # fmt: skip
+            rows.append(
+                {"call": call, "K": 8, "budget": 256, "phase": phase, "p50_us": us * scale}
+            )
+    df = pd.DataFrame(rows)
+    t = ns.tree_phase_table(df).iloc[0]  # the last call listed: Y
+    assert (t["seed"], t["expand"], t["order"], t["full"]) == (10.0, 4.0, 6.0, 20.0)
+    assert t["best"] == 16.0 and t["best_of"] == "full_w8" and t["heap_over_best"] == 2.5
+    assert ns.tree_phase_table(df, call="X").iloc[0]["seed"] == 20.0
+    lines = ns.tree_phase_findings(ns.tree_phase_table(df))
+    assert "**faster**" in lines[0] and "`seed`" in lines[0]
+    assert len(make_tree_phase_fig(ns.tree_phase_table(df)).data) == 4
+    with pytest.raises(ValueError, match="call"):
+        ns.tree_phase_table(df, call="Q")
+    with pytest.raises(ValueError, match="heap"):
+        ns.tree_phase_table(df[df["phase"] != "heap"])
