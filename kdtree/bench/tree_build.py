@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -54,6 +55,12 @@ def heap_step(logits: torch.Tensor, K: int, budget: int, bonus: torch.Tensor):
         trees.mask.to(dev, non_blocking=True),
         trees.parents.to(dev, non_blocking=True),
     )
+
+
+def _topk_then_build(logits, K: int, budget: int, bonus, algo: str):
+    from kdtree.spec.gpu import tree_build_triton as tbt
+
+    return tbt.build_trees_triton(*draft_topk(logits, K), budget, bonus, algo=algo)
 
 
 def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
@@ -148,18 +155,11 @@ def run_tree_build(
 
                 if not tbt.supports(lp, budget):
                     continue
-                fns[prov] = lambda lp=lp, tok=tok, budget=budget, bonus=bonus, algo=algo: (
-                    tbt.build_trees_triton(lp, tok, budget, bonus, algo=algo)
-                )
-                fns[f"{prov}_graph"] = _graphed(
-                    lambda lp=lp, tok=tok, budget=budget, bonus=bonus, algo=algo: (
-                        tbt.build_trees_triton(lp, tok, budget, bonus, algo=algo)
-                    )
-                )
+                build = partial(tbt.build_trees_triton, lp, tok, budget, bonus, algo=algo)
+                fns[prov] = build
+                fns[f"{prov}_graph"] = _graphed(build)
                 fns[f"{prov}+topk_graph"] = _graphed(
-                    lambda logits=logits, K=K, budget=budget, bonus=bonus, algo=algo: (
-                        tbt.build_trees_triton(*draft_topk(logits, K), budget, bonus, algo=algo)
-                    )
+                    partial(_topk_then_build, logits, K, budget, bonus, algo)
                 )
             times: dict[str, Timing] = {}
             for name, fn in fns.items():

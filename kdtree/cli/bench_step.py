@@ -56,7 +56,8 @@ def tree_build_cmd(
     vocab: int = typer.Option(32768, help="Vocabulary of the synthetic draft logits."),
     device: str = typer.Option("auto", help="auto | cpu | cuda."),
     providers: str = typer.Option(
-        "heap,device_torch,device_torch_graph,device_triton,device_triton_thresh,device_triton_heap",
+        "heap,device_torch,device_torch_graph,device_triton,device_triton_thresh,"
+        "device_triton_heap",
         help="Providers to time (device_triton: the engine's Triton builder, algo=auto; "
         "device_triton_thresh: the threshold builder; device_triton_heap: the heap replay).",
     ),

@@ -63,6 +63,7 @@ def tree_build(N: int, K: int, D: int = 15, algo: str = "threshold") -> None:
     )
     if algo == "threshold":
         consts.update(tbt.thresh_params(N, K, D))
+        consts["CAPP"] = triton.next_power_of_2(consts["CAP"])
         warps = tbt.thresh_warps(N)
     else:
         warps = tbt.default_num_warps(N)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kdtree.spec.gpu.tree_build import DeviceTree, build_trees_device, score_key
-from kdtree.spec.gpu.tree_build_triton import ALGOS, build_trees_triton
+from kdtree.spec.gpu.tree_build_triton import MAX_CAP, build_trees_triton
 from kdtree.spec.tree import build_tree_ref, draft_topk, pad_trees
 
 
@@ -44,6 +44,7 @@ def _assert_same(dt, lp, tok, budget, bonus):
 
 
 FIELDS = ("tokens", "parents", "depths", "mask", "scores", "ranks", "n_nodes")
+EXACT_ALGOS = ("threshold", "heap")  # "auto" runs one of them (test_auto_picks_...)
 
 CASES = [
     # (B, D, K, budget, quant, zeros, neg_inf)
@@ -82,7 +83,7 @@ TRITON_CASES = [
 ]
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", EXACT_ALGOS)
 @pytest.mark.parametrize("B,D,K,budget,quant,zeros,neg_inf", TRITON_CASES)
 def test_triton_tree_equals_heap(B, D, K, budget, quant, zeros, neg_inf, algo, gen):
     lp, tok = _sorted_lp(B, D, K, gen, quant, zeros, neg_inf)
@@ -91,7 +92,7 @@ def test_triton_tree_equals_heap(B, D, K, budget, quant, zeros, neg_inf, algo, g
     _assert_same(dt, lp, tok, budget, bonus)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", EXACT_ALGOS)
 def test_triton_all_ties_follow_rank_tuple_order(algo, gen):
     """Every log-prob equal: all nodes of a depth tie, so the tree is decided by the tie rule
     alone (smaller rank tuple first), across parents and depths (lp 0: children tie parents)."""
@@ -104,7 +105,7 @@ def test_triton_all_ties_follow_rank_tuple_order(algo, gen):
             _assert_same(dt, lp, tok, budget, bonus)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", EXACT_ALGOS)
 def test_triton_random_sweep(algo, gen):
     """Small random shapes, many tie patterns, batch > 1 with different root tokens."""
     for trial in range(10):
@@ -123,7 +124,7 @@ def test_triton_random_sweep(algo, gen):
         _assert_same(build_trees_triton(lp, tok, budget, bonus, algo=algo), lp, tok, budget, bonus)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", EXACT_ALGOS)
 def test_triton_second_pop_ties_the_first_pops_successors(algo):
     """Two pops per reduction: the second pop is the best of the other slots' pending children
     and the first pop's child and sibling, compared at the tie positions the first pop shifts.
@@ -139,7 +140,7 @@ def test_triton_second_pop_ties_the_first_pops_successors(algo):
     assert tree.ranks[1:] == [(0,), (1,), (0, 0), (0, 0, 0), (1, 0), (1, 0, 0), (2,), (2, 0)]
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", EXACT_ALGOS)
 @pytest.mark.parametrize("budget", [2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33])
 def test_triton_budgets_around_powers_of_two(budget, algo, gen):
     """Odd budgets end on a single pop; at budget = next_pow2(budget) the last node has no
@@ -150,7 +151,7 @@ def test_triton_budgets_around_powers_of_two(budget, algo, gen):
     _assert_same(dt, lp, tok, budget, bonus)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", EXACT_ALGOS)
 def test_triton_tie_heavy_sweep(algo, gen):
     """Many small tie-heavy trees (grids, lp 0, -inf tails, K below and above the budget,
     heaps that run dry between the two pops of a reduction)."""
@@ -197,11 +198,25 @@ def test_threshold_path_builds_typical_trees(B, K, budget, peak, gen):
 def test_threshold_falls_back_to_the_heap_when_the_nodes_outgrow_the_cap(gen):
     lp, tok = _sorted_lp(2, 8, 6, gen, quant=0.5, zeros=True)
     bonus = torch.randint(0, 1000, (2,), generator=gen)
-    for cap, want in ((4, 0), (None, 1)):
+    for cap, want in ((4, 0), (None, 1)):  # cap 4 < K: the first level already overflows
         path = torch.full((2,), -1, dtype=torch.int32)
         dt = build_trees_triton(lp, tok, 24, bonus, path_out=path, cap=cap)
         assert path.tolist() == [want, want]
         _assert_same(dt, lp, tok, 24, bonus)
+
+
+def test_threshold_overflow_at_a_deeper_level_falls_back_exactly(gen):
+    """Caps from the budget up: the ones below |U| overflow somewhere in the expansion (path
+    0, the heap replay's tree), the larger ones build it themselves (path 1); always exact."""
+    lp, tok = _draft_like(1, 15, 8, 4096, gen)
+    bonus = torch.tensor([5])
+    paths = []
+    for cap in range(16, 40, 2):
+        path = torch.full((1,), -1, dtype=torch.int32)
+        dt = build_trees_triton(lp, tok, 16, bonus, path_out=path, cap=cap)
+        _assert_same(dt, lp, tok, 16, bonus)
+        paths.append(path.item())
+    assert paths[0] == 0 and paths[-1] == 1 and paths == sorted(paths)
 
 
 def test_threshold_rejects_bad_options(gen):
@@ -213,10 +228,29 @@ def test_threshold_rejects_bad_options(gen):
         build_trees_triton(lp, tok, 4, bonus, cap=0)
     with pytest.raises(ValueError, match="path_out"):
         build_trees_triton(lp, tok, 4, bonus, path_out=torch.zeros(1, dtype=torch.int64))
-    with pytest.raises(ValueError, match="path_out"):
+    with pytest.raises(ValueError, match="threshold"):
         build_trees_triton(
             lp, tok, 4, bonus, algo="heap", path_out=torch.zeros(1, dtype=torch.int32)
         )
+    lp2, tok2 = _sorted_lp(2, 3, 4, gen)
+    strided = torch.zeros(4, dtype=torch.int32)[::2]  # [2], stride 2: the kernel writes b, b + 1
+    with pytest.raises(ValueError, match="path_out"):
+        build_trees_triton(lp2, tok2, 4, torch.zeros(2, dtype=torch.int64), path_out=strided)
+    for bad in (True, MAX_CAP + 1, 2.0):
+        with pytest.raises(ValueError, match="cap"):
+            build_trees_triton(lp, tok, 4, bonus, cap=bad)
+    with pytest.raises(ValueError, match="_stop"):
+        build_trees_triton(lp, tok, 4, bonus, _stop=3)
+    for kw in (dict(cap=8), dict(_stop=1)):
+        with pytest.raises(ValueError, match="threshold"):
+            build_trees_triton(lp, tok, 4, bonus, algo="heap", **kw)
+
+
+def test_auto_picks_the_measured_faster_builder():
+    from kdtree.spec.gpu.tree_build_triton import auto_algo
+
+    assert auto_algo(16, 8) == auto_algo(16, 32) == auto_algo(64, 32) == "heap"
+    assert auto_algo(64, 8) == auto_algo(256, 8) == auto_algo(256, 32) == "threshold"
 
 
 def test_assert_same_detects_a_wrong_tree(gen):

@@ -1,8 +1,8 @@
 """Phase breakdown of the threshold tree builder against the heap replay: batch 1, depth 15,
 K 8 and 32, budgets 16 / 64 / 256, each kernel replayed from a CUDA graph holding ten builds.
 ``seed`` stops the kernel after its threshold, ``seed+expand`` after the expansion, ``full`` is
-the whole build (``full_wN``: with N warps); ``heap`` is ``algo="heap"``. Prints one line per point and appends rows to
-``tree_phases.csv`` in ``--out`` as it goes."""
+the whole build (``full_wN``: with N warps); ``heap`` is ``algo="heap"``. Prints one line per
+point and appends rows to ``tree_phases.csv`` in ``--out`` as it goes."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--budgets", default="16,64,256")
     ap.add_argument("--topk", default="8,32")
-    ap.add_argument("--alt-warps", default="4,8", help="warps for extra full builds")
+    ap.add_argument("--alt-warps", default="4", help="warps for extra full builds")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     path = Path(a.out) / "tree_phases.csv"

@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--algo", default="threshold", choices=("threshold", "heap"))
-    ap.add_argument("--warps", default="2,4,8,16", help="comma-separated warps to try")
+    ap.add_argument("--warps", default="1,2,4,8,16", help="comma-separated warps to try")
     a = ap.parse_args()
     warps = [int(x) for x in a.warps.split(",")]
     default = thresh_warps if a.algo == "threshold" else default_num_warps

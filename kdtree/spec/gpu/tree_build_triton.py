@@ -14,7 +14,8 @@ of ``N / 2`` reductions:
 2. expand (``_expand``): every node ``>= theta`` level by level (parents in order, a parent's
    kept children are a prefix of its ranks, one prefix sum per chunk of 64 parents); if ``U``
    outgrows ``CAP = next_pow2(2 N + 32)``, or holds fewer than ``N`` nodes while ``theta >
-   -inf``, the program runs the heap replay instead (exact either way; ``path_out`` says which ran);
+   -inf``, the program runs the heap replay instead (exact either way; ``path_out`` says
+   which ran);
 3. order (``_order_and_emit``): a node's preorder position in ``U`` = its ancestors' level
    indices + 1 (carried down the expansion) + its level index + the deeper nodes under earlier
    nodes of its level (first-child indices chained down); the int64 key (score image, then
@@ -74,17 +75,19 @@ reductions (the single-pop loop did ``budget``). After the loop the ancestor bit
 the intervals (``k`` is an ancestor-or-self of ``i`` iff ``lex_k <= lex_i < end_k``), tile by
 tile, and the tokens by one gather.
 
-Timing (H200, `kdtree bench tree-build --budgets 16,64,256`, one build per CUDA-graph replay,
-rows in `data/bench/tree_build.csv`; the previous single-pop kernel timed in the same device
-call as ``device_triton_prev*``): batch 1 takes 9.8 / 23.5 / 100.9 µs at budget 16 / 64 / 256
+Timing (H200, session 3 call K, `kdtree bench tree-build --budgets 16,64,256`, one build per
+CUDA-graph replay, rows now in `data/bench/logs/tree_build_session3_callK.csv`; the previous
+single-pop kernel timed in the same device call as ``device_triton_prev*``): batch 1 takes
+9.8 / 23.5 / 100.9 µs at budget 16 / 64 / 256
 against 9.9 / 27.2 / 117.0 µs for one pop per reduction — 1.16x at budget 256, as a crude
 in-order latency model of the sm_90 SASS had predicted (10–25 % fewer cycles per pop, not 2x):
 the loop body is 244 / 286 / 333 instructions per two pops (single-pop: 120 / 112 / 133 per
 pop) with 0 / 3 / 3 barriers (0 / 2 / 2 per pop), and the top-2 combine is shuffle-based where
 ``tl.max`` used REDUX, so what is saved is mostly the second reduction's synchronisation.
 Batch 8 and 32 take the same per build (one program per request), except batch 32 at budget 16
-(16.7 µs against 10.2 µs for the single-pop kernel in the same call). ``default_num_warps`` is
-still the single-pop version's tuning.
+(16.7 µs against 10.2 µs for the single-pop kernel in the same call). ``default_num_warps`` came
+from the single-pop version; at budget 64 its 4 warps were also the best of 1-16 for the two-pop
+loop (session 4, call T).
 """
 
 from __future__ import annotations
@@ -96,9 +99,20 @@ import triton.language as tl
 from kdtree.spec.bitmask import num_words
 from kdtree.spec.gpu.tree_build import DeviceTree, check_tree_inputs
 
-__all__ = ["MAX_BUDGET", "build_trees_triton", "default_num_warps", "supports"]
+__all__ = [
+    "ALGOS",
+    "MAX_BUDGET",
+    "MAX_CAP",
+    "auto_algo",
+    "build_trees_triton",
+    "default_num_warps",
+    "supports",
+    "thresh_params",
+    "thresh_warps",
+]
 
 MAX_BUDGET = 256  # the packed key holds end·256 − depth in 16 bits, slot and rank in 8 each
+MAX_CAP = 2048  # the threshold builder's node cap: its ordering holds [cap, words] mask tiles
 _INVALID = tl.constexpr(-(2**63))  # no pending child
 _FAR = tl.constexpr(1 << 30)  # a preorder position / q past every node
 
@@ -198,8 +212,10 @@ def _store_last(outs, ws, q, j, cj, s_new, valid):
 
 @triton.jit
 def _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_rank, out_mask,
-                    T: tl.constexpr, TP: tl.constexpr, W: tl.constexpr, WP: tl.constexpr):  # fmt: skip
-    """Padding rows everywhere (the builders overwrite rows 1 .. n - 1); row 0 is the root."""
+                    T: tl.constexpr, TP: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+                    MASK: tl.constexpr):  # fmt: skip
+    """Padding rows everywhere (the builders overwrite rows 1 .. n - 1); row 0 is the root.
+    ``MASK``: also the self-only mask rows (the heap replay writes every mask row itself)."""
     rows = tl.arange(0, TP)
     rmask = rows < T
     tl.store(out_tok + ob + rows, tl.where(rows == 0, tl.load(bonus_ptr + b), 0), mask=rmask)
@@ -207,14 +223,15 @@ def _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_
     tl.store(out_dep + ob + rows, tl.zeros([TP], tl.int64), mask=rmask)
     tl.store(out_score + ob + rows, tl.where(rows == 0, 0.0, float("-inf")), mask=rmask)
     tl.store(out_rank + ob + rows, tl.where(rows == 0, 0, -1).to(tl.int64), mask=rmask)
-    wc = tl.arange(0, WP)
-    self_bit = tl.where(
-        wc[None, :] == (rows // 64)[:, None],
-        tl.full([TP, WP], 1, tl.int64) << (rows % 64).to(tl.int64)[:, None],
-        0,
-    )
-    mptr = out_mask + (ob + rows)[:, None] * W + wc[None, :]
-    tl.store(mptr, self_bit, mask=rmask[:, None] & (wc[None, :] < W))
+    if MASK:
+        wc = tl.arange(0, WP)
+        self_bit = tl.where(
+            wc[None, :] == (rows // 64)[:, None],
+            tl.full([TP, WP], 1, tl.int64) << (rows % 64).to(tl.int64)[:, None],
+            0,
+        )
+        mptr = out_mask + (ob + rows)[:, None] * W + wc[None, :]
+        tl.store(mptr, self_bit, mask=rmask[:, None] & (wc[None, :] < W))
 
 
 @triton.jit
@@ -349,7 +366,7 @@ def _tree_build_kernel(
     b = tl.program_id(0)
     ob = b * (N + 1)
     _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_rank, out_mask,
-                    N + 1, TP, W, WP)  # fmt: skip
+                    N + 1, TP, W, WP, False)  # fmt: skip
     _heap_replay(lp_ptr + b * s_lpb, tok_ptr + b * s_tkb, s_lpd, s_tkd, ws_lex, ws_end, b * TP,
                  out_tok, out_par, out_dep, out_score, out_rank, out_mask, out_n, b, ob, N, KE,
                  DM, NP, W, TP)  # fmt: skip
@@ -362,7 +379,7 @@ def _tree_build_kernel(
 def _shifted(row, j, l0, w, prev, c, NB: tl.constexpr):
     """``C_{d-1}[c - u_j]`` (0 below 0): rank ``j``'s deviation ``u_j`` in bins, rounded up."""
     x = (l0 - tl.load(row + j)) / w
-    u = tl.where(x < NB, tl.ceil(x), NB).to(tl.int32)  # NaN / inf: out of range
+    u = tl.where(x < NB, tl.maximum(tl.ceil(x), 0.0), NB).to(tl.int32)  # NaN / inf: out
     src = c - u
     return tl.load(prev + src, mask=src >= 0, other=0.0)
 
@@ -375,7 +392,8 @@ def _seed(lpb, s_lpd, ws_dp, N: tl.constexpr, KE: tl.constexpr, DM: tl.constexpr
     Counts nodes by their deviation from the rank-0 chain, ``dev = sum_d (lp[d, 0] - lp[d,
     r_d])``, in ``NB`` bins of width ``w`` with every deviation rounded up: ``C_d[c]`` = nodes
     of depth ``d`` whose rounded deviation is at most ``c`` bins, by ``C_d[c] = sum_j C_{d-1}[c
-    - u_dj]`` (a shift-and-add per rank, cumulative counts throughout, rows in ``ws_dp``). A node of
+    - u_dj]`` (a shift-and-add per rank, cumulative counts throughout, rows in ``ws_dp``). A
+    node of
     depth ``d`` scores ``z_d - dev`` (``z_d`` the chain's score), so ``count(-t w) = sum_d
     C_d[z_d / w + t]`` for every grid threshold at once; ``theta`` is the highest with a count
     ``>= N`` (``-inf`` when none, or when the range is not finite). Only speed rests on this
@@ -453,6 +471,9 @@ def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl
     s1 = 0.0 + tl.load(lpb + kk, mask=kin, other=float("-inf"))
     keep = kin & (s1 >= theta)
     n1 = tl.sum(keep.to(tl.int32), 0)
+    over = n1 > CAP
+    keep = keep & (kk < CAP)
+    n1 = tl.minimum(n1, CAP)
     tl.store(ws_s + kk, s1, mask=keep)
     tl.store(ws_par + kk, tl.full([KEP], -1, tl.int32), mask=keep)
     tl.store(ws_rk + kk, kk, mask=keep)
@@ -462,9 +483,8 @@ def _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl
     tl.store(ws_lvl + 1, n1)
     tl.debug_barrier()
     pp = tl.arange(0, PC)
-    start = n1 * 0
+    start = tl.where(over, n1, 0)  # after an overflow: no more work
     end = n1
-    over = n1 > CAP
     for d in range(1, DM):  # parents at depth d, children at depth d + 1
         lrow = tl.load(lpb + d * s_lpd + kk, mask=kin, other=float("-inf"))
         base = end
@@ -502,11 +522,12 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
                     CAPP: tl.constexpr, CU: tl.constexpr, CV: tl.constexpr):  # fmt: skip
     """Order ``U`` as the heap pops it and write the ``N`` best.
 
-    A node's position ``pre`` in the rank-tuple order of ``U`` is ``ws_a`` (its ancestors' levels) + its level index ``i`` + the nodes of
-    deeper levels under level-``d`` nodes before it (first-child indices chained down from
-    ``i``). The key (score's order-preserving image high, ``2^32 - 1 - pre`` low) is ranked
-    against all of ``U`` (all pairs); rank ``r < N`` is row ``r + 1``, and the ancestor bitmask
-    collects the rows up the parent chain.
+    A node's position ``pre`` in the rank-tuple order of ``U`` is ``ws_a`` (its ancestors'
+    levels) + its level index ``i`` + the nodes of deeper levels under level-``d`` nodes
+    before it (first-child indices chained down from ``i``). The key (score's
+    order-preserving image high, ``2^32 - 1 - pre`` low) is ranked against all of ``U`` (all
+    pairs); rank ``r < N`` is row ``r + 1``, and the ancestor bitmask collects the rows up the
+    parent chain.
     """
     xs = tl.arange(0, CAPP)
     xm = xs < nU
@@ -529,8 +550,7 @@ def _order_and_emit(tkb, s_tkd, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lv
         lv = tl.where(go, lv + 1, lv)
     pre = tl.load(ws_a + xs, mask=xm, other=0) + i + g
     score = tl.load(ws_s + xs, mask=xm, other=0.0)
-    key = (_ordered(score).to(tl.int64) << 32) | (4294967295 - pre.to(tl.int64))
-    tl.store(ws_key + xs, key, mask=xm)
+    tl.store(ws_key + xs, _pack(score, xm, ~pre), mask=xm)  # low half 2^32 - 1 - pre
     tl.debug_barrier()
     for x0 in range(0, nU, CU):  # rank = how many keys of U are larger
         x = x0 + tl.arange(0, CU)
@@ -583,7 +603,7 @@ def _tree_build_thresh_kernel(
     ws_lex,
     ws_end,  # [B, TP] i32: the heap fallback's preorder intervals
     ws_f,  # [B, (DM + 1) * NB + CAP] f32: the seed's counts, then U's scores
-    ws_i,  # [B, 7 * CAP + LVP] i32: U's parents, ranks, depths, first children, ancestor
+    ws_i,  # [B, 6 * CAP + LVP] i32: U's parents, ranks, depths, first children, ancestor
     #        terms, key ranks; level starts
     ws_key,  # [B, CAP] i64
     out_tok,
@@ -612,27 +632,27 @@ def _tree_build_thresh_kernel(
     CV: tl.constexpr,  # columns per rank chunk
     STOP: tl.constexpr = 0,  # profiling only: 1 = stop after the seed, 2 = after the expansion
 ):
-    """Seed a threshold, expand every node above it, order them by rank: ~2·DM dependent
+    """Seed a threshold, expand every node above it, order them by rank: ~3·DM dependent
     steps instead of ``N / 2`` reductions; the heap replay when the seed misses."""
     b = tl.program_id(0)
     ob = b * (N + 1)
     lpb = lp_ptr + b * s_lpb
     tkb = tok_ptr + b * s_tkb
     _write_defaults(bonus_ptr, b, ob, out_tok, out_par, out_dep, out_score, out_rank, out_mask,
-                    N + 1, TP, W, WP)  # fmt: skip
+                    N + 1, TP, W, WP, True)  # fmt: skip
     ws_dp = ws_f + b * ((DM + 1) * NB + CAP)
     ws_s = ws_dp + (DM + 1) * NB
-    ib = ws_i + b * (7 * CAP + LVP)
+    ib = ws_i + b * (6 * CAP + LVP)
     ws_par = ib
     ws_rk = ib + CAP
     ws_dep = ib + 2 * CAP
     ws_cst = ib + 3 * CAP
     ws_a = ib + 4 * CAP
     ws_rank = ib + 5 * CAP
-    ws_lvl = ib + 7 * CAP
+    ws_lvl = ib + 6 * CAP
     theta = _seed(lpb, s_lpd, ws_dp, N, KE, DM, DMP, KEP, NB)
     if STOP == 1:
-        tl.store(out_path + b, (theta > 0).to(tl.int32))
+        tl.store(out_path + b, (theta > float("-inf")).to(tl.int32))
         return
     nU, over = _expand(lpb, s_lpd, theta, ws_s, ws_par, ws_rk, ws_dep, ws_cst, ws_a, ws_lvl, KE,
                        DM, KEP, CAP, PC)  # fmt: skip
@@ -687,7 +707,6 @@ def thresh_params(budget: int, K: int, D: int) -> dict[str, int]:
         # on average, up to 2.7 N (budget 256, K 8, one token per depth far ahead); the cap is
         # the power of two the ordering's [CAPP] tiles have anyway (2 N + 32 rounded up)
         CAP=triton.next_power_of_2(2 * N + 32),
-        CAPP=triton.next_power_of_2(2 * N + 32),
         PC=64,
         CU=128 if N > 64 else 64,
         CV=64,
@@ -717,8 +736,9 @@ def build_trees_triton(
     ``algo="threshold"``: seed a score threshold, expand every node above it level by level,
     order them (the heap replay runs instead when the seed leaves too few or too many nodes);
     ``"heap"``: the two-pop heap replay alone; ``"auto"`` (default): whichever ``auto_algo``
-    says is faster for the shape. ``path_out`` (``int32 [B]``, threshold only) receives 1 where the threshold path built the tree and 0 where the heap replay did;
-    ``cap`` overrides the node capacity of the threshold path (tests force the fallback with it);
+    says is faster for the shape. ``path_out`` (``int32 [B]``, threshold only) receives 1
+    where the threshold path built the tree and 0 where the heap replay did; ``cap``
+    overrides the node capacity of the threshold path (tests force the fallback with it);
     ``_stop`` (profiling only: the outputs are then incomplete) ends the threshold kernel after
     its seed (1) or its expansion (2).
     """
@@ -754,13 +774,21 @@ def build_trees_triton(
         ranks=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
         n_nodes=torch.empty(Bsz, dtype=torch.int64, device=dev),
     )
+    if algo == "heap" and (path_out is not None or cap is not None or _stop):
+        raise ValueError("path_out, cap and _stop are options of algo='threshold', not 'heap'")
     if path_out is not None and (
-        algo != "threshold"
-        or path_out.shape != (Bsz,)
+        path_out.shape != (Bsz,)
         or path_out.dtype != torch.int32
         or path_out.device != dev
+        or not path_out.is_contiguous()
     ):
-        raise ValueError(f"path_out: expected int32 [{Bsz}] on {dev} with algo='threshold'")
+        raise ValueError(f"path_out: expected a contiguous int32 tensor [{Bsz}] on {dev}")
+    if cap is not None and (
+        isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CAP
+    ):
+        raise ValueError(f"cap={cap!r}: expected an integer in [1, {MAX_CAP}]")
+    if _stop not in (0, 1, 2):
+        raise ValueError(f"_stop={_stop!r}: expected 0, 1 or 2")
     if Bsz == 0:
         return out
     common = (lp, tok, bonus, lp.stride(0), lp.stride(1), tok.stride(0), tok.stride(1))
@@ -774,12 +802,11 @@ def build_trees_triton(
         return out
     prm = thresh_params(N, K, D)
     if cap is not None:
-        if not isinstance(cap, int) or cap < 1:
-            raise ValueError(f"cap={cap!r}: expected a positive integer")
-        prm["CAP"], prm["CAPP"] = cap, triton.next_power_of_2(cap)
+        prm["CAP"] = cap
+    prm["CAPP"] = triton.next_power_of_2(prm["CAP"])
     cap_, lvp = prm["CAP"], prm["LVP"]
     ws_f = torch.empty(nb * ((dm + 1) * prm["NB"] + cap_), dtype=torch.float32, device=dev)
-    ws_i = torch.empty(nb * (7 * cap_ + lvp), dtype=torch.int32, device=dev)
+    ws_i = torch.empty(nb * (6 * cap_ + lvp), dtype=torch.int32, device=dev)
     ws_key = torch.empty(nb * cap_, dtype=torch.int64, device=dev)
     if path_out is None:
         path_out = torch.empty(Bsz, dtype=torch.int32, device=dev)
