@@ -16,7 +16,7 @@ from functools import partial
 import torch
 
 from kdtree.bench.schema import BenchRow
-from kdtree.bench.timing import Timing, time_cpu, time_cuda
+from kdtree.bench.timing import Timing, graph_of, time_cpu, time_cuda
 from kdtree.spec.gpu.tree_build import build_trees_device
 from kdtree.spec.tree import build_trees, draft_topk
 
@@ -64,16 +64,9 @@ def _topk_then_build(logits, K: int, budget: int, bonus, algo: str):
 
 
 def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    """Capture ``fn`` (static inputs closed over) in a CUDA graph; return its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    """Capture one call of ``fn`` (static inputs closed over) in a CUDA graph; return its
+    replay."""
+    graph, _ = graph_of(fn, reps=1)
     return graph.replay
 
 
