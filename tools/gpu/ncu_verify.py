@@ -1,0 +1,80 @@
+"""One verify-attention point, built like ``kdtree bench verify-attention`` builds it, for a
+profiler to look at: warm-up calls first (JIT, config ladder), then ``--calls`` more, each
+preceded by ``torch.cuda.nvtx`` range ``prof`` so ``ncu --nvtx --nvtx-include prof/`` (or
+``--launch-skip``) can pick them out. Prints the config and split count the launch chose and
+the CUDA-graph p50 of the call (so a profile and a timing come from the same launch).
+
+    ncu --clock-control none --section SpeedOfLight ... python3 tools/gpu/ncu_verify.py \
+        --layout gqa_8q1kv_d128 --length 131072 --tree 17
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from kdtree.bench.timing import graph_of, time_cuda
+from kdtree.bench.verify_attention import LAYOUTS, Workload, _ours_fn, make_tree_inputs
+from kdtree.kernels.heuristics import TileConfig
+
+
+def parse_config(text: str) -> TileConfig:
+    """``64x64w4s3`` or ``64x64w4s3p`` (page-table prefetch) -> TileConfig."""
+    pre = text.endswith("p")
+    body = text[:-1] if pre else text
+    mn, rest = body.split("w")
+    m, n = mn.split("x")
+    w, s = rest.split("s")
+    return TileConfig(int(m), int(n), int(w), int(s), int(pre))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layout", default="gqa_8q1kv_d128")
+    ap.add_argument("--length", type=int, default=131072)
+    ap.add_argument("--tree", type=int, default=17)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--config", default=None, help="e.g. 64x64w4s3p; default: the heuristic")
+    ap.add_argument("--splits", type=int, default=None)
+    ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--no-time", action="store_true", help="skip the graph timing")
+    a = ap.parse_args()
+    lay = LAYOUTS[a.layout]
+    dev = torch.device("cuda")
+    wl = Workload(lay, a.batch, a.length, a.tree, 16, torch.bfloat16, dev, seed=0)
+    ti = make_tree_inputs(wl, a.tree, seed=0)
+    fn, plan = _ours_fn(wl, ti)
+    if a.config or a.splits:
+        from kdtree.kernels import tree_attention_triton
+
+        cfg = parse_config(a.config) if a.config else None
+        out = torch.empty_like(ti.q)
+
+        def fn(r):  # noqa: F811 - the forced variant of the same call
+            return tree_attention_triton(
+                ti.q, wl.k, wl.v, wl.tables[r], wl.prefix_lens, ti.tree_mask,
+                sm_scale=ti.scale, plan=plan, out=out, num_splits=a.splits, config=cfg,
+                check_values=False,
+            )  # fmt: skip
+
+    for _ in range(3):
+        fn(0)
+    torch.cuda.synchronize()
+    from kdtree.kernels import tree_attention as ta
+
+    launch = next(reversed(ta._LAUNCHES.values()))
+    print(f"point {a.layout} L={a.length} T={a.tree} batch={a.batch}: cfg={launch.cfg} "
+          f"splits={launch.num_splits} grid={launch.grid}", flush=True)  # fmt: skip
+    if not a.no_time:
+        g, _ = graph_of(lambda: fn(0))
+        print(f"graph p50 {time_cuda(g.replay).p50 * 1e3:.1f} us", flush=True)
+    for i in range(a.calls):
+        torch.cuda.nvtx.range_push("prof")
+        fn(i % wl.n_rot)
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
