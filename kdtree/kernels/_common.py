@@ -112,9 +112,11 @@ def _merge_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """Log-sum-exp merge of ``NUM_SPLITS`` normalised partials into ``out [B, T, Hq, Dv]``.
-    Grid: (row blocks, Dv blocks, batch x kv heads). All LSEs are read in one load (max and
-    weights at once), then the partials ``BLOCK_S`` splits at a time, so the loop carries no
-    dependent load and each iteration keeps ``BLOCK_S x BLOCK_R x BLOCK_D`` loads in flight."""
+    Grid: (row blocks, Dv blocks, batch x kv heads). One program reads every split of its
+    ``BLOCK_R x BLOCK_D`` block at once: the LSEs in one load, the partials ``BLOCK_S`` splits
+    at a time with ``BLOCK_S = SPLITS_P2`` wherever registers allow (one round trip to memory
+    instead of one per chunk: the chunked version took 15-20 µs for 13-43 splits on the H200,
+    ncu in session 6, call a)."""
     pid_r = tl.program_id(0)
     pid_d = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -134,28 +136,40 @@ def _merge_kernel(
     )
     m = tl.max(lse_all, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
-    w_sum = tl.sum(tl.exp2(lse_all - m[None, :]), 0)
+    w_all = tl.exp2(lse_all - m[None, :])  # [SPLITS_P2, BLOCK_R]; 0 for empty splits
+    w_sum = tl.sum(w_all, 0)
 
     s_blk = tl.arange(0, BLOCK_S)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for s0 in range(0, NUM_SPLITS, BLOCK_S):
-        s = s0 + s_blk
-        s_ok = s < NUM_SPLITS
-        lse = tl.load(
-            l_base + s[:, None] * stride_ls + rows[None, :],
-            mask=s_ok[:, None] & row_valid[None, :],
-            other=float("-inf"),
-        )
-        w = tl.exp2(lse - m[None, :])  # [BLOCK_S, BLOCK_R]; 0 for empty splits
+    if BLOCK_S == SPLITS_P2:  # the usual case: every partial in one load
         o = tl.load(
             p_base
-            + s[:, None, None].to(tl.int64) * stride_ps
+            + s_blk[:, None, None].to(tl.int64) * stride_ps
             + rows[None, :, None].to(tl.int64) * stride_pr
             + d[None, None, :],
-            mask=s_ok[:, None, None] & row_valid[None, :, None],
+            mask=(s_blk < NUM_SPLITS)[:, None, None] & row_valid[None, :, None],
             other=0.0,
         )
-        acc += tl.sum(o * w[:, :, None], 0)
+        acc = tl.sum(o * w_all[:, :, None], 0)
+    else:
+        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+        for s0 in range(0, NUM_SPLITS, BLOCK_S):
+            s = s0 + s_blk
+            s_ok = s < NUM_SPLITS
+            lse = tl.load(
+                l_base + s[:, None] * stride_ls + rows[None, :],
+                mask=s_ok[:, None] & row_valid[None, :],
+                other=float("-inf"),
+            )
+            w = tl.exp2(lse - m[None, :])
+            o = tl.load(
+                p_base
+                + s[:, None, None].to(tl.int64) * stride_ps
+                + rows[None, :, None].to(tl.int64) * stride_pr
+                + d[None, None, :],
+                mask=s_ok[:, None, None] & row_valid[None, :, None],
+                other=0.0,
+            )
+            acc += tl.sum(o * w[:, :, None], 0)
     out = acc / tl.where(w_sum > 0.0, w_sum, 1.0)[:, None]
     t_idx = rows // G
     h_idx = rows % G
@@ -234,14 +248,37 @@ def launch_split(kernel, builder, tensors, **options) -> None:
     kernel[grid](*tensors, *args, **kwargs)
 
 
+#: fp32 partial elements one merge program holds at once (64 a thread on its 4 warps)
+MERGE_TILE_ELEMS = 8192
+#: merge programs to aim for (two per SM of an H100/H200): fewer, wider programs above it
+MERGE_TARGET_PROGRAMS = 264
+
+
+def merge_tiles(rows: int, dv: int, num_splits: int, programs_per_row: int = 1):
+    """``(BLOCK_D, BLOCK_S, BLOCK_R)`` of the merge: all splits in one load where the tile
+    allows (``BLOCK_S`` = the split count's power of two, up to ``MERGE_TILE_ELEMS``), then as
+    many rows per program as keep at least ``MERGE_TARGET_PROGRAMS`` programs."""
+    block_d = min(triton.next_power_of_2(dv), 128)
+    splits_p2 = max(2, triton.next_power_of_2(num_splits))
+    block_s = min(splits_p2, max(1, MERGE_TILE_ELEMS // block_d))
+    d_blocks = triton.cdiv(dv, block_d)
+    block_r = 1
+    while (
+        block_r * 2 * block_s * block_d <= MERGE_TILE_ELEMS
+        and triton.cdiv(rows, block_r * 2) * d_blocks * programs_per_row >= MERGE_TARGET_PROGRAMS
+    ):
+        block_r *= 2
+    return block_d, block_s, block_r
+
+
 def merge_launch_args(part, lse, out, num_kv_heads: int, group: int, rows: int, num_splits: int):
     """``(grid, positional args after the three tensors, keyword args)`` of the merge
     launch for these views (computed once per shape by the callers' launch cache)."""
     b = out.shape[0]
     dv = out.shape[3]
-    block_d = min(dv, 64)
-    block_r = 8 if rows <= 8 else 16
-    block_s = 8 if block_r <= 8 else 4
+    block_d, block_s, block_r = merge_tiles(
+        rows, dv, num_splits, programs_per_row=b * num_kv_heads
+    )
     splits_p2 = max(2, triton.next_power_of_2(num_splits))
     grid = (triton.cdiv(rows, block_r), triton.cdiv(dv, block_d), b * num_kv_heads)
     args = (

@@ -71,7 +71,10 @@ class TileConfig:
 
     def ctas_per_sm(self, dk: int, dv: int, shared_kv: bool = False) -> int:
         """Resident CTAs per SM allowed by shared memory and warps (register-bound guess)."""
-        smem = self.smem_bytes(dk, dv, shared_kv=shared_kv) + 2048
+        # what ncu reported for 64x64 s3 d128 (session 6, call a: 114.9 KiB, two per SM):
+        # the Q tile and ``num_stages`` K/V buffers, no P tile -- less than smem_bytes' bound
+        kv = self.block_n * (dk if shared_kv else dk + dv) * 2
+        smem = self.block_m * dk * 2 + max(self.num_stages, 1) * kv + 2048
         by_smem = max(1, _SMEM_PER_SM // smem)
         by_warps = 2 if self.num_warps <= 4 else 1
         return max(1, min(by_smem, by_warps))
@@ -179,10 +182,11 @@ def length_bucket(max_len: int) -> int:
 _HBM_BYTES_PER_US = 3.8e6
 _MMA_FLOPS_PER_US = 4.0e8
 _CTA_FIXED_US = 2.0  # per wave: prologue (Q load), epilogue (partial store), tail
-_MERGE_FIXED_US = 2.5  # the merge launch and its first dependent loads
-_MERGE_PER_CHUNK_US = 0.5  # one MERGE_SPLITS-wide chunk of partials (a dependent round trip)
-#: Splits the merge kernel folds per loop iteration.
-MERGE_SPLITS = 8
+_MERGE_FIXED_US = 3.0  # the merge launch and its one round trip (all splits read at once)
+#: Share of an SM's streaming rate one resident 4-warp CTA reaches alone: ncu on the H200
+#: (session 6, call a) saw one such CTA per SM (GQA 8q/1kv, 128k, T=17) issue on 28 % of the
+#: cycles with one warp per scheduler, latency-bound; a second resident CTA hides it.
+_ONE_CTA_SM_SHARE = 0.55
 
 
 def choose_num_splits(
@@ -203,8 +207,9 @@ def choose_num_splits(
     prefix-length bound; ``slots``: CTAs the GPU holds at once; ``token_bytes`` /
     ``token_flops``: HBM bytes and MMA FLOPs one unit spends per key; ``partial_bytes``:
     fp32 partial + LSE one CTA writes (and the merge reads back). Time = the stream over the
-    SMs that have work (``min(1, CTAs / num_sms)`` of the machine) + a fixed cost per wave +
-    the merge (a launch plus one round trip per ``MERGE_SPLITS`` splits).
+    SMs that have work (``min(1, CTAs / num_sms)`` of the machine), slowed where an SM holds a
+    single CTA (``_ONE_CTA_SM_SHARE`` of its rate), + a fixed cost per wave + the merge (a
+    launch and one read of every partial).
     """
     if units < 1 or slots < 1 or block_n < 1 or num_sms < 1:
         raise ValueError(
@@ -217,20 +222,18 @@ def choose_num_splits(
         chunk = math.ceil(math.ceil(max_len / s) / block_n) * block_n
         ctas = units * s
         waves = math.ceil(ctas / slots)
+        resident = min(ctas, slots)
         busy = min(1.0, ctas / num_sms)
+        share = min(1.0, _ONE_CTA_SM_SHARE * resident / min(resident, num_sms))
         # one CTA alone on an SM gets 1/num_sms of the machine; a wave of min(ctas, slots)
         # CTAs shares the busy SMs
         per_cta = num_sms * max(
             chunk * token_bytes / _HBM_BYTES_PER_US, chunk * token_flops / _MMA_FLOPS_PER_US
         )
-        stream = waves * per_cta * (min(ctas, slots) / num_sms) / busy
+        stream = waves * per_cta * (resident / num_sms) / busy / share
         cost = stream + waves * _CTA_FIXED_US
         if s > 1:
-            cost += (
-                _MERGE_FIXED_US
-                + math.ceil(s / MERGE_SPLITS) * _MERGE_PER_CHUNK_US
-                + 2 * ctas * partial_bytes / _HBM_BYTES_PER_US
-            )
+            cost += _MERGE_FIXED_US + 2 * ctas * partial_bytes / _HBM_BYTES_PER_US
         if cost < best_cost * 0.97:  # prefer fewer splits unless clearly better
             best, best_cost = s, cost
     return best

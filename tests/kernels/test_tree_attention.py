@@ -20,6 +20,8 @@ GQA_CASES = [
     ([97, 1], 17, 8, 2, 32, 1, 5),
     ([257], 1, 8, 1, 128, 16, 2),
     ([5, 97], 65, 2, 2, 32, 64, None),
+    # more splits than the merge reads at once (128 -> two chunks of 64), most of them empty
+    ([257, 40], 3, 4, 1, 128, 16, 100),
 ]
 
 
@@ -42,6 +44,27 @@ def test_gqa_matches_fp64(case, dtype, gen):
     _run_gqa(case, dtype, gen)
 
 
+def test_merge_tiles():
+    from kdtree.kernels._common import MERGE_TILE_ELEMS, merge_tiles
+
+    # every split in one load where it fits, one row a program while programs are scarce
+    assert merge_tiles(136, 128, 43) == (128, 64, 1)
+    assert merge_tiles(136, 128, 128) == (128, 64, 1)  # 128 x 128 > the tile: two chunks
+    # many rows: wider programs, never above the tile
+    bd, bs, br = merge_tiles(2080, 128, 13, programs_per_row=8)
+    assert (bd, bs) == (128, 16) and br > 1 and bs * br * bd <= MERGE_TILE_ELEMS
+    assert merge_tiles(1040, 512, 15)[0] == 128
+
+
+def test_merge_with_wide_programs(gen, monkeypatch):
+    """Several rows per merge program (the layout large grids get) stay exact."""
+    import kdtree.kernels._common as common
+
+    monkeypatch.setattr(common, "MERGE_TARGET_PROGRAMS", 1)
+    assert common.merge_tiles(4 * 9, 64, 6)[2] > 1
+    _run_gqa(([150, 61], 9, 4, 1, 64, 16, 6), torch.float32, gen)
+
+
 def test_gqa_padded_rows(gen):
     _run_gqa(([97, 20], 17, 4, 2, 64, 16, 2), torch.float32, gen, pad_from=[9, 17])
 
@@ -52,6 +75,7 @@ MLA_CASES = [
     ([1, 257], 1, 4, 64, 16, 1, 3),
     ([257, 1], 17, 1, 64, 16, 64, 2),
     ([33], 3, 2, 512, 64, 64, None),
+    ([300], 2, 2, 512, 64, 16, 9),  # the merge over four 128-wide slices of the latent
 ]
 
 
