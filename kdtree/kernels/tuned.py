@@ -11,9 +11,12 @@ heuristic are written.
 Which table applies: ``KDTREE_KERNEL_TUNING`` = a path (that table, whatever the device name),
 ``off`` (none), or unset (the packaged table of this device kind, ``tuning/<name>.json``, if its
 ``device`` string is in the CUDA device name). A lookup matches kind, group, T, dk and batch
-exactly and the nearest tuned ``L`` within a factor of two of the call's bound; the split count
-scales with the length ratio so each split keeps the tuned chunk size. Everything is decided
-from static shapes, so a CUDA graph stays valid.
+exactly and the nearest tuned ``L`` within a factor of two of the call's bound. At the tuned
+length the entry's split count is used as is; elsewhere it scales with the length ratio (each
+split keeps the tuned chunk size) and the caller never goes below the split model's count for
+that config (:attr:`TunedChoice.exact`): scaled down from 128k to 64k, a 16-split entry of GQA
+32/8 left half the SMs idle (181 µs against the model's 108, session 6, call b). Everything is
+decided from static shapes, so a CUDA graph stays valid.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class TunedChoice:
     config: TileConfig
     splits: int
     source: str  # the table it came from
+    #: True when the call's length bound is the tuned one (within 5 %): the split count was
+    #: measured there; otherwise it was scaled from another length
+    exact: bool = True
 
 
 def _validate(table: dict, where: str) -> dict:
@@ -122,7 +128,7 @@ def tuned_choice(
     cfg = TileConfig(
         e["block_m"], e["block_n"], e["num_warps"], e["num_stages"], int(e.get("pt_prefetch", 0))
     )
-    return TunedChoice(cfg, splits, source)
+    return TunedChoice(cfg, splits, source, exact=best_dist < math.log2(1.05))
 
 
 def best_entries(rows: list[dict], min_gain: float = 0.03) -> list[dict]:

@@ -182,7 +182,8 @@ class TreeAttentionPlan:
         )
         tuned = self.tuned(batch, tree)
         if tuned is not None and tuned.config == cfg:
-            s = tuned.splits
+            # a count scaled from another length never undercuts the model's for this one
+            s = tuned.splits if tuned.exact else max(s, tuned.splits)
         fit = self.capacity_rows // (batch * self.num_kv_heads * self.padded_rows(tree))
         return max(1, min(s, fit))
 

@@ -34,9 +34,10 @@ def test_lookup_matches_shape_and_scales_splits(tmp_path, monkeypatch):
     monkeypatch.setattr(env, "KERNEL_TUNING", str(p))
     kw = dict(group=4, tree=17, dk=128, batch=1)
     c = tuned_choice("gqa", CUDA, max_len=16384, **kw)
-    assert c.config == TileConfig(64, 32, 4, 5) and c.splits == 16
-    # nearest L wins; splits scale with the length ratio
-    assert tuned_choice("gqa", CUDA, max_len=24576, **kw).splits == 24
+    assert c.config == TileConfig(64, 32, 4, 5) and c.splits == 16 and c.exact
+    # nearest L wins; splits scale with the length ratio, marked as scaled
+    far = tuned_choice("gqa", CUDA, max_len=24576, **kw)
+    assert far.splits == 24 and not far.exact
     assert tuned_choice("gqa", CUDA, max_len=131072 * 2, **kw).splits == 80
     # more than an octave away from every entry, other shapes: no choice
     assert tuned_choice("gqa", CUDA, max_len=4096, **kw) is None
@@ -118,3 +119,30 @@ def test_tuned_table_from_bench_rows():
     assert t["device"] == "H200"
     (e,) = t["entries"]
     assert (e["block_m"], e["block_n"], e["splits"], e["group"], e["dk"]) == (64, 32, 16, 4, 128)
+
+
+def test_scaled_split_count_never_undercuts_the_model(tmp_path, monkeypatch):
+    """An entry measured at 128k, applied at 64k, keeps its tile but not a split count below
+    the model's (a scaled-down count had left SMs idle); at its own length it is used as is."""
+    from kdtree.kernels import TreeAttentionPlan
+
+    cfg = TileConfig(128, 64, 8, 3, 1)
+    import kdtree.kernels.workspace as ws_mod
+
+    monkeypatch.setattr(ws_mod, "device_sm_count", lambda d: 132)
+    plan = TreeAttentionPlan.for_gqa(
+        num_q_heads=32, num_kv_heads=8, head_dim=128, max_batch=1, max_tree=17,
+        max_prefix_len=65536, device="cpu",
+    )  # fmt: skip
+    model = plan.num_splits(cfg, 1, 17)
+    p = _table(tmp_path, [_entry(L=131072, splits=2, block_m=128, block_n=64, num_warps=8,
+                                 num_stages=3, pt_prefetch=1)])  # fmt: skip
+    monkeypatch.setattr(env, "KERNEL_TUNING", str(p))
+    monkeypatch.setattr(type(plan), "tuned", lambda self, b, t: tuned_choice(
+        "gqa", CUDA, group=4, tree=t, dk=128, batch=b, max_len=self.max_prefix_len))  # fmt: skip
+    assert plan.tuned(1, 17).splits == 1 and not plan.tuned(1, 17).exact
+    assert plan.num_splits(cfg, 1, 17) == model > 1
+    exact = _table(tmp_path, [_entry(L=65536, splits=2, block_m=128, block_n=64, num_warps=8,
+                                     num_stages=3, pt_prefetch=1)])  # fmt: skip
+    monkeypatch.setattr(env, "KERNEL_TUNING", str(exact))
+    assert plan.num_splits(cfg, 1, 17) == 2
