@@ -1066,7 +1066,7 @@ class _Runner:
             if wl.length <= ONE_SPLIT_MAX_L:  # no merge launch: at short context it can win
                 splits.add(1)
             for s in sorted(x for x in splits if x <= MAX_SPLITS):
-                pf = "p" if tc.pt_prefetch else ""
+                pf = ("p" if tc.pt_prefetch else "") + ("t" if tc.tail else "")
                 label = (
                     f"ours_tune[{tc.block_m}x{tc.block_n}w{tc.num_warps}s{tc.num_stages}{pf}/S{s}]"
                 )
@@ -1230,6 +1230,7 @@ def run_suite(
 
 _TILE_RE = re.compile(
     r"block_m=(\d+), block_n=(\d+), num_warps=(\d+), num_stages=(\d+)(?:, pt_prefetch=(\d+))?"
+    r"(?:, tail=(\d+))?"
 )
 
 

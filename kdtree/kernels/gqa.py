@@ -21,6 +21,7 @@ from kdtree.kernels._common import (
     store_result,
     tree_bits,
 )
+from kdtree.kernels.heuristics import tail_rows
 
 # Runtime values that change with T, batch or the split count: no recompiles for them.
 _DYNAMIC = (
@@ -83,8 +84,8 @@ def _gqa_scores(
     return s, slot, ok
 
 
-@triton.jit(do_not_specialize=_DYNAMIC)
-def _gqa_split_kernel(
+@triton.jit
+def _gqa_tile(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -118,23 +119,22 @@ def _gqa_split_kernel(
     stride_ls,
     T,
     G,
-    num_kv_heads,
     NUM_SPLITS,
+    row0,
+    pid_s,
+    b,
+    kvh,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    PT_PREFETCH: tl.constexpr = False,
+    PT_PREFETCH: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    b = pid_bh // num_kv_heads
-    kvh = pid_bh % num_kv_heads
-
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    """One M tile (``BLOCK_M`` packed rows from ``row0``) of one split: the prefix chunk, the
+    tree block on the last split, the partial or the output."""
+    rows = row0 + tl.arange(0, BLOCK_M)
     row_valid = rows < T * G
     t_idx = rows // G
     h_idx = rows % G
@@ -251,6 +251,81 @@ def _gqa_split_kernel(
     )
 
 
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _gqa_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pt_ptr,
+    plen_ptr,
+    mask_ptr,
+    out_ptr,
+    part_ptr,
+    lse_ptr,
+    qk_scale,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_ptb,
+    max_pages,
+    stride_mb,
+    stride_mt,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_pr,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    T,
+    G,
+    num_kv_heads,
+    NUM_SPLITS,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DIRECT_OUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    PT_PREFETCH: tl.constexpr = False,
+    TAIL_M: tl.constexpr = 0,
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // num_kv_heads
+    kvh = pid_bh % num_kv_heads
+    if TAIL_M > 0 and pid_m == tl.num_programs(0) - 1:
+        # the few rows past the last full tile (T = 2^k + 1 leaves G of them) in a small tile,
+        # so the last program of a split does not spend a full tile's MMAs on padding
+        _gqa_tile(
+            q_ptr, k_ptr, v_ptr, pt_ptr, plen_ptr, mask_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
+            stride_qb, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+            stride_ptb, max_pages, stride_mb, stride_mt, stride_ob, stride_ot, stride_oh,
+            stride_pb, stride_ph, stride_ps, stride_pr, stride_lb, stride_lh, stride_ls, T, G,
+            NUM_SPLITS,
+            pid_m * BLOCK_M, pid_s, b, kvh,
+            HEAD_DIM, TAIL_M, BLOCK_N, PAGE_SIZE, DIRECT_OUT, DOT_PRECISION, PT_PREFETCH,
+        )  # fmt: skip
+    else:
+        _gqa_tile(
+            q_ptr, k_ptr, v_ptr, pt_ptr, plen_ptr, mask_ptr, out_ptr, part_ptr, lse_ptr, qk_scale,
+            stride_qb, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+            stride_ptb, max_pages, stride_mb, stride_mt, stride_ob, stride_ot, stride_oh,
+            stride_pb, stride_ph, stride_ps, stride_pr, stride_lb, stride_lh, stride_ls, T, G,
+            NUM_SPLITS,
+            pid_m * BLOCK_M, pid_s, b, kvh,
+            HEAD_DIM, BLOCK_M, BLOCK_N, PAGE_SIZE, DIRECT_OUT, DOT_PRECISION, PT_PREFETCH,
+        )  # fmt: skip
+
+
 def gqa_split_args(
     q,
     k_cache,
@@ -285,7 +360,7 @@ def gqa_split_args(
         (0, 1, 2, 3),
         (0, 1, 2),
         (t, g, hkv),
-        {"HEAD_DIM": d},
+        {"HEAD_DIM": d, "TAIL_M": tail_rows(g * t, cfg)},
         page_size,
         qk_scale=qk_scale,
         num_splits=num_splits,

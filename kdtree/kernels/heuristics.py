@@ -27,6 +27,7 @@ __all__ = [
     "length_bucket",
     "mla_configs",
     "splits_for",
+    "tail_rows",
     "tuning_candidates",
 ]
 
@@ -55,6 +56,10 @@ class TileConfig:
     #: 1: the prefix loop loads the next tile's page-table entries one iteration ahead, so a
     #: tile's K/V addresses never wait on a page-table load issued in the same iteration
     pt_prefetch: int = 0
+    #: 1 (GQA): the rows past the last full M tile go to a small tile of their own
+    #: (:func:`tail_rows`) instead of a full padded one -- T = 2^k + 1 tree tokens leave
+    #: ``G`` rows (one tree token's query heads) over a power of two
+    tail: int = 0
 
     def smem_bytes(self, dk: int, dv: int, elem: int = 2, shared_kv: bool = False) -> int:
         """Shared-memory estimate that matches what Triton 3.x allocates on Hopper: the Q
@@ -78,6 +83,17 @@ class TileConfig:
         by_smem = max(1, _SMEM_PER_SM // smem)
         by_warps = 2 if self.num_warps <= 4 else 1
         return max(1, min(by_smem, by_warps))
+
+
+def tail_rows(rows: int, cfg: TileConfig) -> int:
+    """Rows of the small last M tile under ``cfg`` (0: none). Taken when ``cfg.tail`` is set
+    and the rows past the last full tile fit a tile of at most a quarter of ``block_m``
+    (16 rows at least: the smallest tile ``tl.dot`` takes)."""
+    rem = rows % cfg.block_m
+    if not cfg.tail or rem == 0 or rows < cfg.block_m:
+        return 0
+    small = _pow2_at_least(rem, 16)
+    return small if 4 * small <= cfg.block_m else 0
 
 
 def _pow2_at_least(x: int, lo: int) -> int:
@@ -301,7 +317,20 @@ def tuning_candidates(
             TileConfig(64, 64, 4, 3),
             TileConfig(128, 64, 8, 4),
             TileConfig(64, 128, 4, 2),
+            # 8 warps on a 64-row tile (the warpgroups split the key / head-dim columns): half
+            # the accumulator registers a thread holds, twice the warps to hide latency with --
+            # ncu saw the 4-warp tiles latency-bound at one or two CTAs an SM (session 6)
+            TileConfig(64, 64, 8, 3, 1),
+            TileConfig(64, 64, 8, 4, 1),
+            TileConfig(64, 128, 8, 2, 1),
+            TileConfig(128, 64, 8, 2, 1),
         ]
+        # the small-tail variants (rows = G * (2^k + 1) leave G rows past the full tiles)
+        extra += [
+            TileConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, 1, 1)
+            for c in (first, TileConfig(64, 64, 4, 3), TileConfig(128, 64, 8, 3),
+                      TileConfig(64, 64, 8, 3))
+        ]  # fmt: skip
     elif head_dim_k <= SMALL_LATENT_DK:
         first = mla_configs(rows, head_dim_k)[0]
         extra = [

@@ -126,7 +126,12 @@ def tuned_choice(
     source, e = best
     splits = max(1, min(MAX_SPLITS, round(e["splits"] * max_len / e["L"])))
     cfg = TileConfig(
-        e["block_m"], e["block_n"], e["num_warps"], e["num_stages"], int(e.get("pt_prefetch", 0))
+        e["block_m"],
+        e["block_n"],
+        e["num_warps"],
+        e["num_stages"],
+        int(e.get("pt_prefetch", 0)),
+        int(e.get("tail", 0)),
     )
     return TunedChoice(cfg, splits, source, exact=best_dist < math.log2(1.05))
 
@@ -155,6 +160,7 @@ def best_entries(rows: list[dict], min_gain: float = 0.03) -> list[dict]:
                 num_warps=tc.num_warps,
                 num_stages=tc.num_stages,
                 pt_prefetch=tc.pt_prefetch,
+                tail=tc.tail,
                 splits=int(win["splits"]),
                 p50_ms=round(float(win["p50"]), 5),
                 heuristic_ms=round(float(heur[0]["p50"]), 5),

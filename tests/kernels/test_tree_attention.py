@@ -148,6 +148,27 @@ def test_gqa_bf16_gpu(t, shape, gen):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("t", [17, 65])
+@pytest.mark.parametrize("shape", [(32, 8), (8, 1)], ids=str)
+@pytest.mark.parametrize(
+    "cfg", [(64, 64, 4, 3, 1, 1), (128, 64, 8, 3, 1, 1), (64, 64, 8, 3, 1, 1)], ids=str
+)
+def test_gqa_tail_tile_bf16_gpu(t, shape, cfg, gen):
+    """The small-tail tiles as compiled for the GPU (the tuning candidates), several splits."""
+    from kdtree.kernels.heuristics import TileConfig
+
+    hq, hkv = shape
+    q, k, v, pt, pl, m = gqa_inputs([3000, 1, 517], t, hq, hkv, 128, 16, torch.bfloat16, gen)
+    dev = [x.cuda() for x in (q, k, v, pt, pl, m)]
+    got = tree_attention_triton(
+        *dev, sm_scale=128**-0.5, config=TileConfig(*cfg), num_splits=5
+    ).cpu()
+    truth = gqa_dense(q, k, v, pt, pl, m, 128**-0.5, torch.float64)
+    base = gqa_dense(q, k, v, pt, pl, m, 128**-0.5, torch.bfloat16)
+    assert_close_to_truth(got, truth, base, ATOL[torch.bfloat16], f"tail {shape} T={t} {cfg}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 17, 65])
 @pytest.mark.parametrize("h", [8, 16, 128])
 def test_mla_bf16_gpu(t, h, gen):
@@ -177,6 +198,39 @@ def test_gqa_pt_prefetch_matches_fp64(ps, gen):
             config=TileConfig(32, 16, 4, 1, pt_prefetch=1),
         )  # fmt: skip
         assert_close_to_truth(got, truth, base, ATOL[torch.float32], f"prefetch S{splits}")
+
+
+# the small-tail variant (TileConfig.tail): G * (2^k + 1) rows = full 64-row tiles and a
+# 16-row last tile, with one and several splits, the prefetch on and off, a padded tree row
+@pytest.mark.parametrize("hq,t", [(4, 17), (8, 17), (2, 65)])
+def test_gqa_tail_tile_matches_fp64(hq, t, gen):
+    from kdtree.kernels.heuristics import TileConfig, tail_rows
+
+    lens, hkv, d, ps = [131, 40], 1, 32, 16
+    cfgs = [TileConfig(64, 16, 4, 1, 0, 1), TileConfig(64, 16, 4, 1, 1, 1)]
+    assert all(tail_rows(hq * t, c) == 16 for c in cfgs)
+    q, k, v, pt, pl, m = gqa_inputs(lens, t, hq, hkv, d, ps, torch.float32, gen, [t, t - 2])
+    truth = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float64)
+    base = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float32)
+    for cfg in cfgs:
+        for splits in (1, 3):
+            out = torch.full_like(q, float("nan"))
+            got = tree_attention_triton(
+                q, k, v, pt, pl, m, sm_scale=d**-0.5, num_splits=splits, config=cfg, out=out,
+            )  # fmt: skip
+            assert_close_to_truth(got, truth, base, ATOL[torch.float32], f"tail {cfg} S{splits}")
+
+
+def test_tail_rows_rule():
+    from kdtree.kernels.heuristics import TileConfig, tail_rows
+
+    tail = TileConfig(64, 64, 4, 3, 1, 1)
+    assert tail_rows(136, tail) == 16  # 8 heads x 17 tokens: 2 tiles + 8 rows
+    assert tail_rows(260, TileConfig(128, 64, 8, 3, 1, 1)) == 16  # 4 x 65
+    assert tail_rows(128, tail) == 0  # no remainder
+    assert tail_rows(40, tail) == 0  # a single partial tile stays one tile
+    assert tail_rows(64 + 20, tail) == 0  # 32 rows would be half the tile
+    assert tail_rows(136, TileConfig(64, 64, 4, 3, 1)) == 0  # the flag off
 
 
 def test_mla_pt_prefetch_matches_fp64(gen):

@@ -119,6 +119,10 @@ def test_tuned_table_from_bench_rows():
     assert t["device"] == "H200"
     (e,) = t["entries"]
     assert (e["block_m"], e["block_n"], e["splits"], e["group"], e["dk"]) == (64, 32, 16, 4, 128)
+    # a small-tail winner keeps its flag through the table and back
+    tail = TileConfig(64, 64, 4, 3, 1, 1)
+    (e,) = tuned_table([row(first, 8, 0.2), row(tail, 8, 0.1)], "H200")["entries"]
+    assert (e["pt_prefetch"], e["tail"]) == (1, 1)
 
 
 def test_scaled_split_count_never_undercuts_the_model(tmp_path, monkeypatch):
