@@ -48,7 +48,8 @@ def parse_case(name: str) -> dict:
 
 def verify_rows(df: pd.DataFrame, include_tune: bool = False) -> pd.DataFrame:
     """One row per (layout, B, L, T, provider) of ``verify_attention.csv``: ``time_ms``,
-    ``frac_of_floor``, ``floor_ms`` and ``status`` (``ok``, else the recorded skip/error reason).
+    ``frac_of_floor``, ``floor_ms`` and ``status`` (``ok``, else the recorded skip/error reason;
+    a case one run skipped and another timed is ``ok``). Later rows of a case win.
     ``include_tune`` keeps the ``ours_tune[...]`` candidate rows of the tuning sweep."""
     need = {"name", "provider", "metric", "p50", "config_json"}
     if missing := need - set(df.columns):
@@ -70,6 +71,9 @@ def verify_rows(df: pd.DataFrame, include_tune: bool = False) -> pd.DataFrame:
             rec["frac_of_floor"] = float(r.p50)
         elif r.metric == "error":
             rec["status"] = str(cfg.get("reason") or cfg.get("error") or "error")
+    for rec in out.values():  # a run that timed the case outranks another run's skip of it
+        if rec["status"].startswith("skipped") and not np.isnan(rec["time_ms"]):
+            rec["status"] = "ok"
     tidy = pd.DataFrame(list(out.values()))
     return tidy.sort_values(["layout", "L", "T", "provider"]).reset_index(drop=True)
 
@@ -103,6 +107,74 @@ def ours_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
             "meets_target": bool(best["frac_of_floor"] >= FLOOR_TARGET),
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+_NCU_KERNEL = re.compile(r"^\s{2}(?P<kernel>\w+) \((?P<grid>[\d, ]+)\)x\((?P<block>[\d, ]+)\)")
+_NCU_POINT = re.compile(
+    r"^point (?P<layout>\S+) L=(?P<L>\d+) T=(?P<T>\d+) batch=\d+: cfg=(?P<cfg>.+?) splits=(?P<splits>\d+)"
+)
+_NCU_METRICS = {
+    "Duration": "duration_us",
+    "DRAM Throughput": "dram_pct",
+    "Compute (SM) Throughput": "sm_pct",
+    "Registers Per Thread": "registers",
+    "Achieved Active Warps Per SM": "warps_per_sm",
+    "Warp Cycles Per Issued Instruction": "cycles_per_issue",
+}
+
+
+def ncu_kernel_table(paths) -> pd.DataFrame:
+    """One row per profiled kernel of Nsight Compute's text reports
+    (``data/bench/logs/ncu_session6/*.log``, written by ``ncu ... tools/gpu/ncu_verify.py``):
+    the report file, the verify point and launch choice it profiled, the kernel, its grid, and
+    the section metrics it printed (duration in µs, DRAM and SM throughput in % of peak,
+    registers, achieved warps per SM, cycles per issued instruction; NaN where a report did
+    not collect a section). Durations are ncu's, with caches flushed between kernels, so they
+    sit above the graph-replayed times of the benchmark."""
+    rows = []
+    for path in sorted(Path(p) for p in paths):
+        point: dict = {}
+        cur = None
+        for line in path.read_text(errors="replace").splitlines():
+            if m := _NCU_POINT.match(line):
+                point = {"layout": m["layout"], "L": int(m["L"]), "T": int(m["T"]),
+                         "config": m["cfg"], "splits": int(m["splits"])}  # fmt: skip
+            elif m := _NCU_KERNEL.match(line):
+                cur = {"report": path.stem, **point, "kernel": m["kernel"],
+                       "grid": "x".join(x.strip() for x in m["grid"].split(","))}  # fmt: skip
+                cur.update({v: np.nan for v in _NCU_METRICS.values()})
+                rows.append(cur)
+            elif cur is not None:
+                parts = line.split()
+                for label, col in _NCU_METRICS.items():
+                    if line.strip().startswith(label + " ") and parts:
+                        cur[col] = float(parts[-1].replace(",", ""))
+    if not rows:
+        raise ValueError("no Nsight Compute kernel sections in the given reports")
+    return pd.DataFrame(rows)
+
+
+def ncu_findings(table: pd.DataFrame) -> list[str]:
+    """Bullets from :func:`ncu_kernel_table`: per report, the split kernel's and the merge's
+    share of the profiled time and the split kernel's occupancy."""
+    out = []
+    for rep, g in table.groupby("report", sort=True):
+        split = g[g["kernel"].str.contains("split")]
+        merge = g[g["kernel"].str.contains("merge")]
+        if split.empty:
+            continue
+        s, total = split.iloc[0], g["duration_us"].sum()
+        line = (
+            f"`{rep}`: split kernel {s.duration_us:.3g} µs on grid {s.grid} "
+            f"({s.splits} splits), DRAM {s.dram_pct:.0f} % of peak"
+        )
+        if not np.isnan(s.warps_per_sm):
+            line += f", {s.warps_per_sm:.2g} warps an SM"
+        if not merge.empty:
+            m = merge.iloc[0]
+            line += f"; merge {m.duration_us:.3g} µs ({m.duration_us / total:.0%} of the two)"
+        out.append(line + ".")
+    return out
 
 
 def time_table(tidy: pd.DataFrame, L: int) -> pd.DataFrame:

@@ -9,6 +9,7 @@
 
 # %%
 import ipywidgets as widgets
+import pandas as pd
 import torch
 from IPython.display import display
 
@@ -97,17 +98,47 @@ if tidy is not None:
 # ### What the tuner found (`kdtree bench verify-attention --tune`)
 # Every candidate tile config × split count of our kernel, replayed from a CUDA graph; the
 # five fastest per case. A `p` after the stage count is the page-table prefetch variant (the
-# next tile's page-table entries loaded one iteration ahead): at 128k it is the winner for
-# GQA, and the packaged table `kdtree/kernels/tuning/h200.json` holds the winners.
+# next tile's page-table entries loaded one iteration ahead), a `t` the small last M tile for
+# the G rows that T = 2^k + 1 leaves past the full tiles; the packaged table
+# `kdtree/kernels/tuning/h200.json` holds the winners that beat the heuristic. Where a case was
+# swept more than once the latest sweep's time is shown.
 
 # %%
 if gpu_rows is not None:
+    tune_log = nb.data_path("bench", "logs", "verify_tune_session6.csv.gz")
+    if tune_log.exists():  # session 6's sweeps (after the one-load merge) ship beside the CSV
+        gpu_rows = pd.concat([gpu_rows, pd.read_csv(tune_log)], ignore_index=True)
     tune = ns.verify_rows(gpu_rows, include_tune=True)
     tune = tune[tune["provider"].str.startswith("ours_tune[") & (tune["status"] == "ok")]
     if len(tune):
         top = tune.sort_values("time_ms").groupby(["layout", "L", "T"]).head(5)
         display(top.sort_values(["layout", "L", "T", "time_ms"])[
             ["layout", "L", "T", "provider", "time_ms", "frac_of_floor"]].round(4))  # fmt: skip
+
+# %% [markdown]
+# ### Where the time went: Nsight Compute on the H200 (session 6)
+# One verify call per report (`ncu --clock-control none` over `python3 tools/gpu/ncu_verify.py`,
+# stage files `tools/gpu/stages_s6a.txt` and `stages_s6b.txt`; reports in
+# `data/bench/logs/ncu_session6/`). Call a is the kernel as it was: at GQA 8q/1kv the LSE merge
+# took 15-20 µs whatever the length -- more than the split kernel itself at 16k -- because 18
+# programs each walked the splits in dependent chunks; and the split kernel ran one 4-warp CTA
+# an SM (latency-bound: an instruction every 3.2 cycles). Call b is after the merge reads all
+# splits at once (136 programs) and the split count fills two CTAs an SM. ncu flushes the
+# caches between kernels, so these durations sit above the graph-replayed benchmark's.
+
+# %%
+ncu_logs = sorted(nb.data_path("bench", "logs", "ncu_session6").glob("*.log"))
+ncu = ns.ncu_kernel_table(ncu_logs) if ncu_logs else None
+if ncu is not None:
+    nb.show(
+        nf.make_bar_compare_fig(
+            ncu, "report", "duration_us", "kernel", "Split kernel and merge under ncu (H200)", "µs"
+        ),
+        "ncu_kernels",
+    )
+    display(ncu.drop(columns=["config"]).round(2))
+else:
+    nb.note("The Nsight Compute reports are not shipped (data/bench/logs/ncu_session6/).")
 
 # %% [markdown]
 # ### Live timing on this machine
@@ -188,6 +219,12 @@ nb.markdown(
     + (
         "- Shipped H200 rows (bf16, B=1):\n"
         + "".join(f"  - {line}\n" for line in ns.verify_findings(versus))
+        + (
+            "- Nsight Compute (session 6):\n"
+            + "".join(f"  - {line}\n" for line in ns.ncu_findings(ncu))
+            if ncu is not None
+            else ""
+        )
         if versus is not None
         else "- No GPU rows are shipped, so nothing here says how fast the kernel is on a GPU."
     )

@@ -124,19 +124,20 @@ times[["name", "provider", "x_value", "p50", "p20", "p80", "unit", "mode"]]
 # The Triton heap replay does budget / 2 dependent block reductions; the threshold builder
 # (seed a score threshold, expand every node above it, rank the survivors) does ~3 × depth
 # dependent steps. Batch 1, depth 15, ten builds per graph replay
-# (`python3 tools/gpu/bench_tree_phases.py`, `data/bench/logs/tree_phases_session5.csv`); the
-# kernel stops after the seed, after the expansion, or runs whole. `algo="auto"` runs the
-# faster of the two per shape.
+# (`python3 tools/gpu/bench_tree_phases.py`, `data/bench/logs/tree_phases_session6.csv`: the
+# builders as they are after session 5's review fixes, re-timed in session 6; session 5's rows
+# are in `tree_phases_session5.csv`); the kernel stops after the seed, after the expansion, or
+# runs whole. `algo="auto"` runs the faster of the two per shape.
 
 # %%
-phase_csv = nb.data_path("bench", "logs", "tree_phases_session5.csv")
+phase_csv = nb.data_path("bench", "logs", "tree_phases_session6.csv")
 phases = ns.tree_phase_table(pd.read_csv(phase_csv)) if phase_csv.exists() else None
 if phases is not None:
     nb.show(vtree.make_tree_phase_fig(phases), "tree_phases_gpu")
     display(phases.round(1))
 else:
     nb.note(
-        "The tree-build phase rows are not shipped (data/bench/logs/tree_phases_session5.csv)."
+        "The tree-build phase rows are not shipped (data/bench/logs/tree_phases_session6.csv)."
     )
 
 # %% [markdown]

@@ -49,6 +49,44 @@ def test_verify_rows_and_ours_vs_peers():
     assert any("8.00–8.00× (faster in every case)" in line for line in lines), lines
 
 
+def test_verify_rows_a_timed_run_outranks_an_older_skip():
+    case = "gqa/B1/L131072/T17"
+    df = pd.DataFrame([
+        _row(case, "ours_graph", "error", np.nan, reason="skipped: point time box (30 s) spent"),
+        _row(case, "ours_graph", "time", 0.05, floor_ms=0.016),
+        _row(case, "flex", "error", np.nan, reason="skipped: compile failed"),
+        _row(case, "fi_mask", "time", 0.2, floor_ms=0.016),
+        _row(case, "fi_mask", "error", np.nan, error="RuntimeError: a later run failed"),
+    ])  # fmt: skip
+    t = ns.verify_rows(df).set_index("provider")
+    assert t.loc["ours_graph", "status"] == "ok" and t.loc["ours_graph", "time_ms"] == 0.05
+    assert t.loc["flex", "status"].startswith("skipped")  # never timed
+    assert t.loc["fi_mask", "status"].startswith("RuntimeError")  # a real error stays
+
+
+def test_ncu_kernel_table_reads_the_shipped_reports():
+    from kdtree import nb
+
+    logs = sorted(nb.data_path("bench", "logs", "ncu_session6").glob("*.log"))
+    assert len(logs) >= 2
+    t = ns.ncu_kernel_table(logs)
+    assert set(t["kernel"]) == {"_gqa_split_kernel", "_merge_kernel"}
+    before = t[(t["report"] == "call_a_gqa8q1kv_128k_T17")].set_index("kernel")
+    after = t[(t["report"] == "call_b_gqa8q1kv_128k_T17")].set_index("kernel")
+    assert before.loc["_merge_kernel", "grid"] == "9x2x1" and before["splits"].iloc[0] == 43
+    assert after.loc["_merge_kernel", "duration_us"] < before.loc["_merge_kernel", "duration_us"]
+    assert (t["duration_us"] > 0).all() and t["registers"].notna().any()
+    lines = ns.ncu_findings(t)
+    assert any("merge" in line and "43 splits" in line for line in lines), lines
+
+
+def test_ncu_kernel_table_refuses_a_report_without_kernels(tmp_path):
+    p = tmp_path / "empty.log"
+    p.write_text("==PROF== Disconnected\n")
+    with pytest.raises(ValueError, match="no Nsight Compute"):
+        ns.ncu_kernel_table([p])
+
+
 def _x(name, ts, dur, step, gpu=None):
     args = {"step": step} | ({"gpu_ms": gpu} if gpu is not None else {})
     return {"name": name, "ph": "X", "ts": ts, "dur": dur, "args": args}
