@@ -1,8 +1,11 @@
 """One verify-attention point, built like ``kdtree bench verify-attention`` builds it, for a
 profiler to look at: warm-up calls first (JIT, config ladder), then ``--calls`` more, each
 preceded by ``torch.cuda.nvtx`` range ``prof`` so ``ncu --nvtx --nvtx-include prof/`` (or
-``--launch-skip``) can pick them out. Prints the config and split count the launch chose and
-the CUDA-graph p50 of the call (so a profile and a timing come from the same launch).
+``--launch-skip``) can pick them out. Prints the config and split count the launch chose and,
+when no profiler is attached, the CUDA-graph p50 of the call. Under ncu (which sets
+``CUDA_INJECTION64_PATH``) the timing is skipped: ncu serialises and replays every kernel, so
+a p50 taken under it is milliseconds, not the kernel's time (session 6's call-a reports carry
+such a line).
 
     ncu --clock-control none --section SpeedOfLight ... python3 tools/gpu/ncu_verify.py \
         --layout gqa_8q1kv_d128 --length 131072 --tree 17
@@ -11,6 +14,7 @@ the CUDA-graph p50 of the call (so a profile and a timing come from the same lau
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -66,7 +70,9 @@ def main() -> None:
     launch = next(reversed(ta._LAUNCHES.values()))
     print(f"point {a.layout} L={a.length} T={a.tree} batch={a.batch}: cfg={launch.cfg} "
           f"splits={launch.num_splits} grid={launch.grid}", flush=True)  # fmt: skip
-    if not a.no_time:
+    if "CUDA_INJECTION64_PATH" in os.environ:
+        print("graph p50 not taken: a profiler is attached", flush=True)
+    elif not a.no_time:
         g, _ = graph_of(lambda: fn(0))
         print(f"graph p50 {time_cuda(g.replay).p50 * 1e3:.1f} us", flush=True)
     for i in range(a.calls):
