@@ -19,18 +19,27 @@ import os
 import torch
 
 from kdtree.bench.timing import graph_of, time_cuda
-from kdtree.bench.verify_attention import LAYOUTS, Workload, _ours_fn, make_tree_inputs
+from kdtree.bench.verify_attention import (
+    LAYOUTS,
+    Workload,
+    _head_tensors,
+    _ours_fn,
+    make_tree_inputs,
+)
 from kdtree.kernels.heuristics import TileConfig
 
 
 def parse_config(text: str) -> TileConfig:
-    """``64x64w4s3`` or ``64x64w4s3p`` (page-table prefetch) -> TileConfig."""
-    pre = text.endswith("p")
-    body = text[:-1] if pre else text
+    """``64x64w4s3``, ``64x64w4s3p`` (page-table prefetch), ``64x64w4s3pt`` (and the small
+    last tile) -> TileConfig, as the ``--tune`` labels spell them."""
+    tail = text.endswith("t")
+    body = text[:-1] if tail else text
+    pre = body.endswith("p")
+    body = body[:-1] if pre else body
     mn, rest = body.split("w")
     m, n = mn.split("x")
     w, s = rest.split("s")
-    return TileConfig(int(m), int(n), int(w), int(s), int(pre))
+    return TileConfig(int(m), int(n), int(w), int(s), int(pre), int(tail))
 
 
 def main() -> None:
@@ -50,16 +59,17 @@ def main() -> None:
     ti = make_tree_inputs(wl, a.tree, seed=0)
     fn, plan = _ours_fn(wl, ti)
     if a.config or a.splits:
-        from kdtree.kernels import tree_attention_triton
+        from kdtree.kernels import tree_attention_mla_triton, tree_attention_triton
 
         cfg = parse_config(a.config) if a.config else None
-        out = torch.empty_like(ti.q)
+        attend = tree_attention_triton if lay.kind == "gqa" else tree_attention_mla_triton
+        head = _head_tensors(wl, ti)
+        out = torch.empty_like(head[0])
 
         def fn(r):  # noqa: F811 - the forced variant of the same call
-            return tree_attention_triton(
-                ti.q, wl.k, wl.v, wl.tables[r], wl.prefix_lens, ti.tree_mask,
-                sm_scale=ti.scale, plan=plan, out=out, num_splits=a.splits, config=cfg,
-                check_values=False,
+            return attend(
+                *head, wl.tables[r], wl.prefix_lens, ti.tree_mask, sm_scale=ti.scale,
+                plan=plan, out=out, num_splits=a.splits, config=cfg, check_values=False,
             )  # fmt: skip
 
     for _ in range(3):
