@@ -63,10 +63,13 @@ def verify_rows(df: pd.DataFrame, include_tune: bool = False) -> pd.DataFrame:
         key = (case["layout"], case["B"], case["L"], case["T"], r.provider)
         cfg = json.loads(r.config_json) if isinstance(r.config_json, str) else {}
         rec = out.setdefault(key, {**case, "provider": r.provider, "time_ms": np.nan,
-                                   "frac_of_floor": np.nan, "floor_ms": cfg.get("floor_ms"),
+                                   "frac_of_floor": np.nan, "floor_ms": None,
                                    "status": "ok"})  # fmt: skip
+        if cfg.get("floor_ms") is not None:
+            rec["floor_ms"] = cfg["floor_ms"]
         if r.metric == "time":
             rec["time_ms"] = float(r.p50)
+            rec["status"] = "ok"  # a later timing outranks an earlier run's skip or error
         elif r.metric == "frac_of_floor":
             rec["frac_of_floor"] = float(r.p50)
         elif r.metric == "error":
@@ -113,6 +116,8 @@ _NCU_KERNEL = re.compile(r"^\s{2}(?P<kernel>\w+) \((?P<grid>[\d, ]+)\)x\((?P<blo
 _NCU_POINT = re.compile(
     r"^point (?P<layout>\S+) L=(?P<L>\d+) T=(?P<T>\d+) batch=\d+: cfg=(?P<cfg>.+?) splits=(?P<splits>\d+)"
 )
+_NCU_TIME_UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
+                   "msecond": 1e3, "s": 1e6, "second": 1e6}  # fmt: skip
 _NCU_METRICS = {
     "Duration": "duration_us",
     "DRAM Throughput": "dram_pct",
@@ -148,31 +153,46 @@ def ncu_kernel_table(paths) -> pd.DataFrame:
                 parts = line.split()
                 for label, col in _NCU_METRICS.items():
                     if line.strip().startswith(label + " ") and parts:
-                        cur[col] = float(parts[-1].replace(",", ""))
+                        value = float(parts[-1].replace(",", ""))
+                        if col == "duration_us":  # ncu picks ns / us / ms by magnitude
+                            unit = parts[-2] if len(parts) >= 2 else "us"
+                            if unit not in _NCU_TIME_UNITS:
+                                raise ValueError(f"{path.name}: unknown duration unit {unit!r}")
+                            value *= _NCU_TIME_UNITS[unit]
+                        cur[col] = value
     if not rows:
         raise ValueError("no Nsight Compute kernel sections in the given reports")
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    for col in ("layout", "config"):  # reports without a point line
+        if col not in out.columns:
+            out[col] = None
+    for col in ("L", "T", "splits"):
+        out[col] = out[col].astype("Int64") if col in out.columns else pd.NA
+    return out
 
 
 def ncu_findings(table: pd.DataFrame) -> list[str]:
-    """Bullets from :func:`ncu_kernel_table`: per report, the split kernel's and the merge's
-    share of the profiled time and the split kernel's occupancy."""
+    """Bullets from :func:`ncu_kernel_table`: per report, the first split kernel and the
+    first merge it profiled (one verify call), the merge's share of the two, and the split
+    kernel's occupancy."""
     out = []
     for rep, g in table.groupby("report", sort=True):
         split = g[g["kernel"].str.contains("split")]
         merge = g[g["kernel"].str.contains("merge")]
         if split.empty:
             continue
-        s, total = split.iloc[0], g["duration_us"].sum()
+        s = split.iloc[0]
         line = (
-            f"`{rep}`: split kernel {s.duration_us:.3g} µs on grid {s.grid} "
-            f"({s.splits} splits), DRAM {s.dram_pct:.0f} % of peak"
+            f"`{rep}`: split kernel {s.duration_us:.3g} µs on grid {s.grid}"
+            + (f" ({s.splits} splits)" if not pd.isna(s.splits) else "")
+            + f", DRAM {s.dram_pct:.0f} % of peak"
         )
         if not np.isnan(s.warps_per_sm):
             line += f", {s.warps_per_sm:.2g} warps an SM"
         if not merge.empty:
             m = merge.iloc[0]
-            line += f"; merge {m.duration_us:.3g} µs ({m.duration_us / total:.0%} of the two)"
+            share = m.duration_us / (m.duration_us + s.duration_us)
+            line += f"; merge {m.duration_us:.3g} µs ({share:.0%} of the two)"
         out.append(line + ".")
     return out
 

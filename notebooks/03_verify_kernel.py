@@ -122,8 +122,9 @@ if gpu_rows is not None:
 # `data/bench/logs/ncu_session6/`). Call a is the kernel as it was: at GQA 8q/1kv the LSE merge
 # took 15-20 µs whatever the length -- more than the split kernel itself at 16k -- because 18
 # programs each walked the splits in dependent chunks; and the split kernel ran one 4-warp CTA
-# an SM (latency-bound: an instruction every 3.2 cycles). Call b is after the merge reads all
-# splits at once (136 programs) and the split count fills two CTAs an SM. ncu flushes the
+# an SM (latency-bound: an instruction every 3.2 cycles). Call b is after the merge reads its
+# splits in one load per 64 (136 programs; two loads at its 80 splits) and the split count
+# fills two CTAs an SM. ncu flushes the
 # caches between kernels, so these durations sit above the graph-replayed benchmark's.
 
 # %%

@@ -1229,8 +1229,9 @@ def run_suite(
 
 
 _TILE_RE = re.compile(
-    r"block_m=(\d+), block_n=(\d+), num_warps=(\d+), num_stages=(\d+)(?:, pt_prefetch=(\d+))?"
-    r"(?:, tail=(\d+))?"
+    r"block_m=(?P<block_m>\d+), block_n=(?P<block_n>\d+), num_warps=(?P<num_warps>\d+), "
+    r"num_stages=(?P<num_stages>\d+)(?:, pt_prefetch=(?P<pt_prefetch>\d+))?"
+    r"(?:, tail=(?P<tail>\d+))?"
 )
 
 
@@ -1249,7 +1250,7 @@ def tuned_table(rows: Iterable[BenchRow], device_name: str, min_gain: float = 0.
         m = _TILE_RE.search(str(c["tile"]))
         if m is None:
             raise ValueError(f"tune row {r.name} {r.provider}: unreadable tile {c['tile']!r}")
-        tc = TileConfig(*(int(g) for g in m.groups() if g is not None))
+        tc = TileConfig(**{k: int(v) for k, v in m.groupdict().items() if v is not None})
         group = int(c.get("group", c["hq"] // c["hkv"]))
         dk = int(c.get("dk", c["d"] + c.get("rope", 0)))
         first = configs_for(c["kind"], group * int(c["T"]), dk, False)[0]

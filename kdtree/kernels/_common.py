@@ -256,8 +256,10 @@ MERGE_TARGET_PROGRAMS = 264
 
 def merge_tiles(rows: int, dv: int, num_splits: int, programs_per_row: int = 1):
     """``(BLOCK_D, BLOCK_S, BLOCK_R)`` of the merge: all splits in one load where the tile
-    allows (``BLOCK_S`` = the split count's power of two, up to ``MERGE_TILE_ELEMS``), then as
-    many rows per program as keep at least ``MERGE_TARGET_PROGRAMS`` programs."""
+    allows (``BLOCK_S`` = the split count's power of two, up to ``MERGE_TILE_ELEMS // BLOCK_D``
+    -- 64 splits at a 128-wide value head; more take a second, dependent load), then as many
+    rows per program as keep at least ``MERGE_TARGET_PROGRAMS`` programs.
+    ``programs_per_row``: the grid's third axis (batch x KV heads)."""
     block_d = min(triton.next_power_of_2(dv), 128)
     splits_p2 = max(2, triton.next_power_of_2(num_splits))
     block_s = min(splits_p2, max(1, MERGE_TILE_ELEMS // block_d))

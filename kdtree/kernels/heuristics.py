@@ -198,10 +198,15 @@ def length_bucket(max_len: int) -> int:
 _HBM_BYTES_PER_US = 3.8e6
 _MMA_FLOPS_PER_US = 4.0e8
 _CTA_FIXED_US = 2.0  # per wave: prologue (Q load), epilogue (partial store), tail
-_MERGE_FIXED_US = 3.0  # the merge launch and its one round trip (all splits read at once)
-#: Share of an SM's streaming rate one resident 4-warp CTA reaches alone: ncu on the H200
-#: (session 6, call a) saw one such CTA per SM (GQA 8q/1kv, 128k, T=17) issue on 28 % of the
-#: cycles with one warp per scheduler, latency-bound; a second resident CTA hides it.
+#: the merge launch and its round trip: every split of a row block in one load up to
+#: ``MERGE_TILE_ELEMS / BLOCK_D`` splits (64 at a 128-wide value head), a second dependent
+#: load above that (not charged here: the 80-split choice at GQA 8q/1kv was measured with it)
+_MERGE_FIXED_US = 3.0
+#: Share of an SM's streaming rate one CTA reaches when it is alone on its SM: ncu on the H200
+#: (session 6, call a) saw a lone 4-warp CTA (GQA 8q/1kv, 128k, T=17) issue on 28 % of the
+#: cycles with one warp per scheduler, and a lone 8-warp one (T=65) on 35 % with DRAM at 12 %;
+#: a second resident CTA hides the latency. Applied to every config: where only one CTA fits an
+#: SM it scales the stream against the fixed costs at every split count alike.
 _ONE_CTA_SM_SHARE = 0.55
 
 
@@ -326,11 +331,12 @@ def tuning_candidates(
             TileConfig(128, 64, 8, 2, 1),
         ]
         # the small-tail variants (rows = G * (2^k + 1) leave G rows past the full tiles)
-        extra += [
+        tails = [
             TileConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, 1, 1)
             for c in (first, TileConfig(64, 64, 4, 3), TileConfig(128, 64, 8, 3),
                       TileConfig(64, 64, 8, 3))
         ]  # fmt: skip
+        extra += [c for c in tails if tail_rows(rows, c) > 0]  # only where a tail exists
     elif head_dim_k <= SMALL_LATENT_DK:
         first = mla_configs(rows, head_dim_k)[0]
         extra = [

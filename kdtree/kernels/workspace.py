@@ -207,8 +207,11 @@ class TreeAttentionPlan:
         best = 0
         for t in trees:
             rows = t * self.group
-            cfg = configs_for(self.kind, rows, self.head_dim_k, interpreting())[0]
+            first = configs_for(self.kind, rows, self.head_dim_k, interpreting())[0]
             for b in range(1, self.max_batch + 1):
+                tuned = self.tuned(b, t)
+                # the config num_splits will size: the tuned one where the table has an entry
+                cfg = tuned.config if tuned is not None else first
                 s = splits_for(
                     self.kind,
                     cfg,
@@ -220,7 +223,6 @@ class TreeAttentionPlan:
                     max_len=self.max_prefix_len,
                     num_sms=device_sm_count(self.device),
                 )
-                tuned = self.tuned(b, t)
                 if tuned is not None:
                     s = max(s, tuned.splits)
                 best = max(best, b * self.num_kv_heads * s * self.padded_rows(t))

@@ -130,3 +130,31 @@ def test_splits_for_mla_compute_bound_stays_low():
         num_sms=132,
     )
     assert 1 <= s <= 16
+
+
+def test_ctas_per_sm_follows_the_measured_footprint():
+    """ncu (session 6): a 64x64 s3 d128 CTA takes 114.9 KiB, so two fit an SM; an 8-warp
+    128-row CTA stays one an SM (registers)."""
+    assert TileConfig(64, 64, 4, 3, 1).ctas_per_sm(128, 128) == 2
+    assert TileConfig(128, 64, 8, 3, 1).ctas_per_sm(128, 128) == 1
+
+
+def test_split_count_fills_two_ctas_an_sm_when_they_fit():
+    """A lone latency-bound CTA per SM is charged as such, so GQA 8q/1kv at 128k, T=17 (3 M
+    tiles of 64 rows) takes enough splits for two CTAs an SM (80 on the H200, call b), not one
+    (43 before)."""
+    from kdtree.kernels.heuristics import splits_for
+
+    s = splits_for("gqa", TileConfig(64, 64, 4, 3, 1), batch=1, rows=136, num_kv_heads=1,
+                   head_dim_k=128, head_dim_v=128, max_len=131072, num_sms=132)  # fmt: skip
+    assert 132 < 3 * s <= 264
+
+
+def test_tail_candidates_only_where_a_tail_exists():
+    from kdtree.kernels.heuristics import tail_rows, tuning_candidates
+
+    for rows in (136, 68, 520, 128):
+        for c in tuning_candidates("gqa", rows, 128):
+            assert not c.tail or tail_rows(rows, c) > 0, (rows, c)
+    assert any(c.tail for c in tuning_candidates("gqa", 136, 128))
+    assert not any(c.tail for c in tuning_candidates("gqa", 128, 128))

@@ -200,23 +200,38 @@ def test_gqa_pt_prefetch_matches_fp64(ps, gen):
         assert_close_to_truth(got, truth, base, ATOL[torch.float32], f"prefetch S{splits}")
 
 
-# the small-tail variant (TileConfig.tail): G * (2^k + 1) rows = full 64-row tiles and a
-# 16-row last tile, with one and several splits, the prefetch on and off, a padded tree row
-@pytest.mark.parametrize("hq,t", [(4, 17), (8, 17), (2, 65)])
-def test_gqa_tail_tile_matches_fp64(hq, t, gen):
+# the small-tail variant (TileConfig.tail): G * (2^k + 1) rows = full tiles and a 16- or
+# 32-row last tile, with one and several splits, the prefetch on and off, a padded tree row;
+# the workspace is poisoned between runs so a partial the tail misses cannot come from before
+@pytest.mark.parametrize("hq,t,bm,tail", [(4, 17, 64, 16), (8, 17, 64, 16), (2, 65, 64, 16),
+                                          (32, 17, 128, 32)])  # fmt: skip
+def test_gqa_tail_tile_matches_fp64(hq, t, bm, tail, gen):
+    from kdtree.kernels import TreeAttentionPlan
+    from kdtree.kernels.gqa import gqa_split_args
     from kdtree.kernels.heuristics import TileConfig, tail_rows
 
     lens, hkv, d, ps = [131, 40], 1, 32, 16
-    cfgs = [TileConfig(64, 16, 4, 1, 0, 1), TileConfig(64, 16, 4, 1, 1, 1)]
-    assert all(tail_rows(hq * t, c) == 16 for c in cfgs)
+    cfgs = [TileConfig(bm, 16, 4, 1, 0, 1), TileConfig(bm, 16, 4, 1, 1, 1)]
+    assert all(tail_rows(hq * t, c) == tail for c in cfgs)
     q, k, v, pt, pl, m = gqa_inputs(lens, t, hq, hkv, d, ps, torch.float32, gen, [t, t - 2])
     truth = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float64)
     base = gqa_dense(q, k, v, pt, pl, m, d**-0.5, torch.float32)
+    plan = TreeAttentionPlan("gqa", max_batch=2, max_tree=t, num_kv_heads=hkv, group=hq,
+                             head_dim_k=d, head_dim_v=d, max_prefix_len=256, device="cpu",
+                             min_capacity_rows=2 * hkv * 3 * (-(-hq * t // 16) * 16))  # fmt: skip
     for cfg in cfgs:
         for splits in (1, 3):
             out = torch.full_like(q, float("nan"))
+            part, lse = plan.views(2, t, splits) if splits > 1 else (out, out)
+            _, _, kw = gqa_split_args(q, k, v, pt, pl, m, out, part, lse, qk_scale=1.0,
+                                      num_splits=splits, cfg=cfg, dot_precision="ieee")  # fmt: skip
+            assert kw["TAIL_M"] == tail  # the launch really takes the small tile
+            if splits > 1:
+                part.fill_(float("nan"))
+                lse.fill_(float("nan"))
             got = tree_attention_triton(
                 q, k, v, pt, pl, m, sm_scale=d**-0.5, num_splits=splits, config=cfg, out=out,
+                plan=plan,
             )  # fmt: skip
             assert_close_to_truth(got, truth, base, ATOL[torch.float32], f"tail {cfg} S{splits}")
 

@@ -44,6 +44,10 @@ def test_lookup_matches_shape_and_scales_splits(tmp_path, monkeypatch):
     assert tuned_choice("gqa", CUDA, max_len=16384, group=4, tree=65, dk=128, batch=1) is None
     assert tuned_choice("gqa", CUDA, max_len=16384, group=4, tree=17, dk=128, batch=2) is None
     assert tuned_choice("mla", CUDA, max_len=16384, **kw) is None
+    # the small-tail flag comes back from the table
+    p = _table(tmp_path, [_entry(pt_prefetch=1, tail=1)])
+    monkeypatch.setattr(env, "KERNEL_TUNING", str(p))
+    assert tuned_choice("gqa", CUDA, max_len=16384, **kw).config == TileConfig(64, 32, 4, 5, 1, 1)
 
 
 def test_off_and_cpu_mean_no_table(tmp_path, monkeypatch):

@@ -58,8 +58,14 @@ def test_verify_rows_a_timed_run_outranks_an_older_skip():
         _row(case, "fi_mask", "time", 0.2, floor_ms=0.016),
         _row(case, "fi_mask", "error", np.nan, error="RuntimeError: a later run failed"),
     ])  # fmt: skip
+    df = pd.concat([df, pd.DataFrame([
+        _row(case, "sdpa_dense", "error", np.nan, error="OOM in an older run"),
+        _row(case, "sdpa_dense", "time", 4.0, floor_ms=0.016),
+    ])], ignore_index=True)  # fmt: skip
     t = ns.verify_rows(df).set_index("provider")
     assert t.loc["ours_graph", "status"] == "ok" and t.loc["ours_graph", "time_ms"] == 0.05
+    assert t.loc["ours_graph", "floor_ms"] == 0.016  # from the later row, not the skip
+    assert t.loc["sdpa_dense", "status"] == "ok"  # a later timing outranks an older error
     assert t.loc["flex", "status"].startswith("skipped")  # never timed
     assert t.loc["fi_mask", "status"].startswith("RuntimeError")  # a real error stays
 
@@ -78,6 +84,21 @@ def test_ncu_kernel_table_reads_the_shipped_reports():
     assert (t["duration_us"] > 0).all() and t["registers"].notna().any()
     lines = ns.ncu_findings(t)
     assert any("merge" in line and "43 splits" in line for line in lines), lines
+
+
+def test_ncu_kernel_table_converts_duration_units(tmp_path):
+    p = tmp_path / "r.log"
+    p.write_text(
+        "  _mla_split_kernel (5, 15, 1)x(256, 1, 1), Context 1\n"
+        "    Duration                         ms         1.42\n"
+        "  _merge_kernel (260, 4, 1)x(128, 1, 1), Context 1\n"
+        "    Duration                         ns       980.00\n"
+    )
+    t = ns.ncu_kernel_table([p]).set_index("kernel")
+    assert t.loc["_mla_split_kernel", "duration_us"] == pytest.approx(1420.0)
+    assert t.loc["_merge_kernel", "duration_us"] == pytest.approx(0.98)
+    assert t["splits"].isna().all()  # no point line: no launch choice, no crash
+    assert ns.ncu_findings(ns.ncu_kernel_table([p]))[0].startswith("`r`: split kernel 1.42e+03")
 
 
 def test_ncu_kernel_table_refuses_a_report_without_kernels(tmp_path):

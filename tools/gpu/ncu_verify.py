@@ -4,8 +4,8 @@ preceded by ``torch.cuda.nvtx`` range ``prof`` so ``ncu --nvtx --nvtx-include pr
 ``--launch-skip``) can pick them out. Prints the config and split count the launch chose and,
 when no profiler is attached, the CUDA-graph p50 of the call. Under ncu (which sets
 ``CUDA_INJECTION64_PATH``) the timing is skipped: ncu serialises and replays every kernel, so
-a p50 taken under it is milliseconds, not the kernel's time (session 6's call-a reports carry
-such a line).
+a p50 taken under it is milliseconds, not the kernel's time (session 6's reports of calls a
+and b carry such a line).
 
     ncu --clock-control none --section SpeedOfLight ... python3 tools/gpu/ncu_verify.py \
         --layout gqa_8q1kv_d128 --length 131072 --tree 17
