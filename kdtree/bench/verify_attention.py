@@ -868,18 +868,25 @@ SETUPS: dict[str, Callable] = {
 def _points(opts: Options) -> Iterator[tuple[HeadLayout, int, int, tuple[int, ...]]]:
     """(layout, batch, L, trees) in priority order: batch 1 x ``CORE_L`` x ``CORE_T`` first
     (every layout and provider), then batch 1 at the other lengths, then larger batches, and
-    the other tree sizes last; each (layout, batch, L) appears once per tree group."""
+    the other tree sizes last; each (layout, batch, L) appears once per tree group. Lengths
+    named on the command line (``--lengths``, anything but the default grid) run in the order
+    given: session 6's ``--lengths 128k,64k,16k`` spent its whole time box at 16k, run first."""
     layouts, default = known_layouts(opts.smoke)
     chosen = [layouts[n] for n in opts.layouts if n in layouts] or list(default.values())
     core_t = tuple(t for t in opts.trees if t in CORE_T) or tuple(opts.trees)
     other_t = tuple(t for t in opts.trees if t not in core_t)
+
+    explicit = tuple(opts.lengths) not in (FULL_L, SMOKE_L)
 
     def phase(b: int, n: int, trees: tuple[int, ...]) -> int:
         if trees is other_t:
             return 3
         if b != min(opts.batches):
             return 2
-        return 0 if n in CORE_L else 1
+        return 0 if explicit or n in CORE_L else 1
+
+    def rank(n: int) -> tuple[int, int]:
+        return (0, list(opts.lengths).index(n)) if explicit else _length_rank(n)
 
     items = []
     for trees in (core_t, other_t):
@@ -888,7 +895,7 @@ def _points(opts: Options) -> Iterator[tuple[HeadLayout, int, int, tuple[int, ..
         for b in opts.batches:
             for n in opts.lengths:
                 for lay in chosen:
-                    items.append((phase(b, n, trees), b, _length_rank(n), n, lay, trees))
+                    items.append((phase(b, n, trees), b, rank(n), n, lay, trees))
     items.sort(key=lambda it: (it[0], it[1], it[2], it[4].name))
     for _, b, _, n, lay, trees in items:
         yield lay, b, n, trees

@@ -76,6 +76,12 @@ def test_default_grid_runs_the_core_points_first():
     assert len(covered) == len(va.LAYOUTS) * len(va.FULL_B) * len(va.FULL_L) * len(va.FULL_T)
 
 
+def test_named_lengths_run_in_the_order_given():
+    opts = va.Options(lengths=(131072, 65536, 16384), trees=(17, 65), batches=(1,),
+                      layouts=("gqa_8q1kv_d128", "mla_h16"))  # fmt: skip
+    assert [n for _, _, n, _ in va._points(opts)] == [131072] * 2 + [65536] * 2 + [16384] * 2
+
+
 def test_point_time_box_skips_with_a_reason():
     opts = va.Options(
         providers=("ours", "ref"),
