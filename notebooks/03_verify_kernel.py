@@ -124,8 +124,8 @@ if gpu_rows is not None:
 # programs each walked the splits in dependent chunks; and the split kernel ran one 4-warp CTA
 # an SM (latency-bound: an instruction every 3.2 cycles). Call b is after the merge reads its
 # splits in one load per 64 (136 programs; two loads at its 80 splits) and the split count
-# fills two CTAs an SM. ncu flushes the
-# caches between kernels, so these durations sit above the graph-replayed benchmark's.
+# fills two CTAs an SM. ncu flushes the caches between kernels, so these durations sit above
+# the graph-replayed benchmark's.
 
 # %%
 ncu_logs = sorted(nb.data_path("bench", "logs", "ncu_session6").glob("*.log"))
