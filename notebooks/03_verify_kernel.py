@@ -106,9 +106,10 @@ if tidy is not None:
 # %%
 if gpu_rows is not None:
     tune_log = nb.data_path("bench", "logs", "verify_tune_session6.csv.gz")
+    tune_src = gpu_rows
     if tune_log.exists():  # session 6's sweeps (after the one-load merge) ship beside the CSV
-        gpu_rows = pd.concat([gpu_rows, pd.read_csv(tune_log)], ignore_index=True)
-    tune = ns.verify_rows(gpu_rows, include_tune=True)
+        tune_src = pd.concat([gpu_rows, pd.read_csv(tune_log)], ignore_index=True)
+    tune = ns.verify_rows(tune_src, include_tune=True)
     tune = tune[tune["provider"].str.startswith("ours_tune[") & (tune["status"] == "ok")]
     if len(tune):
         top = tune.sort_values("time_ms").groupby(["layout", "L", "T"]).head(5)
