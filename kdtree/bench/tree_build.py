@@ -58,6 +58,10 @@ def heap_step(logits: torch.Tensor, K: int, budget: int, bonus: torch.Tensor):
 
 
 def _topk_then_build(logits, K: int, budget: int, bonus, algo: str):
+    if algo == "cuda":
+        from kdtree.spec.gpu import tree_build_cuda as tbc
+
+        return tbc.build_trees_cuda(*draft_topk(logits, K), budget, bonus)
     from kdtree.spec.gpu import tree_build_triton as tbt
 
     return tbt.build_trees_triton(*draft_topk(logits, K), budget, bonus, algo=algo)
@@ -93,6 +97,7 @@ def run_tree_build(
         "device_triton",
         "device_triton_thresh",
         "device_triton_heap",
+        "device_cuda",
     ),
     fast: bool = False,
     seed: int = 0,
@@ -103,7 +108,8 @@ def run_tree_build(
     Providers that cannot run here (graphs and Triton without CUDA; Triton outside
     ``tree_build_triton.supports``) are skipped. ``device_triton`` is the Triton builder the
     engine runs (``algo="auto"``), ``device_triton_thresh`` the threshold builder and
-    ``device_triton_heap`` the two-pop heap replay; each is also timed from a CUDA graph
+    ``device_triton_heap`` the two-pop heap replay, ``device_cuda`` the CUDA C++ builder (sm_90
+    with nvcc only); each is also timed from a CUDA graph
     (``_graph``) and, graphed, with the fused top-K in front (``+topk_graph``). Rows: time per
     step (ms), and ``speedup`` (heap / provider) for every device provider.
     """
@@ -154,6 +160,16 @@ def run_tree_build(
                 fns[f"{prov}+topk_graph"] = _graphed(
                     partial(_topk_then_build, logits, K, budget, bonus, algo)
                 )
+            if "device_cuda" in providers and dev.type == "cuda":
+                from kdtree.spec.gpu import tree_build_cuda as tbc
+
+                if tbc.available() and tbc.supports(lp, budget):
+                    build = partial(tbc.build_trees_cuda, lp, tok, budget, bonus)
+                    fns["device_cuda"] = build
+                    fns["device_cuda_graph"] = _graphed(build)
+                    fns["device_cuda+topk_graph"] = _graphed(
+                        partial(_topk_then_build, logits, K, budget, bonus, "cuda")
+                    )
             times: dict[str, Timing] = {}
             for name, fn in fns.items():
                 times[name] = timer(fn)

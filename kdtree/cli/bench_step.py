@@ -57,9 +57,10 @@ def tree_build_cmd(
     device: str = typer.Option("auto", help="auto | cpu | cuda."),
     providers: str = typer.Option(
         "heap,device_torch,device_torch_graph,device_triton,device_triton_thresh,"
-        "device_triton_heap",
-        help="Providers to time (device_triton: the engine's Triton builder, algo=auto; "
-        "device_triton_thresh: the threshold builder; device_triton_heap: the heap replay).",
+        "device_triton_heap,device_cuda",
+        help="Providers to time (device_triton: the Triton builder, algo=auto; "
+        "device_triton_thresh: the threshold builder; device_triton_heap: the heap replay; "
+        "device_cuda: the CUDA C++ builder, the engine's on an sm_90 GPU with nvcc).",
     ),
     fast: bool = typer.Option(False, help="Shorter timing windows (smoke runs)."),
 ) -> None:

@@ -20,19 +20,12 @@ Importing this module registers backend ``"cuda"`` for kind ``"mla"`` in
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
-import os
-import re
-import shutil
-import subprocess
-import tempfile
 import threading
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc, parse_ptxas
 from kdtree.kernels.heuristics import MAX_TREE_TOKENS
 from kdtree.kernels.tree_attention import _check_lengths, _check_metadata
 
@@ -48,20 +41,10 @@ __all__ = [
     "workspace_numel",
 ]
 
-SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "mla_tree_sm90.cu"
-LIB_NAME = "libkdtree_mla_sm90.so"
-NVCC_FLAGS = (
-    # -gencode form of -arch=sm_90a (sm_90a machine code only; HOPPER.md: the shorthand also
-    # runs a plain sm_90 pass)
-    "-gencode=arch=compute_90a,code=sm_90a",
-    "-O3",
-    "-std=c++17",
-    "--use_fast_math",
-    "-Xcompiler",
-    "-fPIC",
-    "-shared",
-    "--ptxas-options=-v",
-)
+_SRC = CudaSource("mla_tree_sm90.cu", "libkdtree_mla_sm90.so", "CUDA MLA backend")
+SOURCE = _SRC.path
+LIB_NAME = _SRC.lib_name
+NVCC_FLAGS = _SRC.flags
 RANK = 512
 ROPE = 64
 BLOCK_M = 64  # query rows per CTA (kernels/mla_tree_sm90.cu)
@@ -76,122 +59,15 @@ _LIB: ctypes.CDLL | None = None
 # ----------------------------------------------------------------------------- build
 
 
-@dataclass(frozen=True)
-class BuildResult:
-    """A built shared object and the compiler's output (``--ptxas-options=-v`` report)."""
-
-    path: Path
-    log: str
-    cached: bool
-
-
-def find_nvcc() -> str | None:
-    """``nvcc`` from ``CUDA_HOME``/``CUDA_PATH``, then ``PATH``, then ``/usr/local/cuda``."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        root = os.environ.get(var)
-        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
-            return os.path.join(root, "bin", "nvcc")
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    default = "/usr/local/cuda/bin/nvcc"
-    return default if os.access(default, os.X_OK) else None
-
-
-def _require_nvcc() -> str:
-    nvcc = find_nvcc()
-    if nvcc is None:
-        raise RuntimeError(
-            "nvcc not found (looked in $CUDA_HOME/bin, $CUDA_PATH/bin, PATH and "
-            "/usr/local/cuda/bin): the CUDA MLA backend is built from source on first use"
-        )
-    return nvcc
-
-
-def _source_bytes() -> bytes:
-    if not SOURCE.is_file():
-        raise RuntimeError(f"CUDA MLA kernel source not found at {SOURCE}")
-    return SOURCE.read_bytes()
-
-
-def _compile(nvcc: str, out_dir: Path) -> tuple[Path, str]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
-    os.close(fd)
-    cmd = [nvcc, *NVCC_FLAGS, "-o", tmp, str(SOURCE)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"nvcc failed ({proc.returncode}): {' '.join(cmd)}\n{log}")
-    target = out_dir / LIB_NAME
-    os.replace(tmp, target)  # atomic: concurrent builders never see a half-written library
-    (out_dir / "ptxas.log").write_text(log)
-    return target, log
-
-
-def _cache_key(nvcc: str) -> str:
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
-    h = hashlib.sha256()
-    h.update(_source_bytes())
-    h.update("\0".join(NVCC_FLAGS).encode())
-    h.update(version.stdout.encode())
-    return h.hexdigest()[:20]
-
-
-def _cache_root() -> Path:
-    root = os.environ.get("KDTREE_CUDA_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "kdtree" / "cuda"
-
-
 def build() -> BuildResult:
     """The cached shared object, built on first use (keyed by source, flags, nvcc version)."""
-    nvcc = _require_nvcc()
-    out_dir = _cache_root() / _cache_key(nvcc)
-    lib = out_dir / LIB_NAME
-    if lib.is_file():
-        log_file = out_dir / "ptxas.log"
-        return BuildResult(lib, log_file.read_text() if log_file.is_file() else "", True)
-    path, log = _compile(nvcc, out_dir)
-    return BuildResult(path, log, False)
+    return _SRC.build()
 
 
 def compile_only(out_dir) -> BuildResult:
     """Build the shared object into ``out_dir`` with the local nvcc (no GPU needed, no cache);
     the result's ``log`` holds the ``--ptxas-options=-v`` report (see :func:`parse_ptxas`)."""
-    path, log = _compile(_require_nvcc(), Path(out_dir))
-    return BuildResult(path, log, False)
-
-
-_PTXAS_FUNC = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
-_PTXAS_FRAME = re.compile(
-    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
-)
-_PTXAS_REGS = re.compile(r"Used (\d+) registers")
-
-
-def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
-    """Per kernel (mangled name, ``@arch``): ``registers``, ``stack``, ``spill_stores``,
-    ``spill_loads`` from an ``nvcc --ptxas-options=-v`` report."""
-    kernels: dict[str, dict[str, int]] = {}
-    current = None
-    for line in log.splitlines():
-        m = _PTXAS_FUNC.search(line)
-        if m:
-            current = f"{m.group(1)}@{m.group(2)}"
-            kernels[current] = {}
-            continue
-        if current is None:
-            continue
-        m = _PTXAS_FRAME.search(line)
-        if m:
-            kernels[current].update(
-                stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
-            )
-        m = _PTXAS_REGS.search(line)
-        if m:
-            kernels[current]["registers"] = int(m.group(1))
-    return kernels
+    return _SRC.compile_only(out_dir)
 
 
 def _load() -> ctypes.CDLL:

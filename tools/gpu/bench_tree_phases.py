@@ -1,7 +1,9 @@
 """Phase breakdown of the threshold tree builder against the heap replay: batch 1, depth 15,
 K 8 and 32, budgets 16 / 64 / 256, each kernel replayed from a CUDA graph holding ten builds.
 ``seed`` stops the kernel after its threshold, ``seed+expand`` after the expansion, ``full`` is
-the whole build (``full_wN``: with N warps); ``heap`` is ``algo="heap"``. Prints one line per
+the whole build (``full_wN``: with N warps); ``heap`` is ``algo="heap"``; ``cuda`` is the CUDA
+C++ builder (``kernels/tree_build.cu``), ``cuda_slow`` the same started at threshold -inf (every
+depth capped by bisection: its worst case). Prints one line per
 point and appends rows to ``tree_phases.csv`` in ``--out`` as it goes."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from kdtree.bench.schema import run_env
 from kdtree.bench.timing import graph_of, time_cuda
+from kdtree.spec.gpu.tree_build_cuda import build_trees_cuda
 from kdtree.spec.gpu.tree_build_triton import build_trees_triton
 from kdtree.spec.tree import draft_topk
 
@@ -46,12 +49,18 @@ def main() -> None:
                 ("full", {}),
                 *alts,
                 ("heap", dict(algo="heap")),
+                ("cuda", dict(cuda=True)),
+                ("cuda_slow", dict(cuda=True, theta=float("-inf"))),
             ):
                 pth = torch.full((1,), -1, dtype=torch.int32, device="cuda")
                 if phase != "heap":
                     kw = dict(kw, path_out=pth)
+                if kw.pop("cuda", False):
+                    fn = build_trees_cuda
+                else:
+                    fn = build_trees_triton
                 g, _ = graph_of(
-                    lambda kw=kw, b=budget, lp=lp, tok=tok, bonus=bonus: build_trees_triton(
+                    lambda kw=kw, b=budget, lp=lp, tok=tok, bonus=bonus, fn=fn: fn(
                         lp, tok, b, bonus, **kw
                     )
                 )

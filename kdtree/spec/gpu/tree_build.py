@@ -27,7 +27,13 @@ import torch
 
 from kdtree.spec.bitmask import num_words
 
-__all__ = ["DeviceTree", "build_trees_device", "build_trees_torch", "check_tree_inputs"]
+__all__ = [
+    "BACKENDS",
+    "DeviceTree",
+    "build_trees_device",
+    "build_trees_torch",
+    "check_tree_inputs",
+]
 
 _INVALID_KEY = -(2**63)
 _LOW_MASK = 2**32 - 1
@@ -266,15 +272,40 @@ def build_trees_device(
     ``lp float32 [B, D, K]`` and ``tok int64 [B, D, K]`` sorted descending per depth (as from
     ``kdtree.spec.tree.draft_topk``), ``budget`` nodes besides the root, ``bonus [B]`` root
     tokens. ``backend``: ``"torch"`` (vectorised ops, any device, CUDA-graph capturable),
-    ``"triton"`` (one program per request; CUDA, or the interpreter on CPU) or ``"auto"``
-    (triton on CUDA when the shape fits ``tree_build_triton.supports``, else torch).
+    ``"triton"`` (one program per request; CUDA, or the interpreter on CPU), ``"cuda"`` (the
+    CUDA C++ builder, one CTA per request, shared memory throughout; sm_90 with ``nvcc``, or
+    its g++ CPU stand-in on CPU tensors) or ``"auto"``: on CUDA the CUDA C++ builder where
+    ``tree_build_cuda.available()`` and the shape fits, else the Triton builder where it fits,
+    else torch; on the CPU torch.
     """
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend={backend!r}: expected 'auto', 'torch' or 'triton'")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
     if backend == "torch" or (backend == "auto" and not lp.is_cuda):
         return build_trees_torch(lp, tok, budget, bonus)
+    from kdtree.spec.gpu import tree_build_cuda as tbc
     from kdtree.spec.gpu import tree_build_triton as tbt
 
+    if backend == "cuda" or (
+        backend == "auto" and _cuda_builder_ok() and tbc.supports(lp, budget)
+    ):
+        return tbc.build_trees_cuda(lp, tok, budget, bonus)
     if backend == "triton" or tbt.supports(lp, budget):
         return tbt.build_trees_triton(lp, tok, budget, bonus)
     return build_trees_torch(lp, tok, budget, bonus)
+
+
+BACKENDS = ("auto", "torch", "triton", "cuda")
+_CUDA_OK: bool | None = None
+
+
+def _cuda_builder_ok() -> bool:
+    """Whether ``auto`` may take the CUDA C++ builder (checked once: nvcc and an sm_90 GPU;
+    ``KDTREE_TREE_BUILDER=triton`` opts out)."""
+    global _CUDA_OK
+    if _CUDA_OK is None:
+        import os
+
+        from kdtree.spec.gpu import tree_build_cuda as tbc
+
+        _CUDA_OK = os.environ.get("KDTREE_TREE_BUILDER", "auto") != "triton" and tbc.available()
+    return _CUDA_OK

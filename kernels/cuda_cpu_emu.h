@@ -1,0 +1,106 @@
+// A CPU stand-in for the few CUDA features kernels/tree_build.cu uses, so the same source runs
+// under g++ (-std=c++20 -pthread) in the CPU test suite: one std::thread per CUDA thread, one
+// std::barrier per block for __syncthreads and one per warp for the shuffles (which every lane
+// of a warp reaches together in that kernel). Blocks run one after another. Not a general CUDA
+// emulator: no atomics, no warp divergence inside a shuffle, no streams.
+#pragma once
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __align__(x) alignas(x)
+
+struct kdtree_emu_dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+namespace kdtree_emu {
+
+struct Block {
+  std::vector<unsigned char> smem;
+  std::unique_ptr<std::barrier<>> bar;
+  std::vector<std::unique_ptr<std::barrier<>>> warp_bar;
+  std::vector<uint64_t> shfl;  // [threads] exchange slots
+};
+
+inline thread_local Block* tl_block = nullptr;
+inline thread_local kdtree_emu_dim3 tl_thread{}, tl_block_idx{};
+
+inline unsigned char* block_smem() { return tl_block->smem.data(); }
+
+// Run `body` as a grid of `blocks` blocks of `threads` threads with `smem` bytes each.
+inline void launch(int blocks, int threads, size_t smem, const std::function<void()>& body) {
+  for (int b = 0; b < blocks; ++b) {
+    Block blk;
+    blk.smem.assign(smem + 16, 0xCD);  // poisoned, like uninitialised shared memory
+    blk.bar = std::make_unique<std::barrier<>>(threads);
+    for (int w = 0; w < (threads + 31) / 32; ++w)
+      blk.warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32, threads - 32 * w)));
+    blk.shfl.assign(threads, 0);
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        tl_block = &blk;
+        tl_thread = {static_cast<unsigned>(t), 0, 0};
+        tl_block_idx = {static_cast<unsigned>(b), 0, 0};
+        body();
+      });
+    }
+    for (auto& th : pool) th.join();
+  }
+}
+
+template <typename V>
+inline V shfl(V v, int src_lane, bool keep_own) {
+  const unsigned t = tl_thread.x, warp = t / 32;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(V));
+  tl_block->shfl[t] = bits;
+  tl_block->warp_bar[warp]->arrive_and_wait();
+  V out = v;
+  if (!keep_own) std::memcpy(&out, &tl_block->shfl[warp * 32 + src_lane], sizeof(V));
+  tl_block->warp_bar[warp]->arrive_and_wait();
+  return out;
+}
+
+}  // namespace kdtree_emu
+
+#define threadIdx (kdtree_emu::tl_thread)
+#define blockIdx (kdtree_emu::tl_block_idx)
+
+inline void __syncthreads() { kdtree_emu::tl_block->bar->arrive_and_wait(); }
+
+template <typename V>
+inline V __shfl_up_sync(unsigned, V v, int o) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  return kdtree_emu::shfl(v, lane - o, lane < o);
+}
+
+template <typename V>
+inline V __shfl_xor_sync(unsigned, V v, int o) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  return kdtree_emu::shfl(v, lane ^ o, false);
+}
+
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, sizeof(i));
+  return i;
+}
+
+using std::fmaxf;
+using std::fminf;
+using std::min;
+using std::max;

@@ -1,0 +1,554 @@
+// DDTree draft-tree builder for CUDA: one CTA per request, every phase in shared memory.
+//
+// Semantics: identical to kdtree.spec.gpu.tree_build.build_trees_torch (the heap's tree, node
+// for node, in pop order). Inputs: lp float32 [B, D, K] sorted descending per depth, tok int64
+// [B, D, K], bonus int64 [B], budget N. Outputs (contiguous): tokens / parents / depths / ranks
+// int64 [B, T = N + 1], scores float32 [B, T], mask int64 [B, T, W], n_nodes int64 [B], and
+// path int32 [B] (1: the seeded threshold held; 0: the build re-ran at threshold -inf).
+//
+// Why it is exact (tree_build.py's module docstring has the long form). The heap pops nodes in
+// the total order (score desc, rank tuple asc) and its tree is the global top-N in that order,
+// a prefix-closed set. Take any threshold theta that at least N real nodes reach: the tree lies
+// inside U(theta) = {nodes scoring >= theta}. Level-synchronously, S_d = the best N (in the
+// total order) of the children of S_{d-1} that score >= theta contains the tree's depth-d
+// nodes, because those are at most N, are children of tree nodes, and beat every other depth-d
+// node. With the kept sets stored in lexicographic (parent, rank) order, the rank-tuple order
+// inside one depth is the flat index parent * KE + rank. So:
+//   1. seed: estimate theta from a binned count of nodes per deviation from the rank-0 chain
+//      (the Triton threshold builder's seed, same bins); only speed rests on it;
+//   2. expand: per depth, the children scoring >= theta are a prefix of each parent's ranks
+//      (log-probs sorted, float addition monotone); a block prefix sum places them. Where a
+//      depth holds more than N of them, the N-th largest (score, flat index) key is found by
+//      bisection over the 64-bit key and only keys above it are kept (exactly N). If the
+//      kept union holds fewer than N nodes and theta > -inf, the seed was too optimistic:
+//      expand again at -inf (path = 0);
+//   3. preorder: subtree sizes bottom-up, preorder numbers top-down (children are contiguous
+//      and in rank order, so a parent's running sum gives them);
+//   4. order: one 64-bit key per kept node (score image, then 0xFFFF - preorder, then the slot),
+//      bitonic sort descending: the first N are the pop order;
+//   5. emit rows, parents' rows and the ancestor bitmask (walking the parent chain per word).
+// Nothing depends on host-visible values: graph-capturable. Shared memory is sized by the host
+// (kdtree_tree_build_smem_bytes) for (N, KE, DM).
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef KDTREE_CPU_EMU  // g++ build for the CPU tests (kernels/cuda_cpu_emu.h)
+#include "cuda_cpu_emu.h"
+#define KDTREE_DYN_SMEM(name) unsigned char* name = kdtree_emu::block_smem()
+#else
+#include <cuda_runtime.h>
+#define KDTREE_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+namespace kdtree_tb {
+
+constexpr int NT = 256;      // threads per CTA
+constexpr int NWARP = NT / 32;
+constexpr int NB = 256;      // seed bins (the Triton builder's NB)
+constexpr int MAX_BUDGET = 512;
+constexpr int MAX_NODES = 8192;  // DM * N: slots must fit 16 bits with room for the sort key
+
+struct Params {
+  const float* lp;
+  const int64_t* tok;
+  const int64_t* bonus;
+  int64_t s_lpb, s_lpd, s_tkb, s_tkd;
+  int64_t* o_tok;
+  int64_t* o_par;
+  int64_t* o_dep;
+  int64_t* o_rank;
+  int64_t* o_mask;
+  int64_t* o_nn;
+  float* o_score;
+  int32_t* o_path;
+  int N, KE, DM, W, T;
+  float theta_override;  // NaN: seed the threshold; else start from this one (tests)
+  int ucap;  // DM * N
+  int pcap;  // next power of two >= ucap (sort buffer)
+};
+
+__host__ __device__ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Shared-memory layout, shared by host (size) and device (carving).
+struct Layout {
+  size_t keys, lp, udev, seed, score, pre, par, rank, coff, ccnt, row, dep, misc, total;
+  __host__ __device__ Layout(int N, int KE, int DM, int ucap, int pcap) {
+    (void)N;
+    size_t o = 0;
+    keys = o;  o = align_up(o + sizeof(uint64_t) * pcap, 16);
+    lp = o;    o = align_up(o + sizeof(float) * DM * KE, 16);
+    udev = o;  o = align_up(o + sizeof(int16_t) * DM * KE, 16);
+    seed = o;  o = align_up(o + sizeof(float) * (2 * NB + 4 * DM), 16);
+    score = o; o = align_up(o + sizeof(float) * ucap, 16);
+    pre = o;   o = align_up(o + sizeof(int32_t) * ucap, 16);
+    par = o;   o = align_up(o + sizeof(int16_t) * ucap, 16);
+    rank = o;  o = align_up(o + sizeof(int16_t) * ucap, 16);
+    coff = o;  o = align_up(o + sizeof(int16_t) * ucap, 16);
+    ccnt = o;  o = align_up(o + sizeof(int16_t) * ucap, 16);
+    row = o;   o = align_up(o + sizeof(int16_t) * ucap, 16);
+    dep = o;   o = align_up(o + sizeof(uint8_t) * ucap, 16);
+    misc = o;  o = align_up(o + sizeof(int32_t) * (2 * NWARP + 16 + DM + 2), 16);
+    total = o;
+  }
+};
+
+// Order-preserving unsigned image of a float32 score (-0.0 folded into +0.0).
+__device__ __forceinline__ uint32_t simg(float s) {
+  s = (s == 0.0f) ? 0.0f : s;
+  int32_t b = __float_as_int(s);
+  int32_t o = b ^ ((b >> 31) & 0x7FFFFFFF);
+  return static_cast<uint32_t>(o) ^ 0x80000000u;
+}
+
+// Per-depth key: score image high, smaller flat index (parent * KE + rank) wins the tie.
+__device__ __forceinline__ uint64_t level_key(float s, int flat) {
+  return (static_cast<uint64_t>(simg(s)) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(flat));
+}
+
+// Block-wide exclusive prefix sum of one int per thread; *total receives the sum. Uses
+// red[0 .. NWARP]; ends with a barrier so red can be reused at once.
+__device__ int block_excl_scan(int v, int* red, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) red[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < NWARP ? red[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(0xFFFFFFFFu, w, o);
+      if (lane >= o) w += y;
+    }
+    if (lane < NWARP) red[lane] = w;
+  }
+  __syncthreads();
+  const int before = warp > 0 ? red[warp - 1] : 0;
+  *total = red[NWARP - 1];
+  __syncthreads();
+  return before + x - v;
+}
+
+__device__ int block_sum(int v, int* red) {
+  int total;
+  block_excl_scan(v, red, &total);
+  return total;
+}
+
+__device__ int block_min(int v, int* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  int r = red[0];
+  for (int i = 1; i < NWARP; ++i) r = min(r, red[i]);
+  __syncthreads();
+  return r;
+}
+
+// Children of parent score s at depth d whose key clears thr: a prefix of the ranks.
+__device__ __forceinline__ int prefix_count(const float* lpd, int KE, float s, int flat0,
+                                            uint64_t thr) {
+  int c = 0;
+  while (c < KE && level_key(s + lpd[c], flat0 + c) >= thr) ++c;
+  return c;
+}
+
+__global__ void __launch_bounds__(NT) tree_build_kernel(Params p) {
+  KDTREE_DYN_SMEM(smem);
+  const int b = blockIdx.x, tid = threadIdx.x;
+  const int N = p.N, KE = p.KE, DM = p.DM, W = p.W, T = p.T;
+  const Layout L(N, KE, DM, p.ucap, p.pcap);
+  uint64_t* keys = reinterpret_cast<uint64_t*>(smem + L.keys);
+  float* lp = reinterpret_cast<float*>(smem + L.lp);
+  int16_t* udev = reinterpret_cast<int16_t*>(smem + L.udev);
+  float* seed = reinterpret_cast<float*>(smem + L.seed);
+  float* score = reinterpret_cast<float*>(smem + L.score);
+  int32_t* pre = reinterpret_cast<int32_t*>(smem + L.pre);
+  int16_t* par = reinterpret_cast<int16_t*>(smem + L.par);
+  int16_t* rank = reinterpret_cast<int16_t*>(smem + L.rank);
+  int16_t* coff = reinterpret_cast<int16_t*>(smem + L.coff);
+  int16_t* ccnt = reinterpret_cast<int16_t*>(smem + L.ccnt);
+  int16_t* row = reinterpret_cast<int16_t*>(smem + L.row);
+  uint8_t* dep = reinterpret_cast<uint8_t*>(smem + L.dep);
+  int32_t* misc = reinterpret_cast<int32_t*>(smem + L.misc);
+  int* red = misc;                      // [NWARP + 1] scan / reduction scratch
+  int* lvl = misc + 2 * NWARP + 16;     // [DM + 1] first slot of each depth
+  float* bufA = seed;                   // [NB] seed DP rows (ping-pong)
+  float* bufB = seed + NB;
+  float* dlast = seed + 2 * NB;         // [DM] last finite log-prob per depth
+  float* dfin = dlast + DM;             // [DM] finite count per depth
+  float* zc = dfin + DM;                // [DM] chain score after depth d
+  float* sc = zc + DM;                  // [4]: w, finite flag, theta
+
+  const float* lpg = p.lp + b * p.s_lpb;
+  // ---- 0. log-probs into shared memory -------------------------------------------------
+  for (int i = tid; i < DM * KE; i += NT) lp[i] = lpg[(i / KE) * p.s_lpd + (i % KE)];
+  __syncthreads();
+
+  // ---- 1. seed -------------------------------------------------------------------------
+  for (int d = tid; d < DM; d += NT) {
+    float last = INFINITY, fin = 0.0f;
+    for (int j = 0; j < KE; ++j) {
+      float v = lp[d * KE + j];
+      if (v > -INFINITY) { last = fminf(last, v); fin += 1.0f; }
+    }
+    dlast[d] = last;
+    dfin[d] = fin;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float zprev = 0.0f, z = 0.0f, n_sib = 0.0f, low_chain = INFINITY, low_all = 0.0f;
+    bool chain = true;
+    for (int d = 0; d < DM; ++d) {
+      const float l0 = lp[d * KE];
+      chain = chain && (l0 > -INFINITY);
+      if (chain) {
+        n_sib += dfin[d];
+        low_chain = fminf(low_chain, zprev + dlast[d]);
+        zprev += l0;
+      }
+      if (dlast[d] < INFINITY) low_all += dlast[d];
+      z += l0;
+      zc[d] = z;
+    }
+    const float low = n_sib >= static_cast<float>(N) ? low_chain : low_all;
+    float rng = -low;
+    const bool finite = rng < 3.0e38f;  // false for inf and NaN
+    rng = finite ? fmaxf(rng, 1e-30f) : 1.0f;
+    sc[0] = rng / static_cast<float>(NB - 1);
+    sc[1] = finite ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+  const float w = sc[0];
+  const bool seed_finite = sc[1] != 0.0f;
+  for (int i = tid; i < DM * KE; i += NT) {
+    const int d = i / KE;
+    const float x = (lp[d * KE] - lp[i]) / w;
+    udev[i] = static_cast<int16_t>(x < NB ? fmaxf(ceilf(x), 0.0f) : NB);  // NaN / inf: out
+  }
+  float* prev = bufA;
+  float* cur = bufB;
+  float cnt = 0.0f;
+  if (tid < NB) prev[tid] = 1.0f;  // C_0: the root, deviation 0
+  __syncthreads();
+  for (int d = 0; d < DM; ++d) {
+    if (tid < NB) {
+      float acc = 0.0f;
+      const int16_t* u = udev + d * KE;
+      for (int j = 0; j < KE; ++j) {
+        const int src = tid - u[j];
+        if (src < 0) break;  // deviations grow with the rank
+        acc += prev[src];
+      }
+      cur[tid] = acc;
+    }
+    __syncthreads();
+    if (tid < NB) {
+      const float f = zc[d] / w + static_cast<float>(tid);
+      if (f >= 0.0f) cnt += cur[static_cast<int>(fminf(f, static_cast<float>(NB - 1)))];
+    }
+    float* t = prev;
+    prev = cur;
+    cur = t;
+  }
+  const int tstar = block_min((tid < NB && cnt >= static_cast<float>(N)) ? tid : NB, red);
+  float theta = (seed_finite && tstar < NB) ? -static_cast<float>(tstar) * w : -INFINITY;
+  if (!isnan(p.theta_override)) theta = p.theta_override;
+
+  // ---- 2. expand -----------------------------------------------------------------------
+  int path = 1, n_u = 0, d_eff = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const uint64_t thr = theta > -INFINITY ? static_cast<uint64_t>(simg(theta)) << 32 : 0ull;
+    int ps = 0, np = 1;  // parents of depth 0: the root (virtual, score 0)
+    n_u = 0;
+    d_eff = 0;
+    for (int d = 0; d < DM; ++d) {
+      const float* lpd = lp + d * KE;
+      // one parent per thread (N <= 2 * NT: at most two rounds)
+      int c0 = 0, c1 = 0;
+      const int i0 = tid, i1 = tid + NT;
+      float s0 = 0.0f, s1 = 0.0f;
+      if (i0 < np) {
+        s0 = d == 0 ? 0.0f : score[ps + i0];
+        c0 = prefix_count(lpd, KE, s0, i0 * KE, thr);
+      }
+      if (i1 < np) {
+        s1 = score[ps + i1];
+        c1 = prefix_count(lpd, KE, s1, i1 * KE, thr);
+      }
+      const bool two = np > NT;  // uniform: a second scan only past NT parents
+      int n0, n1 = 0;
+      int off0 = block_excl_scan(c0, red, &n0);
+      int off1 = two ? block_excl_scan(c1, red, &n1) : 0;
+      int n = n0 + n1;
+      if (n > N) {
+        // keep the N best keys of this depth: bisection for the N-th largest key
+        uint64_t lo = thr, hi = ~0ull;
+        while (lo < hi) {
+          const uint64_t gap = hi - lo;  // ceil((hi - lo) / 2) without overflow at lo = 0
+          const uint64_t mid = lo + gap / 2 + (gap & 1);
+          int c = 0;
+          if (i0 < np) c += prefix_count(lpd, c0, s0, i0 * KE, mid);
+          if (i1 < np) c += prefix_count(lpd, c1, s1, i1 * KE, mid);
+          if (block_sum(c, red) >= N) lo = mid; else hi = mid - 1;
+        }
+        if (i0 < np) c0 = prefix_count(lpd, c0, s0, i0 * KE, lo);
+        if (i1 < np) c1 = prefix_count(lpd, c1, s1, i1 * KE, lo);
+        off0 = block_excl_scan(c0, red, &n0);
+        off1 = two ? block_excl_scan(c1, red, &n1) : 0;
+        n = n0 + n1;
+      }
+      const int ns = ps + (d == 0 ? 0 : np);  // first slot of this depth
+      if (tid == 0) lvl[d] = ns;
+      off1 += n0;
+      for (int r = 0; r < 2; ++r) {
+        const int i = r == 0 ? i0 : i1;
+        const int c = r == 0 ? c0 : c1;
+        const int off = r == 0 ? off0 : off1;
+        if (i >= np) continue;
+        const float s = r == 0 ? s0 : s1;
+        if (d > 0) {
+          coff[ps + i] = static_cast<int16_t>(ns + off);
+          ccnt[ps + i] = static_cast<int16_t>(c);
+        }
+        for (int k = 0; k < c; ++k) {
+          const int u = ns + off + k;
+          score[u] = d == 0 ? lpd[k] : s + lpd[k];
+          par[u] = static_cast<int16_t>(d == 0 ? -1 : ps + i);
+          rank[u] = static_cast<int16_t>(k);
+          dep[u] = static_cast<uint8_t>(d);
+          ccnt[u] = 0;
+          pre[u] = 1;
+        }
+      }
+      __syncthreads();
+      n_u = ns + n;
+      if (n == 0) break;
+      d_eff = d + 1;
+      ps = ns;
+      np = n;
+    }
+    if (n_u >= N || theta == -INFINITY) break;
+    theta = -INFINITY;  // too few nodes above the seed: every node is a candidate
+    path = 0;
+  }
+  if (tid == 0) lvl[d_eff] = n_u;
+  __syncthreads();
+
+  // ---- 3. preorder: sizes bottom-up, numbers top-down ----------------------------------
+  for (int d = d_eff - 2; d >= 0; --d) {
+    for (int u = lvl[d] + tid; u < lvl[d + 1]; u += NT) {
+      int sz = 1;
+      const int c0 = coff[u], cn = ccnt[u];
+      for (int k = 0; k < cn; ++k) sz += pre[c0 + k];
+      pre[u] = sz;
+    }
+    __syncthreads();
+  }
+  if (tid == 0) {  // the root's children: depth 0, slots [0, lvl[1])
+    int run = 1;
+    const int n0 = d_eff > 0 ? lvl[1] : 0;
+    for (int u = 0; u < n0; ++u) {
+      const int s = pre[u];
+      pre[u] = run;
+      run += s;
+    }
+  }
+  __syncthreads();
+  for (int d = 0; d + 1 < d_eff; ++d) {
+    for (int u = lvl[d] + tid; u < lvl[d + 1]; u += NT) {
+      int run = pre[u] + 1;
+      const int c0 = coff[u], cn = ccnt[u];
+      for (int k = 0; k < cn; ++k) {
+        const int s = pre[c0 + k];
+        pre[c0 + k] = run;
+        run += s;
+      }
+    }
+    __syncthreads();
+  }
+
+  // ---- 4. global order: bitonic sort of (score, preorder) keys, descending --------------
+  int P = 1;
+  while (P < n_u) P <<= 1;
+  for (int i = tid; i < P; i += NT) {
+    keys[i] = i < n_u ? (static_cast<uint64_t>(simg(score[i])) << 32) |
+                            (static_cast<uint64_t>(0xFFFFu - static_cast<uint32_t>(pre[i])) << 16) |
+                            static_cast<uint64_t>(i)
+                      : 0ull;
+    if (i < n_u) row[i] = -1;
+  }
+  __syncthreads();
+  for (int k = 2; k <= P; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < P; i += NT) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const uint64_t a = keys[i], c = keys[ixj];
+          const bool desc = (i & k) == 0;
+          if (desc ? (a < c) : (a > c)) {
+            keys[i] = c;
+            keys[ixj] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  // ---- 5. emit -------------------------------------------------------------------------
+  const int nsel = min(N, n_u);
+  for (int r = tid; r < nsel; r += NT) row[keys[r] & 0xFFFFu] = static_cast<int16_t>(r + 1);
+  __syncthreads();
+  const int64_t ob = static_cast<int64_t>(b) * T;
+  const int64_t* tkg = p.tok + b * p.s_tkb;
+  for (int r = tid; r < T; r += NT) {
+    int64_t tk = 0, pr = -1, dp = 0, rk = -1;
+    float sv = -INFINITY;
+    if (r == 0) {
+      tk = p.bonus[b];
+      dp = 0;
+      rk = 0;
+      sv = 0.0f;
+    } else if (r <= nsel) {
+      const int u = static_cast<int>(keys[r - 1] & 0xFFFFu);
+      const int d = dep[u];
+      tk = tkg[d * p.s_tkd + rank[u]];
+      pr = par[u] < 0 ? 0 : row[par[u]];
+      dp = d + 1;
+      rk = rank[u];
+      sv = score[u];
+    }
+    p.o_tok[ob + r] = tk;
+    p.o_par[ob + r] = pr;
+    p.o_dep[ob + r] = dp;
+    p.o_rank[ob + r] = rk;
+    p.o_score[ob + r] = sv;
+  }
+  for (int i = tid; i < T * W; i += NT) {
+    const int r = i / W, wd = i % W;
+    uint64_t m = 0;
+    const auto set = [&](int rr) {
+      if (rr / 64 == wd) m |= 1ull << (rr % 64);
+    };
+    set(r);
+    if (r >= 1 && r <= nsel) {
+      int u = par[keys[r - 1] & 0xFFFFu];
+      while (u >= 0) {
+        set(row[u]);
+        u = par[u];
+      }
+      set(0);
+    }
+    p.o_mask[ob * W + i] = static_cast<int64_t>(m);
+  }
+  if (tid == 0) {
+    p.o_nn[b] = 1 + nsel;
+    if (p.o_path) p.o_path[b] = path;
+  }
+}
+
+}  // namespace kdtree_tb
+
+extern "C" {
+
+// Dynamic shared memory the kernel needs for (budget, KE, DM); 0 if outside the kernel's range.
+size_t kdtree_tree_build_smem_bytes(int N, int KE, int DM) {
+  using namespace kdtree_tb;
+  if (N < 1 || N > MAX_BUDGET || KE < 1 || DM < 1 || KE > N || DM > N || DM > 255) return 0;
+  const int ucap = DM * N;
+  if (ucap > MAX_NODES) return 0;
+  int pcap = 1;
+  while (pcap < ucap) pcap <<= 1;
+  return Layout(N, KE, DM, ucap, pcap).total;
+}
+
+const char* kdtree_tree_build_error_string(int code) {
+  switch (code) {
+    case 0: return "success";
+    case -1: return "shape outside the kernel's range (budget 1..512, DM * budget <= 8192, "
+                    "DM <= 255, KE and DM <= budget)";
+    case -2: return "shared memory above the device's per-block limit";
+    case -3: return "expected B >= 1";
+    default:
+#ifdef KDTREE_CPU_EMU
+      return "unknown error";
+#else
+      return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
+#endif
+  }
+}
+
+// Launch one CTA per request on `stream`. Strides in elements. Returns 0, a negative argument
+// error (kdtree_tree_build_error_string) or a cudaError_t value.
+int kdtree_tree_build_launch(const float* lp, const int64_t* tok, const int64_t* bonus,
+                             int64_t s_lpb, int64_t s_lpd, int64_t s_tkb, int64_t s_tkd,
+                             int64_t* o_tok, int64_t* o_par, int64_t* o_dep, int64_t* o_rank,
+                             float* o_score, int64_t* o_mask, int64_t* o_nn, int32_t* o_path,
+                             int B, int N, int KE, int DM, int W, float theta_override,
+                             uintptr_t stream) {
+  using namespace kdtree_tb;
+  if (B < 1) return -3;
+  const size_t smem = kdtree_tree_build_smem_bytes(N, KE, DM);
+  if (smem == 0) return -1;
+#ifndef KDTREE_CPU_EMU
+  int dev = 0, max_optin = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  e = cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  if (smem > static_cast<size_t>(max_optin)) return -2;
+  // Raise the kernel's dynamic shared-memory limit only when a larger shape needs it, so calls
+  // captured in a CUDA graph after a warm-up call make no attribute change.
+  static size_t configured = 0;
+  if (smem > configured) {
+    e = cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
+    if (e != cudaSuccess) return static_cast<int>(e);
+    configured = smem;
+  }
+#endif
+  Params p;
+  p.lp = lp;
+  p.tok = tok;
+  p.bonus = bonus;
+  p.s_lpb = s_lpb;
+  p.s_lpd = s_lpd;
+  p.s_tkb = s_tkb;
+  p.s_tkd = s_tkd;
+  p.o_tok = o_tok;
+  p.o_par = o_par;
+  p.o_dep = o_dep;
+  p.o_rank = o_rank;
+  p.o_mask = o_mask;
+  p.o_nn = o_nn;
+  p.o_score = o_score;
+  p.o_path = o_path;
+  p.N = N;
+  p.KE = KE;
+  p.DM = DM;
+  p.W = W;
+  p.T = N + 1;
+  p.theta_override = theta_override;
+  p.ucap = DM * N;
+  int pcap = 1;
+  while (pcap < p.ucap) pcap <<= 1;
+  p.pcap = pcap;
+#ifdef KDTREE_CPU_EMU
+  (void)stream;
+  kdtree_emu::launch(B, NT, smem, [&] { tree_build_kernel(p); });
+  return 0;
+#else
+  tree_build_kernel<<<B, NT, smem, reinterpret_cast<cudaStream_t>(stream)>>>(p);
+  return static_cast<int>(cudaGetLastError());
+#endif
+}
+
+}  // extern "C"

@@ -1,0 +1,160 @@
+"""The CUDA C++ tree builder (``kernels/tree_build.cu``) reproduces the heap node for node.
+
+On the CPU the same source runs built with g++ over ``kernels/cuda_cpu_emu.h`` (one thread per
+CUDA thread, real barriers and shuffles); ``gpu`` cases run the nvcc build on the H200.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+from test_gpu_tree_build import CASES, FIELDS, TRITON_CASES, _assert_same, _draft_like, _sorted_lp
+
+from kdtree.spec.gpu import tree_build_cuda as tbc
+from kdtree.spec.gpu.tree_build import DeviceTree, build_trees_device
+
+needs_cxx = pytest.mark.skipif(not tbc.cpu_emu_available(), reason="no C++20 compiler")
+
+
+def _build(lp, tok, budget, bonus, **kw):
+    dev = "cuda" if kw.pop("cuda", False) else "cpu"
+    path = torch.full((lp.shape[0],), -1, dtype=torch.int32, device=dev)
+    dt = tbc.build_trees_cuda(lp.to(dev), tok.to(dev), budget, bonus.to(dev), path_out=path, **kw)
+    _assert_same(DeviceTree(**{k: getattr(dt, k).cpu() for k in FIELDS}), lp, tok, budget, bonus)
+    return path.tolist()
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "B,D,K,budget,quant,zeros,neg_inf", [c for c in CASES + TRITON_CASES if c[3] > 0]
+)
+def test_cuda_source_equals_heap_on_cpu(B, D, K, budget, quant, zeros, neg_inf, gen):
+    lp, tok = _sorted_lp(B, D, K, gen, quant, zeros, neg_inf)
+    bonus = torch.randint(0, 1000, (B,), generator=gen)
+    assert _build(lp, tok, budget, bonus) == [1] * B
+
+
+@needs_cxx
+@pytest.mark.parametrize("B,D,K,budget", [(2, 6, 4, 20), (1, 9, 3, 40), (2, 5, 8, 7)])
+def test_forced_thresholds_take_the_slow_paths_exactly(B, D, K, budget, gen):
+    """theta 0: too few nodes, so the kernel expands again at -inf (path 0); theta -inf: every
+    depth holds more than the budget and keeps its best by bisection over the key."""
+    lp, tok = _sorted_lp(B, D, K, gen, quant=0.5, zeros=False)
+    lp = lp.clamp(max=-0.25)  # no log-prob 0: theta 0 leaves only the root
+    bonus = torch.randint(0, 1000, (B,), generator=gen)
+    assert _build(lp, tok, budget, bonus, theta=0.0) == [0] * B
+    assert _build(lp, tok, budget, bonus, theta=float("-inf")) == [1] * B
+
+
+@needs_cxx
+def test_all_ties_follow_rank_tuple_order_on_cpu(gen):
+    for value in (-1.0, 0.0):
+        lp = torch.full((2, 4, 5), value)
+        tok = torch.randint(0, 1000, (2, 4, 5), generator=gen)
+        for budget in (3, 17, 40):
+            _build(lp, tok, budget, torch.tensor([7, 11]))
+
+
+@needs_cxx
+def test_tie_heavy_sweep_on_cpu(gen):
+    for trial in range(12):
+        B, D, K = 1 + trial % 2, 1 + trial % 5, 1 + (trial * 7) % 6
+        budget = 1 + (trial * 5) % 23
+        lp, tok = _sorted_lp(
+            B, D, K, gen, quant=[0.5, 1.0, 2.0][trial % 3], zeros=trial % 2 == 0,
+            neg_inf=trial % 4 == 3,
+        )  # fmt: skip
+        _build(lp, tok, budget, torch.randint(0, 1000, (B,), generator=gen))
+
+
+@needs_cxx
+@pytest.mark.parametrize("K,budget", [(32, 256), (8, 512)])
+def test_draft_like_large_budgets_on_cpu(K, budget, gen):
+    """Budget 512 takes two parents per thread in the expansion; the seed lands (path 1)."""
+    lp, tok = _draft_like(1, 15, K, 2048, gen)
+    assert _build(lp.float(), tok, budget, torch.tensor([3])) == [1]
+
+
+@needs_cxx
+def test_smem_layout_matches_the_kernel():
+    lib = tbc._load("cpu")
+    for budget, ke, dm in ((1, 1, 1), (16, 8, 15), (256, 32, 15), (512, 8, 16), (100, 7, 3)):
+        assert lib.kdtree_tree_build_smem_bytes(budget, ke, dm) == tbc.smem_bytes(budget, ke, dm)
+    assert lib.kdtree_tree_build_smem_bytes(513, 8, 15) == 0 == tbc.smem_bytes(513, 8, 15)
+    assert lib.kdtree_tree_build_smem_bytes(512, 8, 17) == 0 == tbc.smem_bytes(512, 8, 17)
+    err = lib.kdtree_tree_build_error_string(ctypes.c_int(-1)).decode()
+    assert "budget" in err
+
+
+def test_supports_and_bad_inputs():
+    lp = torch.zeros(1, 15, 8)
+    tok = torch.zeros(1, 15, 8, dtype=torch.int64)
+    assert tbc.supports(lp, 256) and tbc.supports(lp, 512) and not tbc.supports(lp, 513)
+    assert not tbc.supports(torch.zeros(1, 17, 8), 512)  # 17 * 512 nodes > 8192
+    assert tbc.supports(torch.zeros(1, 17, 8), 256)
+    assert not tbc.supports(lp, 0) and not tbc.supports(torch.zeros(1, 0, 8), 8)
+    with pytest.raises(ValueError, match="backend='torch'"):
+        tbc.build_trees_cuda(lp, tok, 513, torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="path_out"):
+        tbc.build_trees_cuda(
+            lp, tok, 8, torch.zeros(1, dtype=torch.int64), path_out=torch.zeros(1)
+        )
+    with pytest.raises(ValueError, match="lp"):
+        tbc.build_trees_cuda(lp.double(), tok, 8, torch.zeros(1, dtype=torch.int64))
+
+
+@pytest.mark.skipif(not tbc.find_nvcc(), reason="no nvcc")
+def test_cuda_tree_builder_compiles_for_sm90_without_spills(tmp_path):
+    from kdtree.kernels.cuda_build import parse_ptxas
+
+    res = tbc.compile_only(tmp_path)
+    assert res.path.is_file()
+    kernels = parse_ptxas(res.log)
+    (name,) = [k for k in kernels if "tree_build_kernel" in k and k.endswith("@sm_90a")]
+    assert kernels[name]["spill_stores"] == 0 and kernels[name]["spill_loads"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "B,D,K,budget,quant,zeros,neg_inf", [c for c in CASES + TRITON_CASES if c[3] > 0]
+)
+def test_cuda_builder_equals_heap_on_gpu(B, D, K, budget, quant, zeros, neg_inf, gen):
+    lp, tok = _sorted_lp(B, D, K, gen, quant, zeros, neg_inf)
+    bonus = torch.randint(0, 1000, (B,), generator=gen)
+    _build(lp, tok, budget, bonus, cuda=True)
+    _build(lp, tok, budget, bonus, cuda=True, theta=float("-inf"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "batch,budget,K", [(1, 16, 8), (8, 64, 32), (32, 256, 32), (4, 256, 8), (2, 512, 8)]
+)
+def test_cuda_builder_draft_like_on_gpu(batch, budget, K, gen):
+    lp, tok = _draft_like(batch, 15, K, 8192, gen)
+    bonus = torch.randint(0, 1000, (batch,), generator=gen)
+    assert _build(lp, tok, budget, bonus, cuda=True) == [1] * batch
+    assert _build(lp, tok, budget, bonus, cuda=True, theta=0.0) == [0] * batch
+
+
+@pytest.mark.gpu
+def test_cuda_builder_in_a_cuda_graph(gen):
+    """Captured once, replayed on new log-probs written in place: the tree follows them."""
+    lp, tok = _draft_like(4, 15, 8, 8192, gen)
+    lp, tok = lp.cuda(), tok.cuda()
+    bonus = torch.randint(0, 1000, (4,), device="cuda")
+    build_trees_device(lp, tok, 64, bonus, backend="cuda")  # build and warm up outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dt = build_trees_device(lp, tok, 64, bonus, backend="cuda")
+    for _ in range(3):
+        lp2, tok2 = _draft_like(4, 15, 8, 8192, gen)
+        lp.copy_(lp2)
+        tok.copy_(tok2)
+        g.replay()
+        torch.cuda.synchronize()
+        _assert_same(
+            DeviceTree(**{k: getattr(dt, k).cpu() for k in FIELDS}), lp2, tok2, 64, bonus.cpu()
+        )
