@@ -2,9 +2,10 @@
 // under g++ (-std=c++20 -pthread) in the CPU test suite: one std::thread per CUDA thread, one
 // std::barrier per block for __syncthreads and one per warp for the shuffles (which every lane
 // of a warp reaches together in that kernel). Blocks run one after another. Not a general CUDA
-// emulator: no atomics, no warp divergence inside a shuffle, no streams.
+// emulator: int atomicAdd only, no warp divergence inside a shuffle, no streams.
 #pragma once
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -18,7 +19,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __align__(x) alignas(x)
 
 struct kdtree_emu_dim3 {
@@ -93,6 +94,13 @@ inline V __shfl_xor_sync(unsigned, V v, int o) {
   const int lane = static_cast<int>(threadIdx.x & 31);
   return kdtree_emu::shfl(v, lane ^ o, false);
 }
+
+template <typename V>
+inline V __shfl_sync(unsigned, V v, int src) {
+  return kdtree_emu::shfl(v, src, false);
+}
+
+inline int atomicAdd(int* address, int v) { return std::atomic_ref<int>(*address).fetch_add(v); }
 
 inline int __float_as_int(float f) {
   int i;

@@ -65,27 +65,25 @@ struct Params {
   int N, KE, DM, W, T;
   float theta_override;  // NaN: seed the threshold; else start from this one (tests)
   int ucap;  // DM * N
-  int pcap;  // next power of two >= ucap (sort buffer)
+  int pcap;  // next power of two >= max(ucap, 32) (sort buffer)
 };
 
 __host__ __device__ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Shared-memory layout, shared by host (size) and device (carving).
 struct Layout {
-  size_t keys, lp, udev, seed, score, pre, par, rank, coff, ccnt, row, dep, misc, total;
+  size_t keys, top, lp, udev, seed, score, par, rank, coff, row, dep, misc, total;
   __host__ __device__ Layout(int N, int KE, int DM, int ucap, int pcap) {
-    (void)N;
     size_t o = 0;
     keys = o;  o = align_up(o + sizeof(uint64_t) * pcap, 16);
+    top = o;   o = align_up(o + sizeof(uint64_t) * N, 16);
     lp = o;    o = align_up(o + sizeof(float) * DM * KE, 16);
     udev = o;  o = align_up(o + sizeof(int16_t) * DM * KE, 16);
     seed = o;  o = align_up(o + sizeof(float) * (2 * NB + 4 * DM), 16);
     score = o; o = align_up(o + sizeof(float) * ucap, 16);
-    pre = o;   o = align_up(o + sizeof(int32_t) * ucap, 16);
     par = o;   o = align_up(o + sizeof(int16_t) * ucap, 16);
     rank = o;  o = align_up(o + sizeof(int16_t) * ucap, 16);
     coff = o;  o = align_up(o + sizeof(int16_t) * ucap, 16);
-    ccnt = o;  o = align_up(o + sizeof(int16_t) * ucap, 16);
     row = o;   o = align_up(o + sizeof(int16_t) * ucap, 16);
     dep = o;   o = align_up(o + sizeof(uint8_t) * ucap, 16);
     misc = o;  o = align_up(o + sizeof(int32_t) * (2 * NWARP + 16 + DM + 2), 16);
@@ -152,40 +150,53 @@ __device__ int block_min(int v, int* red) {
   return r;
 }
 
-// Children of parent score s at depth d whose key clears thr: a prefix of the ranks.
-__device__ __forceinline__ int prefix_count(const float* lpd, int KE, float s, int flat0,
+// Children of parent score s at depth d whose key clears thr: a prefix of the ranks (keys fall
+// with the rank), found by bisection over [0, limit].
+__device__ __forceinline__ int prefix_count(const float* lpd, int limit, float s, int flat0,
                                             uint64_t thr) {
-  int c = 0;
-  while (c < KE && level_key(s + lpd[c], flat0 + c) >= thr) ++c;
-  return c;
+  int lo = 0, hi = limit;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (level_key(s + lpd[mid], flat0 + mid) >= thr) lo = mid + 1; else hi = mid;
+  }
+  return lo;
 }
 
-__global__ void __launch_bounds__(NT) tree_build_kernel(Params p) {
+__device__ __forceinline__ uint64_t shfl_xor64(uint64_t v, int o) {
+  const uint32_t lo = __shfl_xor_sync(0xFFFFFFFFu, static_cast<uint32_t>(v), o);
+  const uint32_t hi = __shfl_xor_sync(0xFFFFFFFFu, static_cast<uint32_t>(v >> 32), o);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+constexpr int MAXW = (MAX_BUDGET + 1 + 63) / 64;  // ancestor-mask words per row
+
+__global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   KDTREE_DYN_SMEM(smem);
-  const int b = blockIdx.x, tid = threadIdx.x;
+  const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int N = p.N, KE = p.KE, DM = p.DM, W = p.W, T = p.T;
   const Layout L(N, KE, DM, p.ucap, p.pcap);
   uint64_t* keys = reinterpret_cast<uint64_t*>(smem + L.keys);
+  uint64_t* top = reinterpret_cast<uint64_t*>(smem + L.top);
   float* lp = reinterpret_cast<float*>(smem + L.lp);
   int16_t* udev = reinterpret_cast<int16_t*>(smem + L.udev);
   float* seed = reinterpret_cast<float*>(smem + L.seed);
   float* score = reinterpret_cast<float*>(smem + L.score);
-  int32_t* pre = reinterpret_cast<int32_t*>(smem + L.pre);
   int16_t* par = reinterpret_cast<int16_t*>(smem + L.par);
   int16_t* rank = reinterpret_cast<int16_t*>(smem + L.rank);
   int16_t* coff = reinterpret_cast<int16_t*>(smem + L.coff);
-  int16_t* ccnt = reinterpret_cast<int16_t*>(smem + L.ccnt);
   int16_t* row = reinterpret_cast<int16_t*>(smem + L.row);
   uint8_t* dep = reinterpret_cast<uint8_t*>(smem + L.dep);
   int32_t* misc = reinterpret_cast<int32_t*>(smem + L.misc);
   int* red = misc;                      // [NWARP + 1] scan / reduction scratch
-  int* lvl = misc + 2 * NWARP + 16;     // [DM + 1] first slot of each depth
+  int* ctl = misc + 2 * NWARP;          // [16] values one thread hands to all
+  int* lvl = misc + 2 * NWARP + 16;     // [DM + 2] first slot of each depth
   float* bufA = seed;                   // [NB] seed DP rows (ping-pong)
   float* bufB = seed + NB;
+  int* hist = reinterpret_cast<int*>(seed);  // [NB] radix histogram once the seed is done
   float* dlast = seed + 2 * NB;         // [DM] last finite log-prob per depth
   float* dfin = dlast + DM;             // [DM] finite count per depth
   float* zc = dfin + DM;                // [DM] chain score after depth d
-  float* sc = zc + DM;                  // [4]: w, finite flag, theta
+  float* sc = zc + DM;                  // [4]: w, finite flag
 
   const float* lpg = p.lp + b * p.s_lpb;
   // ---- 0. log-probs into shared memory -------------------------------------------------
@@ -242,10 +253,14 @@ __global__ void __launch_bounds__(NT) tree_build_kernel(Params p) {
     if (tid < NB) {
       float acc = 0.0f;
       const int16_t* u = udev + d * KE;
-      for (int j = 0; j < KE; ++j) {
-        const int src = tid - u[j];
-        if (src < 0) break;  // deviations grow with the rank
-        acc += prev[src];
+      for (int j0 = 0; j0 < KE; j0 += 8) {
+        if (tid < u[j0]) break;  // deviations grow with the rank: the rest shift out too
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = j0 + jj;
+          const int src = j < KE ? tid - u[j] : -1;
+          acc += src >= 0 ? prev[max(src, 0)] : 0.0f;
+        }
       }
       cur[tid] = acc;
     }
@@ -261,74 +276,133 @@ __global__ void __launch_bounds__(NT) tree_build_kernel(Params p) {
   const int tstar = block_min((tid < NB && cnt >= static_cast<float>(N)) ? tid : NB, red);
   float theta = (seed_finite && tstar < NB) ? -static_cast<float>(tstar) * w : -INFINITY;
   if (!isnan(p.theta_override)) theta = p.theta_override;
+  if (tid < NB) hist[tid] = 0;  // the seed rows are free now (block_min ended on a barrier)
 
   // ---- 2. expand -----------------------------------------------------------------------
   int path = 1, n_u = 0, d_eff = 0;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const uint64_t thr = theta > -INFINITY ? static_cast<uint64_t>(simg(theta)) << 32 : 0ull;
+    uint64_t thr = theta > -INFINITY ? static_cast<uint64_t>(simg(theta)) << 32 : 0ull;
     int ps = 0, np = 1;  // parents of depth 0: the root (virtual, score 0)
     n_u = 0;
     d_eff = 0;
     for (int d = 0; d < DM; ++d) {
       const float* lpd = lp + d * KE;
-      // one parent per thread (N <= 2 * NT: at most two rounds)
-      int c0 = 0, c1 = 0;
-      const int i0 = tid, i1 = tid + NT;
-      float s0 = 0.0f, s1 = 0.0f;
-      if (i0 < np) {
-        s0 = d == 0 ? 0.0f : score[ps + i0];
-        c0 = prefix_count(lpd, KE, s0, i0 * KE, thr);
-      }
-      if (i1 < np) {
-        s1 = score[ps + i1];
-        c1 = prefix_count(lpd, KE, s1, i1 * KE, thr);
-      }
-      const bool two = np > NT;  // uniform: a second scan only past NT parents
-      int n0, n1 = 0;
-      int off0 = block_excl_scan(c0, red, &n0);
-      int off1 = two ? block_excl_scan(c1, red, &n1) : 0;
-      int n = n0 + n1;
-      if (n > N) {
-        // keep the N best keys of this depth: bisection for the N-th largest key
-        uint64_t lo = thr, hi = ~0ull;
-        while (lo < hi) {
-          const uint64_t gap = hi - lo;  // ceil((hi - lo) / 2) without overflow at lo = 0
-          const uint64_t mid = lo + gap / 2 + (gap & 1);
-          int c = 0;
-          if (i0 < np) c += prefix_count(lpd, c0, s0, i0 * KE, mid);
-          if (i1 < np) c += prefix_count(lpd, c1, s1, i1 * KE, mid);
-          if (block_sum(c, red) >= N) lo = mid; else hi = mid - 1;
-        }
-        if (i0 < np) c0 = prefix_count(lpd, c0, s0, i0 * KE, lo);
-        if (i1 < np) c1 = prefix_count(lpd, c1, s1, i1 * KE, lo);
-        off0 = block_excl_scan(c0, red, &n0);
-        off1 = two ? block_excl_scan(c1, red, &n1) : 0;
-        n = n0 + n1;
-      }
       const int ns = ps + (d == 0 ? 0 : np);  // first slot of this depth
       if (tid == 0) lvl[d] = ns;
-      off1 += n0;
-      for (int r = 0; r < 2; ++r) {
-        const int i = r == 0 ? i0 : i1;
-        const int c = r == 0 ? c0 : c1;
-        const int off = r == 0 ? off0 : off1;
-        if (i >= np) continue;
-        const float s = r == 0 ? s0 : s1;
-        if (d > 0) {
-          coff[ps + i] = static_cast<int16_t>(ns + off);
-          ccnt[ps + i] = static_cast<int16_t>(c);
+      int n = 0;
+      bool written = false;
+      if (np <= 32) {
+        // one warp: counts, scan and writes without a block barrier
+        int* nbox = ctl + 8 + (d & 1);  // double-buffered: read after this depth's barrier
+        if (warp == 0) {
+          const float s = lane < np ? (d == 0 ? 0.0f : score[ps + lane]) : 0.0f;
+          const int c = lane < np ? prefix_count(lpd, KE, s, lane * KE, thr) : 0;
+          int x = c;
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+            if (lane >= o) x += y;
+          }
+          const int tot = __shfl_sync(0xFFFFFFFFu, x, 31);
+          if (tot <= N && lane < np) {
+            const int off = x - c;
+            if (d > 0) coff[ps + lane] = static_cast<int16_t>(ns + off);
+            for (int k = 0; k < c; ++k) {
+              const int u = ns + off + k;
+              score[u] = d == 0 ? lpd[k] : s + lpd[k];
+              par[u] = static_cast<int16_t>(d == 0 ? -1 : ps + lane);
+              rank[u] = static_cast<int16_t>(k);
+              dep[u] = static_cast<uint8_t>(d);
+            }
+          }
+          if (lane == 0) *nbox = tot;
         }
-        for (int k = 0; k < c; ++k) {
-          const int u = ns + off + k;
-          score[u] = d == 0 ? lpd[k] : s + lpd[k];
-          par[u] = static_cast<int16_t>(d == 0 ? -1 : ps + i);
-          rank[u] = static_cast<int16_t>(k);
-          dep[u] = static_cast<uint8_t>(d);
-          ccnt[u] = 0;
-          pre[u] = 1;
-        }
+        __syncthreads();
+        n = *nbox;
+        written = n <= N;
       }
-      __syncthreads();
+      if (!written) {
+        // one or two parents per thread (N <= 2 * NT)
+        int c0 = 0, c1 = 0;
+        const int i0 = tid, i1 = tid + NT;
+        float s0 = 0.0f, s1 = 0.0f;
+        if (i0 < np) {
+          s0 = d == 0 ? 0.0f : score[ps + i0];
+          c0 = prefix_count(lpd, KE, s0, i0 * KE, thr);
+        }
+        if (i1 < np) {
+          s1 = score[ps + i1];
+          c1 = prefix_count(lpd, KE, s1, i1 * KE, thr);
+        }
+        const bool two = np > NT;  // uniform: a second scan only past NT parents
+        int n0, n1 = 0;
+        int off0 = block_excl_scan(c0, red, &n0);
+        int off1 = two ? block_excl_scan(c1, red, &n1) : 0;
+        n = n0 + n1;
+        if (n > N) {
+          // Keep the N best keys of this depth: radix select (8-bit digits, most significant
+          // first) for the N-th largest key; keys are distinct, so the bucket that holds it
+          // is taken whole once it holds exactly the keys still needed.
+          uint64_t prefix = 0;
+          int need = N;
+          for (int shift = 56; shift >= 0; shift -= 8) {
+            for (int r = 0; r < 2; ++r) {
+              const int i = r == 0 ? i0 : i1;
+              if (i >= np) continue;
+              const int c = r == 0 ? c0 : c1;
+              const float s = r == 0 ? s0 : s1;
+              for (int k = 0; k < c; ++k) {
+                const uint64_t key = level_key(s + lpd[k], i * KE + k);
+                if (shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8)))
+                  atomicAdd(&hist[(key >> shift) & 255], 1);
+              }
+            }
+            __syncthreads();
+            const int h = hist[255 - tid];  // thread t: digit 255 - t (descending)
+            int tot;
+            const int before = block_excl_scan(h, red, &tot);
+            if (before < need && need <= before + h) {
+              ctl[0] = 255 - tid;
+              ctl[1] = need - before;
+              ctl[2] = h;
+            }
+            hist[255 - tid] = 0;
+            __syncthreads();
+            prefix |= static_cast<uint64_t>(ctl[0]) << shift;
+            const bool whole = ctl[2] == ctl[1];
+            need = ctl[1];
+            __syncthreads();  // ctl is rewritten by the next pass
+            if (whole) break;
+          }
+          // every key >= prefix (low digits 0) is kept: exactly N of them
+          if (i0 < np) c0 = prefix_count(lpd, c0, s0, i0 * KE, prefix);
+          if (i1 < np) c1 = prefix_count(lpd, c1, s1, i1 * KE, prefix);
+          off0 = block_excl_scan(c0, red, &n0);
+          off1 = two ? block_excl_scan(c1, red, &n1) : 0;
+          n = n0 + n1;
+          // N nodes of this depth score at least the kept minimum, so the tree's N-th node
+          // does too: deeper depths need no node below it
+          const uint64_t floor_key = prefix & 0xFFFFFFFF00000000ull;
+          if (floor_key > thr) thr = floor_key;
+        }
+        off1 += n0;
+        for (int r = 0; r < 2; ++r) {
+          const int i = r == 0 ? i0 : i1;
+          if (i >= np) continue;
+          const int c = r == 0 ? c0 : c1;
+          const int off = r == 0 ? off0 : off1;
+          const float s = r == 0 ? s0 : s1;
+          if (d > 0) coff[ps + i] = static_cast<int16_t>(ns + off);
+          for (int k = 0; k < c; ++k) {
+            const int u = ns + off + k;
+            score[u] = d == 0 ? lpd[k] : s + lpd[k];
+            par[u] = static_cast<int16_t>(d == 0 ? -1 : ps + i);
+            rank[u] = static_cast<int16_t>(k);
+            dep[u] = static_cast<uint8_t>(d);
+          }
+        }
+        __syncthreads();
+      }
       n_u = ns + n;
       if (n == 0) break;
       d_eff = d + 1;
@@ -342,113 +416,134 @@ __global__ void __launch_bounds__(NT) tree_build_kernel(Params p) {
   if (tid == 0) lvl[d_eff] = n_u;
   __syncthreads();
 
-  // ---- 3. preorder: sizes bottom-up, numbers top-down ----------------------------------
-  for (int d = d_eff - 2; d >= 0; --d) {
-    for (int u = lvl[d] + tid; u < lvl[d + 1]; u += NT) {
-      int sz = 1;
-      const int c0 = coff[u], cn = ccnt[u];
-      for (int k = 0; k < cn; ++k) sz += pre[c0 + k];
-      pre[u] = sz;
-    }
-    __syncthreads();
-  }
-  if (tid == 0) {  // the root's children: depth 0, slots [0, lvl[1])
-    int run = 1;
-    const int n0 = d_eff > 0 ? lvl[1] : 0;
-    for (int u = 0; u < n0; ++u) {
-      const int s = pre[u];
-      pre[u] = run;
-      run += s;
-    }
-  }
-  __syncthreads();
-  for (int d = 0; d + 1 < d_eff; ++d) {
-    for (int u = lvl[d] + tid; u < lvl[d + 1]; u += NT) {
-      int run = pre[u] + 1;
-      const int c0 = coff[u], cn = ccnt[u];
-      for (int k = 0; k < cn; ++k) {
-        const int s = pre[c0 + k];
-        pre[c0 + k] = run;
-        run += s;
+  // ---- 3. preorder keys: no barrier, a chain of loads per node --------------------------
+  // pre(u) = the nodes before u in rank-tuple (preorder) order, root included: per depth e
+  // above u the ancestor's index + 1 (it and the nodes before it); at u's depth its index;
+  // per deeper depth the nodes under earlier nodes (first-child slots chained down).
+  for (int u = tid; u < n_u; u += NT) {
+    const int d = dep[u];
+    int pre = 1 + (u - lvl[d]);
+    for (int a = par[u], e = d - 1; a >= 0; a = par[a], --e) pre += a - lvl[e] + 1;
+    if (d + 1 < d_eff) {
+      int pos = coff[u] - lvl[d + 1];
+      pre += pos;
+      for (int e = d + 2; e < d_eff; ++e) {
+        pos = pos < lvl[e] - lvl[e - 1] ? coff[lvl[e - 1] + pos] - lvl[e] : lvl[e + 1] - lvl[e];
+        pre += pos;
       }
     }
+    keys[u] = (static_cast<uint64_t>(simg(score[u])) << 32) |
+              (static_cast<uint64_t>(0xFFFFu - static_cast<uint32_t>(pre)) << 16) |
+              static_cast<uint64_t>(u);
+    row[u] = -1;
+  }
+  const int nsel = min(N, n_u);
+  const int nruns = (n_u + 31) / 32;
+  if (nruns <= 32) {
+    // ---- 4a. order: sorted runs of 32 in registers, then each key's rank by binary search
+    // in every other run; ranks below N land in top[] (pop order)
     __syncthreads();
-  }
-
-  // ---- 4. global order: bitonic sort of (score, preorder) keys, descending --------------
-  int P = 1;
-  while (P < n_u) P <<= 1;
-  for (int i = tid; i < P; i += NT) {
-    keys[i] = i < n_u ? (static_cast<uint64_t>(simg(score[i])) << 32) |
-                            (static_cast<uint64_t>(0xFFFFu - static_cast<uint32_t>(pre[i])) << 16) |
-                            static_cast<uint64_t>(i)
-                      : 0ull;
-    if (i < n_u) row[i] = -1;
-  }
-  __syncthreads();
-  for (int k = 2; k <= P; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = tid; i < P; i += NT) {
-        const int ixj = i ^ j;
-        if (ixj > i) {
-          const uint64_t a = keys[i], c = keys[ixj];
-          const bool desc = (i & k) == 0;
-          if (desc ? (a < c) : (a > c)) {
-            keys[i] = c;
-            keys[ixj] = a;
-          }
+    for (int r = warp; r < nruns; r += NWARP) {
+      const int i = r * 32 + lane;
+      uint64_t v = i < n_u ? keys[i] : 0ull;  // 0: below every key
+#pragma unroll
+      for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+          const uint64_t o = shfl_xor64(v, j);
+          const bool keep_max = ((lane & j) == 0) == ((lane & k) == 0);
+          v = keep_max ? (v > o ? v : o) : (v < o ? v : o);
         }
       }
-      __syncthreads();
+      keys[i] = v;  // descending run (the final k = 32 pass sorts the whole warp one way)
     }
+    __syncthreads();
+    for (int i = tid; i < nruns * 32; i += NT) {
+      const uint64_t v = keys[i];
+      if (v == 0ull) continue;
+      const int own = i >> 5;
+      int rk = i & 31;
+      for (int q = 0; q < nruns; ++q) {
+        if (q == own) continue;
+        const uint64_t* run = keys + q * 32;
+        int lo = 0;
+#pragma unroll
+        for (int step = 16; step > 0; step >>= 1)
+          if (run[lo + step - 1] > v) lo += step;
+        if (run[lo] > v) ++lo;
+        rk += lo;
+      }
+      if (rk < N) top[rk] = v;
+    }
+  } else {
+    // ---- 4b. order, large unions: bitonic sort of the keys, descending --------------------
+    int P = 1;
+    while (P < n_u) P <<= 1;
+    for (int i = n_u + tid; i < P; i += NT) keys[i] = 0ull;
+    __syncthreads();
+    for (int k = 2; k <= P; k <<= 1) {
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = tid; i < P; i += NT) {
+          const int ixj = i ^ j;
+          if (ixj > i) {
+            const uint64_t a = keys[i], c = keys[ixj];
+            const bool desc = (i & k) == 0;
+            if (desc ? (a < c) : (a > c)) {
+              keys[i] = c;
+              keys[ixj] = a;
+            }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    for (int i = tid; i < nsel; i += NT) top[i] = keys[i];
   }
+  __syncthreads();
 
   // ---- 5. emit -------------------------------------------------------------------------
-  const int nsel = min(N, n_u);
-  for (int r = tid; r < nsel; r += NT) row[keys[r] & 0xFFFFu] = static_cast<int16_t>(r + 1);
+  for (int r = tid; r < nsel; r += NT) row[top[r] & 0xFFFFu] = static_cast<int16_t>(r + 1);
   __syncthreads();
   const int64_t ob = static_cast<int64_t>(b) * T;
   const int64_t* tkg = p.tok + b * p.s_tkb;
   for (int r = tid; r < T; r += NT) {
     int64_t tk = 0, pr = -1, dp = 0, rk = -1;
     float sv = -INFINITY;
+    uint64_t m[MAXW];  // the row's ancestor bits, in registers (every index is unrolled)
+#pragma unroll
+    for (int x = 0; x < MAXW; ++x) m[x] = 0ull;
+#define KDTREE_SET_BIT(rr)                                                   \
+  do {                                                                       \
+    const int wd_ = (rr) >> 6;                                               \
+    const uint64_t bit_ = 1ull << ((rr) & 63);                               \
+    _Pragma("unroll") for (int x = 0; x < MAXW; ++x) m[x] |= wd_ == x ? bit_ : 0ull; \
+  } while (0)
+    KDTREE_SET_BIT(r);
     if (r == 0) {
       tk = p.bonus[b];
-      dp = 0;
       rk = 0;
       sv = 0.0f;
     } else if (r <= nsel) {
-      const int u = static_cast<int>(keys[r - 1] & 0xFFFFu);
+      const int u = static_cast<int>(top[r - 1] & 0xFFFFu);
       const int d = dep[u];
       tk = tkg[d * p.s_tkd + rank[u]];
       pr = par[u] < 0 ? 0 : row[par[u]];
       dp = d + 1;
       rk = rank[u];
       sv = score[u];
+      for (int a = par[u]; a >= 0; a = par[a]) KDTREE_SET_BIT(row[a]);
+      KDTREE_SET_BIT(0);
     }
     p.o_tok[ob + r] = tk;
     p.o_par[ob + r] = pr;
     p.o_dep[ob + r] = dp;
     p.o_rank[ob + r] = rk;
     p.o_score[ob + r] = sv;
+#pragma unroll
+    for (int x = 0; x < MAXW; ++x)
+      if (x < W) p.o_mask[(ob + r) * W + x] = static_cast<int64_t>(m[x]);
   }
-  for (int i = tid; i < T * W; i += NT) {
-    const int r = i / W, wd = i % W;
-    uint64_t m = 0;
-    const auto set = [&](int rr) {
-      if (rr / 64 == wd) m |= 1ull << (rr % 64);
-    };
-    set(r);
-    if (r >= 1 && r <= nsel) {
-      int u = par[keys[r - 1] & 0xFFFFu];
-      while (u >= 0) {
-        set(row[u]);
-        u = par[u];
-      }
-      set(0);
-    }
-    p.o_mask[ob * W + i] = static_cast<int64_t>(m);
-  }
+#undef KDTREE_SET_BIT
   if (tid == 0) {
     p.o_nn[b] = 1 + nsel;
     if (p.o_path) p.o_path[b] = path;
@@ -465,7 +560,7 @@ size_t kdtree_tree_build_smem_bytes(int N, int KE, int DM) {
   if (N < 1 || N > MAX_BUDGET || KE < 1 || DM < 1 || KE > N || DM > N || DM > 255) return 0;
   const int ucap = DM * N;
   if (ucap > MAX_NODES) return 0;
-  int pcap = 1;
+  int pcap = 32;  // the sorted runs are whole warps
   while (pcap < ucap) pcap <<= 1;
   return Layout(N, KE, DM, ucap, pcap).total;
 }
@@ -538,7 +633,7 @@ int kdtree_tree_build_launch(const float* lp, const int64_t* tok, const int64_t*
   p.T = N + 1;
   p.theta_override = theta_override;
   p.ucap = DM * N;
-  int pcap = 1;
+  int pcap = 32;
   while (pcap < p.ucap) pcap <<= 1;
   p.pcap = pcap;
 #ifdef KDTREE_CPU_EMU

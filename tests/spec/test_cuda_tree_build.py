@@ -78,6 +78,14 @@ def test_draft_like_large_budgets_on_cpu(K, budget, gen):
 
 
 @needs_cxx
+def test_large_union_takes_the_bitonic_sort(gen):
+    """theta -inf at budget 256 over 15 depths keeps 256 nodes a depth: a union of ~3.8k keys,
+    past the 32 runs of the register sort, so the ordering falls back to the bitonic network."""
+    lp, tok = _sorted_lp(1, 15, 8, gen)
+    assert _build(lp, tok, 256, torch.tensor([1]), theta=float("-inf")) == [1]
+
+
+@needs_cxx
 def test_smem_layout_matches_the_kernel():
     lib = tbc._load("cpu")
     for budget, ke, dm in ((1, 1, 1), (16, 8, 15), (256, 32, 15), (512, 8, 16), (100, 7, 3)):

@@ -107,7 +107,7 @@ def smem_bytes(budget: int, ke: int, dm: int) -> int:
     ucap = dm * budget
     if ucap > 8192:
         return 0
-    pcap = 1 << (ucap - 1).bit_length()
+    pcap = max(32, 1 << (ucap - 1).bit_length())
 
     def up(x: int) -> int:
         return (x + 15) // 16 * 16
@@ -115,18 +115,17 @@ def smem_bytes(budget: int, ke: int, dm: int) -> int:
     total = 0
     for nbytes in (
         8 * pcap,  # sort keys
+        8 * budget,  # the ordered top budget keys
         4 * dm * ke,  # log-probs
         2 * dm * ke,  # rounded deviations
-        4 * (2 * 256 + 4 * dm),  # seed rows and per-depth scalars
+        4 * (2 * 256 + 4 * dm),  # seed rows (then the radix histogram) and per-depth scalars
         4 * ucap,  # scores
-        4 * ucap,  # sizes / preorder
         2 * ucap,  # parents
         2 * ucap,  # ranks
         2 * ucap,  # first child
-        2 * ucap,  # child count
         2 * ucap,  # rows
         1 * ucap,  # depths
-        4 * (2 * 8 + 16 + dm + 2),  # scan scratch and level starts
+        4 * (2 * 8 + 16 + dm + 2),  # scan scratch, hand-offs and level starts
     ):
         total = up(total + nbytes)
     return total
