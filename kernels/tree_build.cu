@@ -17,16 +17,20 @@
 //   1. seed: estimate theta from a binned count of nodes per deviation from the rank-0 chain
 //      (the Triton threshold builder's seed, same bins); only speed rests on it;
 //   2. expand: per depth, the children scoring >= theta are a prefix of each parent's ranks
-//      (log-probs sorted, float addition monotone); a block prefix sum places them. Where a
-//      depth holds more than N of them, the N-th largest (score, flat index) key is found by
-//      bisection over the 64-bit key and only keys above it are kept (exactly N). If the
-//      kept union holds fewer than N nodes and theta > -inf, the seed was too optimistic:
-//      expand again at -inf (path = 0);
-//   3. preorder: subtree sizes bottom-up, preorder numbers top-down (children are contiguous
-//      and in rank order, so a parent's running sum gives them);
-//   4. order: one 64-bit key per kept node (score image, then 0xFFFF - preorder, then the slot),
-//      bitonic sort descending: the first N are the pop order;
-//   5. emit rows, parents' rows and the ancestor bitmask (walking the parent chain per word).
+//      (log-probs sorted, float addition monotone), found by bisection over the ranks; a prefix
+//      sum places them (one warp while a depth has at most 32 parents, else the block). Where
+//      a depth holds more than N of them, a radix select (8-bit digits) finds the N-th largest
+//      (score, flat index) key and only keys at or above it are kept (exactly N); the kept
+//      minimum score then bounds the deeper depths too. If the kept union holds fewer than N
+//      nodes and theta > -inf, the seed was too optimistic: expand again at -inf (path = 0);
+//   3. preorder: per node, with no barrier, the number of nodes before it in rank-tuple order:
+//      its ancestors' level indices + 1, its own level index, and per deeper depth the nodes
+//      under earlier nodes (first-child slots chained down);
+//   4. order: one 64-bit key per kept node (score image, then 0xFFFF - preorder, then the slot);
+//      runs of 32 sorted in registers (warp shuffles), each key ranked by binary search in the
+//      other runs (a bitonic network past 32 runs): ranks below N are the pop order;
+//   5. emit rows, parents' rows and the ancestor bitmask (one parent-chain walk per row, the
+//      mask words in registers).
 // Nothing depends on host-visible values: graph-capturable. Shared memory is sized by the host
 // (kdtree_tree_build_smem_bytes) for (N, KE, DM).
 
@@ -62,6 +66,7 @@ struct Params {
   int64_t* o_nn;
   float* o_score;
   int32_t* o_path;
+  int64_t* o_clock;  // [B, 8] phase clock stamps of thread 0 (profiling), or null
   int N, KE, DM, W, T;
   float theta_override;  // NaN: seed the threshold; else start from this one (tests)
   int ucap;  // DM * N
@@ -198,10 +203,15 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   float* zc = dfin + DM;                // [DM] chain score after depth d
   float* sc = zc + DM;                  // [4]: w, finite flag
 
+  int64_t* clk = p.o_clock ? p.o_clock + static_cast<int64_t>(b) * 8 : nullptr;
+#define KDTREE_STAMP(i) \
+  if (clk && tid == 0) clk[i] = static_cast<int64_t>(clock64())
+  KDTREE_STAMP(0);
   const float* lpg = p.lp + b * p.s_lpb;
   // ---- 0. log-probs into shared memory -------------------------------------------------
   for (int i = tid; i < DM * KE; i += NT) lp[i] = lpg[(i / KE) * p.s_lpd + (i % KE)];
   __syncthreads();
+  KDTREE_STAMP(1);
 
   // ---- 1. seed -------------------------------------------------------------------------
   for (int d = tid; d < DM; d += NT) {
@@ -237,6 +247,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     sc[1] = finite ? 1.0f : 0.0f;
   }
   __syncthreads();
+  KDTREE_STAMP(2);
   const float w = sc[0];
   const bool seed_finite = sc[1] != 0.0f;
   for (int i = tid; i < DM * KE; i += NT) {
@@ -276,6 +287,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   const int tstar = block_min((tid < NB && cnt >= static_cast<float>(N)) ? tid : NB, red);
   float theta = (seed_finite && tstar < NB) ? -static_cast<float>(tstar) * w : -INFINITY;
   if (!isnan(p.theta_override)) theta = p.theta_override;
+  KDTREE_STAMP(3);
   if (tid < NB) hist[tid] = 0;  // the seed rows are free now (block_min ended on a barrier)
 
   // ---- 2. expand -----------------------------------------------------------------------
@@ -415,6 +427,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   }
   if (tid == 0) lvl[d_eff] = n_u;
   __syncthreads();
+  KDTREE_STAMP(4);
 
   // ---- 3. preorder keys: no barrier, a chain of loads per node --------------------------
   // pre(u) = the nodes before u in rank-tuple (preorder) order, root included: per depth e
@@ -500,10 +513,12 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     for (int i = tid; i < nsel; i += NT) top[i] = keys[i];
   }
   __syncthreads();
+  KDTREE_STAMP(5);
 
   // ---- 5. emit -------------------------------------------------------------------------
   for (int r = tid; r < nsel; r += NT) row[top[r] & 0xFFFFu] = static_cast<int16_t>(r + 1);
   __syncthreads();
+  KDTREE_STAMP(6);
   const int64_t ob = static_cast<int64_t>(b) * T;
   const int64_t* tkg = p.tok + b * p.s_tkb;
   for (int r = tid; r < T; r += NT) {
@@ -544,6 +559,11 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       if (x < W) p.o_mask[(ob + r) * W + x] = static_cast<int64_t>(m[x]);
   }
 #undef KDTREE_SET_BIT
+  if (clk) {  // uniform
+    __syncthreads();
+    KDTREE_STAMP(7);
+  }
+#undef KDTREE_STAMP
   if (tid == 0) {
     p.o_nn[b] = 1 + nsel;
     if (p.o_path) p.o_path[b] = path;
@@ -587,6 +607,7 @@ int kdtree_tree_build_launch(const float* lp, const int64_t* tok, const int64_t*
                              int64_t s_lpb, int64_t s_lpd, int64_t s_tkb, int64_t s_tkd,
                              int64_t* o_tok, int64_t* o_par, int64_t* o_dep, int64_t* o_rank,
                              float* o_score, int64_t* o_mask, int64_t* o_nn, int32_t* o_path,
+                             int64_t* o_clock,
                              int B, int N, int KE, int DM, int W, float theta_override,
                              uintptr_t stream) {
   using namespace kdtree_tb;
@@ -626,6 +647,7 @@ int kdtree_tree_build_launch(const float* lp, const int64_t* tok, const int64_t*
   p.o_nn = o_nn;
   p.o_score = o_score;
   p.o_path = o_path;
+  p.o_clock = o_clock;
   p.N = N;
   p.KE = KE;
   p.DM = DM;

@@ -6,7 +6,7 @@ through global scratch rows and a barrier: ~0.7–1 µs a dependent step, and th
 build has ~4 × depth of them. Here the same exact threshold algorithm (seed a threshold, expand
 level by level, preorder, order, emit; see the source's header for why it is exact) runs with
 ``__syncthreads`` between steps, and a depth whose children above the threshold outnumber the
-budget keeps its best ``budget`` by a bisection over the 64-bit key instead of falling back to
+budget keeps its best ``budget`` by a radix select over the 64-bit key instead of falling back to
 a heap replay. Semantics and outputs are those of ``build_trees_torch``.
 
 On first use the source is built with ``nvcc`` (:mod:`kdtree.kernels.cuda_build`) and loaded
@@ -83,7 +83,7 @@ def _load(kind: str) -> ctypes.CDLL:
         lib.kdtree_tree_build_launch.argtypes = (
             [ptr] * 3  # lp tok bonus
             + [i64] * 4  # strides: lp batch, lp depth, tok batch, tok depth
-            + [ptr] * 8  # tokens parents depths ranks scores mask n_nodes path
+            + [ptr] * 9  # tokens parents depths ranks scores mask n_nodes path clocks
             + [i32] * 5  # B N KE DM W
             + [ctypes.c_float]  # theta override (NaN: seeded)
             + [ctypes.c_size_t]  # stream
@@ -166,6 +166,7 @@ def build_trees_cuda(
     *,
     path_out: torch.Tensor | None = None,
     theta: float | None = None,
+    clocks: torch.Tensor | None = None,
 ) -> DeviceTree:
     """One CTA per request; shapes and outputs as ``build_trees_torch``.
 
@@ -174,7 +175,9 @@ def build_trees_cuda(
     and 0 where the kernel expanded again at threshold ``-inf``. ``theta`` replaces the seeded
     threshold (tests force the slow paths with it: ``0.0`` usually leaves too few nodes, so the
     kernel expands again at ``-inf``; ``-inf`` makes every depth keep its best ``budget`` by
-    bisection); the tree is the same whatever it is.
+    radix select); the tree is the same whatever it is. ``clocks`` (``int64 [B, 8]``, profiling)
+    receives thread 0's ``clock64()`` at the phase boundaries: start, log-probs loaded, seed
+    prologue, threshold, expansion, order, row map, end (zeros on the CPU stand-in).
     """
     check_tree_inputs(lp, tok, budget, bonus)
     Bsz, D, K = lp.shape
@@ -210,6 +213,13 @@ def build_trees_cuda(
         or not path_out.is_contiguous()
     ):
         raise ValueError(f"path_out: expected a contiguous int32 tensor [{Bsz}] on {dev}")
+    if clocks is not None and (
+        clocks.shape != (Bsz, 8)
+        or clocks.dtype != torch.int64
+        or clocks.device != dev
+        or not clocks.is_contiguous()
+    ):
+        raise ValueError(f"clocks: expected a contiguous int64 tensor [{Bsz}, 8] on {dev}")
     if Bsz == 0:
         return out
     lib = _load("cuda" if dev.type == "cuda" else "cpu")
@@ -220,6 +230,7 @@ def build_trees_cuda(
         out.tokens.data_ptr(), out.parents.data_ptr(), out.depths.data_ptr(),
         out.ranks.data_ptr(), out.scores.data_ptr(), out.mask.data_ptr(),
         out.n_nodes.data_ptr(), 0 if path_out is None else path_out.data_ptr(),
+        0 if clocks is None else clocks.data_ptr(),
         Bsz, N, ke, dm, W, float("nan") if theta is None else float(theta), stream,
     )  # fmt: skip
     if rc != 0:
