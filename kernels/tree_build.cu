@@ -109,38 +109,35 @@ __device__ __forceinline__ uint64_t level_key(float s, int flat) {
   return (static_cast<uint64_t>(simg(s)) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(flat));
 }
 
-// Block-wide exclusive prefix sum of one int per thread; *total receives the sum. Uses
-// red[0 .. NWARP]; ends with a barrier so red can be reused at once.
-__device__ int block_excl_scan(int v, int* red, int* total) {
+// Block-wide exclusive prefix sum of one int per thread; *total receives the sum. Two
+// barriers: consecutive scans alternate between the two halves of red (`parity`, flipped here,
+// advances identically in every thread because every thread runs every scan), so a scan's
+// writes never meet the previous scan's readers.
+__device__ int block_excl_scan(int v, int* red, int& parity, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int* buf = red + NWARP * parity;
+  parity ^= 1;
   int x = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     int y = __shfl_up_sync(0xFFFFFFFFu, x, o);
     if (lane >= o) x += y;
   }
-  if (lane == 31) red[warp] = x;
+  if (lane == 31) buf[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < NWARP ? red[lane] : 0;
+    int w = lane < NWARP ? buf[lane] : 0;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       int y = __shfl_up_sync(0xFFFFFFFFu, w, o);
       if (lane >= o) w += y;
     }
-    if (lane < NWARP) red[lane] = w;
+    if (lane < NWARP) buf[lane] = w;
   }
   __syncthreads();
-  const int before = warp > 0 ? red[warp - 1] : 0;
-  *total = red[NWARP - 1];
-  __syncthreads();
+  const int before = warp > 0 ? buf[warp - 1] : 0;
+  *total = buf[NWARP - 1];
   return before + x - v;
-}
-
-__device__ int block_sum(int v, int* red) {
-  int total;
-  block_excl_scan(v, red, &total);
-  return total;
 }
 
 __device__ int block_min(int v, int* red) {
@@ -192,7 +189,8 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   int16_t* row = reinterpret_cast<int16_t*>(smem + L.row);
   uint8_t* dep = reinterpret_cast<uint8_t*>(smem + L.dep);
   int32_t* misc = reinterpret_cast<int32_t*>(smem + L.misc);
-  int* red = misc;                      // [NWARP + 1] scan / reduction scratch
+  int* red = misc;                      // [2 * NWARP] scan / reduction scratch
+  int parity = 0;                       // block_excl_scan's half of red
   int* ctl = misc + 2 * NWARP;          // [16] values one thread hands to all
   int* lvl = misc + 2 * NWARP + 16;     // [DM + 2] first slot of each depth
   float* bufA = seed;                   // [NB] seed DP rows (ping-pong)
@@ -200,7 +198,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   int* hist = reinterpret_cast<int*>(seed);  // [NB] radix histogram once the seed is done
   float* dlast = seed + 2 * NB;         // [DM] last finite log-prob per depth
   float* dfin = dlast + DM;             // [DM] finite count per depth
-  float* zc = dfin + DM;                // [DM] chain score after depth d
+  float* zc = dfin + DM;                // [DM] chain score after depth d, then in bins (/ w)
   float* sc = zc + DM;                  // [4]: w, finite flag
 
   int64_t* clk = p.o_clock ? p.o_clock + static_cast<int64_t>(b) * 8 : nullptr;
@@ -215,13 +213,14 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
 
   // ---- 1. seed -------------------------------------------------------------------------
   for (int d = tid; d < DM; d += NT) {
-    float last = INFINITY, fin = 0.0f;
-    for (int j = 0; j < KE; ++j) {
-      float v = lp[d * KE + j];
-      if (v > -INFINITY) { last = fminf(last, v); fin += 1.0f; }
+    // a row is sorted descending: its finite entries are a prefix, the last one its minimum
+    int lo = 0, hi = KE;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (lp[d * KE + mid] > -INFINITY) lo = mid + 1; else hi = mid;
     }
-    dlast[d] = last;
-    dfin[d] = fin;
+    dlast[d] = lo > 0 ? lp[d * KE + lo - 1] : INFINITY;
+    dfin[d] = static_cast<float>(lo);
   }
   __syncthreads();
   if (tid == 0) {
@@ -243,8 +242,10 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     float rng = -low;
     const bool finite = rng < 3.0e38f;  // false for inf and NaN
     rng = finite ? fmaxf(rng, 1e-30f) : 1.0f;
-    sc[0] = rng / static_cast<float>(NB - 1);
+    const float wv = rng / static_cast<float>(NB - 1);
+    sc[0] = wv;
     sc[1] = finite ? 1.0f : 0.0f;
+    for (int d = 0; d < DM; ++d) zc[d] = zc[d] / wv;  // the chain's score in bins
   }
   __syncthreads();
   KDTREE_STAMP(2);
@@ -265,19 +266,22 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       float acc = 0.0f;
       const int16_t* u = udev + d * KE;
       for (int j0 = 0; j0 < KE; j0 += 8) {
-        if (tid < u[j0]) break;  // deviations grow with the rank: the rest shift out too
+        // eight shifts at a time, every load unconditional so they all issue back to back
+        int src[8];
+        float v[8];
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const int j = j0 + jj;
-          const int src = j < KE ? tid - u[j] : -1;
-          acc += src >= 0 ? prev[max(src, 0)] : 0.0f;
-        }
+        for (int jj = 0; jj < 8; ++jj) src[jj] = j0 + jj < KE ? tid - u[j0 + jj] : -1;
+        if (src[0] < 0) break;  // deviations grow with the rank: the rest shift out too
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) v[jj] = prev[src[jj] >= 0 ? src[jj] : 0];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) acc += src[jj] >= 0 ? v[jj] : 0.0f;
       }
       cur[tid] = acc;
     }
     __syncthreads();
     if (tid < NB) {
-      const float f = zc[d] / w + static_cast<float>(tid);
+      const float f = zc[d] + static_cast<float>(tid);
       if (f >= 0.0f) cnt += cur[static_cast<int>(fminf(f, static_cast<float>(NB - 1)))];
     }
     float* t = prev;
@@ -348,8 +352,8 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
         }
         const bool two = np > NT;  // uniform: a second scan only past NT parents
         int n0, n1 = 0;
-        int off0 = block_excl_scan(c0, red, &n0);
-        int off1 = two ? block_excl_scan(c1, red, &n1) : 0;
+        int off0 = block_excl_scan(c0, red, parity, &n0);
+        int off1 = two ? block_excl_scan(c1, red, parity, &n1) : 0;
         n = n0 + n1;
         if (n > N) {
           // Keep the N best keys of this depth: radix select (8-bit digits, most significant
@@ -372,7 +376,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
             __syncthreads();
             const int h = hist[255 - tid];  // thread t: digit 255 - t (descending)
             int tot;
-            const int before = block_excl_scan(h, red, &tot);
+            const int before = block_excl_scan(h, red, parity, &tot);
             if (before < need && need <= before + h) {
               ctl[0] = 255 - tid;
               ctl[1] = need - before;
@@ -389,8 +393,8 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           // every key >= prefix (low digits 0) is kept: exactly N of them
           if (i0 < np) c0 = prefix_count(lpd, c0, s0, i0 * KE, prefix);
           if (i1 < np) c1 = prefix_count(lpd, c1, s1, i1 * KE, prefix);
-          off0 = block_excl_scan(c0, red, &n0);
-          off1 = two ? block_excl_scan(c1, red, &n1) : 0;
+          off0 = block_excl_scan(c0, red, parity, &n0);
+          off1 = two ? block_excl_scan(c1, red, parity, &n1) : 0;
           n = n0 + n1;
           // N nodes of this depth score at least the kept minimum, so the tree's N-th node
           // does too: deeper depths need no node below it
@@ -476,15 +480,23 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       if (v == 0ull) continue;
       const int own = i >> 5;
       int rk = i & 31;
-      for (int q = 0; q < nruns; ++q) {
-        if (q == own) continue;
-        const uint64_t* run = keys + q * 32;
-        int lo = 0;
+      for (int q0 = 0; q0 < nruns; q0 += 4) {
+        // four runs' binary searches interleaved: their loads are independent
+        int lo[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int step = 16; step > 0; step >>= 1)
-          if (run[lo + step - 1] > v) lo += step;
-        if (run[lo] > v) ++lo;
-        rk += lo;
+        for (int step = 16; step > 0; step >>= 1) {
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            const int q = min(q0 + t, nruns - 1);
+            if (keys[q * 32 + lo[t] + step - 1] > v) lo[t] += step;
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int q = q0 + t;
+          if (q >= nruns || q == own) continue;
+          rk += lo[t] + (keys[q * 32 + lo[t]] > v ? 1 : 0);
+        }
       }
       if (rk < N) top[rk] = v;
     }
