@@ -84,7 +84,7 @@ struct Layout {
     top = o;   o = align_up(o + sizeof(uint64_t) * N, 16);
     lp = o;    o = align_up(o + sizeof(float) * DM * KE, 16);
     udev = o;  o = align_up(o + sizeof(int16_t) * DM * KE, 16);
-    seed = o;  o = align_up(o + sizeof(float) * (2 * NB + 4 * DM), 16);
+    seed = o;  o = align_up(o + sizeof(float) * (2 * NB + 3 * DM + 4), 16);
     score = o; o = align_up(o + sizeof(float) * ucap, 16);
     par = o;   o = align_up(o + sizeof(int16_t) * ucap, 16);
     rank = o;  o = align_up(o + sizeof(int16_t) * ucap, 16);
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   float* dlast = seed + 2 * NB;         // [DM] last finite log-prob per depth
   float* dfin = dlast + DM;             // [DM] finite count per depth
   float* zc = dfin + DM;                // [DM] chain score after depth d, then in bins (/ w)
-  float* sc = zc + DM;                  // [4]: w, finite flag
+  float* sc = zc + DM;                  // [2]: w, finite flag
 
   int64_t* clk = p.o_clock ? p.o_clock + static_cast<int64_t>(b) * 8 : nullptr;
 #define KDTREE_STAMP(i) \

@@ -184,8 +184,13 @@ class CudaSource:
         return BuildResult(path, log, False)
 
     def build(self) -> BuildResult:
-        """The cached device library, built on first use (keyed by source, flags, nvcc)."""
-        return self._cached(self._require_nvcc(), self.flags, self.lib_name, [])
+        """The cached device library, built on first use (keyed by source, flags, nvcc).
+        ``KDTREE_CUDA_LINEINFO=1`` adds ``-lineinfo`` (source lines in compute-sanitizer and
+        Nsight reports)."""
+        flags = self.flags
+        if os.environ.get("KDTREE_CUDA_LINEINFO") == "1":
+            flags = (*flags, "-lineinfo")
+        return self._cached(self._require_nvcc(), flags, self.lib_name, [])
 
     def compile_only(self, out_dir) -> BuildResult:
         """Build the device library into ``out_dir`` with the local nvcc (no GPU needed, no
