@@ -428,6 +428,9 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     if (n_u >= N || theta == -INFINITY) break;
     theta = -INFINITY;  // too few nodes above the seed: every node is a candidate
     path = 0;
+    // the last depth's hand-off slot may be the first depth's again: every thread must have
+    // read it before warp 0 writes (call e's racecheck: a write-after-read hazard here)
+    __syncthreads();
   }
   if (tid == 0) lvl[d_eff] = n_u;
   __syncthreads();
