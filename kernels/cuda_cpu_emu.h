@@ -76,6 +76,18 @@ inline V shfl(V v, int src_lane, bool keep_own) {
   return out;
 }
 
+// OR of every lane's `bits` (each lane contributes its own bit).
+inline uint64_t shfl_gather(uint64_t bits) {
+  const unsigned t = tl_thread.x, warp = t / 32;
+  tl_block->shfl[t] = bits;
+  tl_block->warp_bar[warp]->arrive_and_wait();
+  uint64_t out = 0;
+  const unsigned n = static_cast<unsigned>(tl_block->shfl.size());
+  for (unsigned l = warp * 32; l < warp * 32 + 32 && l < n; ++l) out |= tl_block->shfl[l];
+  tl_block->warp_bar[warp]->arrive_and_wait();
+  return out;
+}
+
 }  // namespace kdtree_emu
 
 #define threadIdx (kdtree_emu::tl_thread)
@@ -101,6 +113,12 @@ inline V __shfl_sync(unsigned, V v, int src) {
 }
 
 inline int atomicAdd(int* address, int v) { return std::atomic_ref<int>(*address).fetch_add(v); }
+
+inline unsigned __ballot_sync(unsigned, bool pred) {
+  const unsigned lane = threadIdx.x & 31;
+  const uint64_t all = kdtree_emu::shfl_gather(pred ? 1ull << lane : 0ull);
+  return static_cast<unsigned>(all);
+}
 
 inline long long clock64() { return 0; }  // no cycle counter to stand in for
 

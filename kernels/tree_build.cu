@@ -223,7 +223,48 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     dfin[d] = static_cast<float>(lo);
   }
   __syncthreads();
-  if (tid == 0) {
+  if (DM <= 32) {
+    // one warp, lane = depth: the chain (depths up to the first -inf rank-0 log-prob), its
+    // finite siblings, the chain's score per depth, by warp scans
+    if (warp == 0) {
+      const bool in = lane < DM;
+      const float l0 = in ? lp[lane * KE] : 0.0f;
+      const float last = in ? dlast[lane] : INFINITY;
+      const unsigned bad = __ballot_sync(0xFFFFFFFFu, in && !(l0 > -INFINITY));
+      const bool chain = in && (bad & ((2u << lane) - 1u)) == 0u;
+      float zin = chain ? l0 : 0.0f;  // inclusive scan (it only sets the bin width)
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float a = __shfl_up_sync(0xFFFFFFFFu, zin, o);
+        if (lane >= o) zin += a;
+      }
+      const float zprev = zin - (chain ? l0 : 0.0f);
+      float low_chain = chain ? zprev + last : INFINITY;
+      float n_sib = chain ? dfin[lane] : 0.0f;
+      float low_all = (in && last < INFINITY) ? last : 0.0f;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        low_chain = fminf(low_chain, __shfl_xor_sync(0xFFFFFFFFu, low_chain, o));
+        n_sib += __shfl_xor_sync(0xFFFFFFFFu, n_sib, o);
+        low_all += __shfl_xor_sync(0xFFFFFFFFu, low_all, o);
+      }
+      if (lane == 0) {
+        // the chain's scores summed in depth order, as the expansion sums them: a scan's
+        // other rounding could put a chain node just below a grid threshold it counted
+        float z = 0.0f;
+        for (int d = 0; d < DM; ++d) {
+          z += lp[d * KE];
+          zc[d] = z;
+        }
+        const float low = n_sib >= static_cast<float>(N) ? low_chain : low_all;
+        float rng = -low;
+        const bool finite = rng < 3.0e38f;  // false for inf and NaN
+        rng = finite ? fmaxf(rng, 1e-30f) : 1.0f;
+        sc[0] = rng / static_cast<float>(NB - 1);
+        sc[1] = finite ? 1.0f : 0.0f;
+      }
+    }
+  } else if (tid == 0) {
     float zprev = 0.0f, z = 0.0f, n_sib = 0.0f, low_chain = INFINITY, low_all = 0.0f;
     bool chain = true;
     for (int d = 0; d < DM; ++d) {
@@ -242,10 +283,8 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     float rng = -low;
     const bool finite = rng < 3.0e38f;  // false for inf and NaN
     rng = finite ? fmaxf(rng, 1e-30f) : 1.0f;
-    const float wv = rng / static_cast<float>(NB - 1);
-    sc[0] = wv;
+    sc[0] = rng / static_cast<float>(NB - 1);
     sc[1] = finite ? 1.0f : 0.0f;
-    for (int d = 0; d < DM; ++d) zc[d] = zc[d] / wv;  // the chain's score in bins
   }
   __syncthreads();
   KDTREE_STAMP(2);
@@ -256,39 +295,57 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     const float x = (lp[d * KE] - lp[i]) / w;
     udev[i] = static_cast<int16_t>(x < NB ? fmaxf(ceilf(x), 0.0f) : NB);  // NaN / inf: out
   }
-  float* prev = bufA;
-  float* cur = bufB;
-  float cnt = 0.0f;
-  if (tid < NB) prev[tid] = 1.0f;  // C_0: the root, deviation 0
-  __syncthreads();
-  for (int d = 0; d < DM; ++d) {
-    if (tid < NB) {
-      float acc = 0.0f;
-      const int16_t* u = udev + d * KE;
-      for (int j0 = 0; j0 < KE; j0 += 8) {
-        // eight shifts at a time, every load unconditional so they all issue back to back
-        int src[8];
-        float v[8];
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) src[jj] = j0 + jj < KE ? tid - u[j0 + jj] : -1;
-        if (src[0] < 0) break;  // deviations grow with the rank: the rest shift out too
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) v[jj] = prev[src[jj] >= 0 ? src[jj] : 0];
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) acc += src[jj] >= 0 ? v[jj] : 0.0f;
-      }
-      cur[tid] = acc;
-    }
+  for (int d = tid; d < DM; d += NT) zc[d] = zc[d] / w;  // the chain's score in bins
+  // The count per grid threshold t (theta = -t w) reads C_d at bin zc_d + t only, and C_d
+  // depends on lower bins only, so a first pass over the lowest 128 bins (two threads a bin,
+  // each half the shifts) finds t* whenever t* < 128 (every draft-like case measured: t* <= 68);
+  // else a second pass runs all 256 bins. Depth d needs bins up to zc_d + nbins - 1 only, and
+  // once that is negative no deeper depth needs any.
+  int tstar = NB;
+  for (int pass = 0; pass < 2 && tstar == NB; ++pass) {
+    const int nbins = pass == 0 ? NB / 2 : NB, split = pass == 0 ? 2 : 1;
+    const int c = tid / split, h = tid % split;
+    float* prev = bufA;
+    float* cur = bufB;
+    float cnt = 0.0f;
+    if (h == 0 && c < nbins) prev[c] = 1.0f;  // C_0: the root, deviation 0
     __syncthreads();
-    if (tid < NB) {
-      const float f = zc[d] + static_cast<float>(tid);
-      if (f >= 0.0f) cnt += cur[static_cast<int>(fminf(f, static_cast<float>(NB - 1)))];
+    for (int d = 0; d < DM; ++d) {
+      const float zt = zc[d] + static_cast<float>(nbins - 1);
+      if (!(zt >= 0.0f)) break;  // uniform: no bin of this depth or a deeper one counts
+      const int cmax = static_cast<int>(zt);
+      float acc = 0.0f;
+      if (c <= cmax && c < nbins) {
+        const int16_t* u = udev + d * KE;
+        for (int j0 = h; j0 < KE; j0 += 8 * split) {
+          // eight shifts at a time, every load unconditional so they all issue back to back
+          int src[8];
+          float v[8];
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int j = j0 + jj * split;
+            src[jj] = j < KE ? c - u[j] : -1;
+          }
+          if (src[0] < 0) break;  // deviations grow with the rank: the rest shift out too
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) v[jj] = prev[src[jj] >= 0 ? src[jj] : 0];
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) acc += src[jj] >= 0 ? v[jj] : 0.0f;
+        }
+      }
+      if (split == 2) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 1);  // the bin's two halves
+      if (h == 0 && c < nbins) cur[c] = acc;
+      __syncthreads();
+      if (h == 0 && c < nbins) {
+        const float f = zc[d] + static_cast<float>(c);
+        if (f >= 0.0f) cnt += cur[min(static_cast<int>(f), nbins - 1)];
+      }
+      float* t = prev;
+      prev = cur;
+      cur = t;
     }
-    float* t = prev;
-    prev = cur;
-    cur = t;
+    tstar = block_min((h == 0 && c < nbins && cnt >= static_cast<float>(N)) ? c : NB, red);
   }
-  const int tstar = block_min((tid < NB && cnt >= static_cast<float>(N)) ? tid : NB, red);
   float theta = (seed_finite && tstar < NB) ? -static_cast<float>(tstar) * w : -INFINITY;
   if (!isnan(p.theta_override)) theta = p.theta_override;
   KDTREE_STAMP(3);

@@ -96,6 +96,28 @@ def test_smem_layout_matches_the_kernel():
     assert "budget" in err
 
 
+def test_auto_backend_policy():
+    """auto: torch on the CPU; on CUDA the Triton heap replay at small budgets, the CUDA C++
+    builder above them where nvcc and an sm_90 GPU are there, else Triton, else torch."""
+    from kdtree.spec.gpu import tree_build as tb
+
+    lp = torch.zeros(1, 15, 8)
+    assert tb.auto_backend(lp, 256) == "torch"
+
+    class FakeCuda(torch.Tensor):
+        is_cuda = True
+
+    lpc = lp.as_subclass(FakeCuda)
+    assert tb.auto_backend(lpc, 16, cuda_ok=True) == "triton"
+    assert tb.auto_backend(lpc, tb.CUDA_MIN_BUDGET, cuda_ok=True) == "cuda"
+    assert tb.auto_backend(lpc, 256, cuda_ok=True) == "cuda"
+    assert tb.auto_backend(lpc, 256, cuda_ok=False) == "triton"
+    assert tb.auto_backend(lpc, 512, cuda_ok=True) == "cuda"  # past Triton's 256
+    assert tb.auto_backend(lpc, 512, cuda_ok=False) == "torch"
+    wide = torch.zeros(1, 17, 8).as_subclass(FakeCuda)  # 17 * 512 nodes: outside both kernels
+    assert tb.auto_backend(wide, 512, cuda_ok=True) == "torch"
+
+
 def test_supports_and_bad_inputs():
     lp = torch.zeros(1, 15, 8)
     tok = torch.zeros(1, 15, 8, dtype=torch.int64)

@@ -29,7 +29,9 @@ from kdtree.spec.bitmask import num_words
 
 __all__ = [
     "BACKENDS",
+    "CUDA_MIN_BUDGET",
     "DeviceTree",
+    "auto_backend",
     "build_trees_device",
     "build_trees_torch",
     "check_tree_inputs",
@@ -274,26 +276,44 @@ def build_trees_device(
     tokens. ``backend``: ``"torch"`` (vectorised ops, any device, CUDA-graph capturable),
     ``"triton"`` (one program per request; CUDA, or the interpreter on CPU), ``"cuda"`` (the
     CUDA C++ builder, one CTA per request, shared memory throughout; sm_90 with ``nvcc``, or
-    its g++ CPU stand-in on CPU tensors) or ``"auto"``: on CUDA the CUDA C++ builder where
-    ``tree_build_cuda.available()`` and the shape fits, else the Triton builder where it fits,
-    else torch; on the CPU torch.
+    its g++ CPU stand-in on CPU tensors) or ``"auto"`` (:func:`auto_backend`).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
-    if backend == "torch" or (backend == "auto" and not lp.is_cuda):
+    if backend == "auto":
+        backend = auto_backend(lp, budget)
+    if backend == "torch":
         return build_trees_torch(lp, tok, budget, bonus)
+    if backend == "cuda":
+        from kdtree.spec.gpu import tree_build_cuda as tbc
+
+        return tbc.build_trees_cuda(lp, tok, budget, bonus)
+    from kdtree.spec.gpu import tree_build_triton as tbt
+
+    return tbt.build_trees_triton(lp, tok, budget, bonus)
+
+
+def auto_backend(lp: torch.Tensor, budget: int, *, cuda_ok: bool | None = None) -> str:
+    """The builder ``backend="auto"`` runs: torch off CUDA; on CUDA the Triton builders (heap
+    replay) below budget ``CUDA_MIN_BUDGET`` (5.2 µs at budget 16, batch 1, against the CUDA
+    builder's 12.5: its seed and launch are a fixed cost; session 7,
+    ``tools/gpu/bench_tree_cuda.py``), the CUDA C++ builder from there where it is available
+    (``cuda_ok``; default: nvcc and an sm_90 GPU) and the shape fits, else the Triton builder
+    where it fits, else torch."""
+    if not lp.is_cuda:
+        return "torch"
     from kdtree.spec.gpu import tree_build_cuda as tbc
     from kdtree.spec.gpu import tree_build_triton as tbt
 
-    if backend == "cuda" or (
-        backend == "auto" and _cuda_builder_ok() and tbc.supports(lp, budget)
-    ):
-        return tbc.build_trees_cuda(lp, tok, budget, bonus)
-    if backend == "triton" or tbt.supports(lp, budget):
-        return tbt.build_trees_triton(lp, tok, budget, bonus)
-    return build_trees_torch(lp, tok, budget, bonus)
+    ok = _cuda_builder_ok() if cuda_ok is None else cuda_ok
+    if budget >= CUDA_MIN_BUDGET and ok and tbc.supports(lp, budget):
+        return "cuda"
+    if tbt.supports(lp, budget):
+        return "triton"
+    return "torch"
 
 
+CUDA_MIN_BUDGET = 33
 BACKENDS = ("auto", "torch", "triton", "cuda")
 _CUDA_OK: bool | None = None
 
