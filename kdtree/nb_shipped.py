@@ -661,6 +661,57 @@ def tree_phase_findings(table: pd.DataFrame) -> list[str]:
     return out
 
 
+CUDA_TREE_PHASES = ("load", "prologue", "seed", "expand", "order", "rowmap", "emit")
+
+
+def tree_cuda_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataFrame:
+    """The CUDA C++ tree builder by phase (``tools/gpu/bench_tree_cuda.py`` rows,
+    ``data/bench/logs/tree_cuda_phases_session7.csv``): per (vocab, K, budget) the graph-replay
+    ``p50_us`` and each phase's µs, its share of thread 0's ``clock64()`` cycles times
+    ``p50_us`` (the stamps cover the kernel; the replay also holds the launch gap, spread here
+    in proportion). ``call`` picks one device call (default: the last listed)."""
+    need = {"K", "budget", "p50_us", "cycles_total", *CUDA_TREE_PHASES}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"CUDA tree phase rows: missing columns {sorted(missing)}")
+    if "call" in df.columns:
+        call = call if call is not None else str(df["call"].iloc[-1])
+        df = df[df["call"].astype(str) == call]
+        if df.empty:
+            raise ValueError(f"call={call!r}: no rows")
+    if "vocab" not in df.columns:
+        df = df.assign(vocab=0)
+    out = df[["vocab", "K", "budget", "p50_us"]].copy()
+    cyc = df["cycles_total"].where(df["cycles_total"] > 0)
+    for ph in CUDA_TREE_PHASES:
+        out[ph] = df[ph] / cyc * df["p50_us"]
+    return out.sort_values(["vocab", "K", "budget"]).reset_index(drop=True)
+
+
+def tree_cuda_history(df: pd.DataFrame) -> pd.DataFrame:
+    """``p50_us`` of the CUDA tree builder per (vocab, K, budget), one column per device call
+    (the versions of session 7, ``tree_cuda_phases_session7.csv``)."""
+    if "call" not in df.columns:
+        raise ValueError("CUDA tree phase rows: no 'call' column")
+    d = df if "vocab" in df.columns else df.assign(vocab=0)
+    return d.pivot_table(index=["vocab", "K", "budget"], columns="call", values="p50_us")
+
+
+def tree_cuda_findings(table: pd.DataFrame, target_us: float = 20.0) -> list[str]:
+    """Conclusion bullets from ``tree_cuda_phase_table``: each point against the issue's
+    ``target_us`` at batch 1, and its largest phase."""
+    out = []
+    for r in table.itertuples():
+        biggest = max(CUDA_TREE_PHASES, key=lambda c: getattr(r, c))
+        verdict = "within" if r.p50_us <= target_us else "over"
+        out.append(
+            f"vocab {r.vocab}, K={r.K}, B={r.budget}: CUDA builder {r.p50_us:.3g} µs "
+            f"(**{verdict}** {target_us:g} µs); largest phase `{biggest}` "
+            f"({getattr(r, biggest):.3g} µs)."
+        )
+    return out
+
+
 def tree_build_findings(table: pd.DataFrame) -> list[str]:
     """Conclusion bullets formatted from ``tree_build_table``."""
     out = []

@@ -141,6 +141,30 @@ else:
     )
 
 # %% [markdown]
+# ### The CUDA C++ builder (session 7): the same exact threshold build in shared memory
+# `kernels/tree_build.cu` runs the threshold algorithm with one CTA per request and
+# `__syncthreads` between its steps instead of global scratch rows (a depth that holds more
+# than the budget keeps its best by a radix select rather than a heap fallback). Thread 0's
+# `clock64()` stamps split each build into phases (`python3 tools/gpu/bench_tree_cuda.py`,
+# `data/bench/logs/tree_cuda_phases_session7.csv`; vocab 8192 is the phase benchmark's input
+# above, 32768 the tree-build benchmark's, whose flatter top-K leave one depth over the budget
+# more often). The history table is the same points over the session's versions (calls c–g).
+
+# %%
+cuda_csv = nb.data_path("bench", "logs", "tree_cuda_phases_session7.csv")
+cuda_rows = pd.read_csv(cuda_csv) if cuda_csv.exists() else None
+cuda_phases = ns.tree_cuda_phase_table(cuda_rows) if cuda_rows is not None else None
+if cuda_phases is not None:
+    nb.show(vtree.make_tree_cuda_phase_fig(cuda_phases), "tree_cuda_phases_gpu")
+    display(cuda_phases.round(2))
+    display(ns.tree_cuda_history(cuda_rows).round(1))
+else:
+    nb.note(
+        "The CUDA tree-builder phase rows are not shipped "
+        "(data/bench/logs/tree_cuda_phases_session7.csv)."
+    )
+
+# %% [markdown]
 # ## 4. Budget and top-K (interactive only)
 
 # %%
@@ -180,6 +204,10 @@ nb.markdown(
     + "".join(
         f"- {line}\n" for line in (ns.tree_phase_findings(phases) if phases is not None else [])
     )
+    + "".join(
+        f"- {line}\n"
+        for line in (ns.tree_cuda_findings(cuda_phases) if cuda_phases is not None else [])
+    )
 )
 
 # %%
@@ -198,6 +226,7 @@ nb.write_summary(
         "builders_agree": agree,
         "gpu_builds": None if gpu_builds is None else gpu_builds.to_dict("records"),
         "gpu_tree_phases": None if phases is None else phases.to_dict("records"),
+        "gpu_cuda_tree_phases": None if cuda_phases is None else cuda_phases.to_dict("records"),
     }
 )
 nb.check(agree, "the device builder reproduces the heap's trees")

@@ -39,6 +39,34 @@ def make_tree_phase_fig(table, *, title: str | None = None):
     return fig
 
 
+def make_tree_cuda_phase_fig(table, *, title: str | None = None):
+    """Stacked phases of the CUDA C++ tree builder, one bar per (vocab, K, budget); ``table``
+    from ``kdtree.nb_shipped.tree_cuda_phase_table``."""
+    import plotly.graph_objects as go
+
+    from kdtree.nb_shipped import CUDA_TREE_PHASES
+
+    need = {"vocab", "K", "budget", *CUDA_TREE_PHASES}
+    missing = need - set(table.columns)
+    if missing:
+        raise ValueError(
+            f"table: missing columns {sorted(missing)} (expected tree_cuda_phase_table)"
+        )
+    cases = [f"V={r.vocab} K={r.K} B={r.budget}" for r in table.itertuples()]
+    fig = go.Figure()
+    for phase in CUDA_TREE_PHASES:
+        fig.add_trace(go.Bar(x=cases, y=table[phase], name=phase))
+    fig.add_hline(y=20.0, line_dash="dot", annotation_text="issue target 20 µs")
+    fig.update_layout(
+        barmode="stack",
+        title=title
+        or "CUDA tree builder per phase, batch 1 (µs per build, ten builds per graph replay)",
+        yaxis_title="µs",
+        legend_title="phase",
+    )
+    return fig
+
+
 def make_tree_build_fig(df, *, metric: str = "time", title: str | None = None):
     """Time per step vs budget B (log-log), one line per (provider, batch).
 

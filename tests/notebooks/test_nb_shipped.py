@@ -269,3 +269,30 @@ def test_tree_phase_table_splits_the_threshold_build_into_phases():
         ns.tree_phase_table(df, call="Q")
     with pytest.raises(ValueError, match="heap"):
         ns.tree_phase_table(df[df["phase"] != "heap"])
+
+
+def test_tree_cuda_phase_table_scales_cycles_to_the_replay_time():
+    from kdtree.viz.tree import make_tree_cuda_phase_fig
+
+    base = dict(vocab=8192, K=8, budget=256, path=1, cycles_total=1000)
+    phases = dict(load=100, prologue=100, seed=400, expand=200, order=100, rowmap=50, emit=50)
+    df = pd.DataFrame(
+        [
+            {"call": "f", **base, "p50_us": 30.0, **phases},
+            {"call": "g", **base, "p50_us": 20.0, **phases},
+        ]
+    )
+    t = ns.tree_cuda_phase_table(df).iloc[0]  # the last call: g
+    assert t["p50_us"] == 20.0 and t["seed"] == pytest.approx(8.0) and t["emit"] == 1.0
+    assert ns.tree_cuda_phase_table(df, call="f").iloc[0]["seed"] == pytest.approx(12.0)
+    hist = ns.tree_cuda_history(df)
+    assert list(hist.columns) == ["f", "g"] and hist.iloc[0]["f"] == 30.0
+    (line,) = ns.tree_cuda_findings(ns.tree_cuda_phase_table(df))
+    assert "**within** 20 µs" in line and "`seed`" in line
+    (over,) = ns.tree_cuda_findings(ns.tree_cuda_phase_table(df, call="f"))
+    assert "**over**" in over
+    assert len(make_tree_cuda_phase_fig(ns.tree_cuda_phase_table(df)).data) == 7
+    with pytest.raises(ValueError, match="call"):
+        ns.tree_cuda_phase_table(df, call="Q")
+    with pytest.raises(ValueError, match="seed"):
+        ns.tree_cuda_phase_table(df.drop(columns=["seed"]))
