@@ -702,6 +702,8 @@ def tree_cuda_findings(table: pd.DataFrame, target_us: float = 20.0) -> list[str
     ``target_us`` at batch 1, and its largest phase."""
     out = []
     for r in table.itertuples():
+        if any(pd.isna(getattr(r, c)) for c in CUDA_TREE_PHASES):
+            continue  # no cycle stamps (cycles_total 0): no phase to name
         biggest = max(CUDA_TREE_PHASES, key=lambda c: getattr(r, c))
         verdict = "within" if r.p50_us <= target_us else "over"
         out.append(

@@ -9,6 +9,8 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -60,6 +62,24 @@ inline void launch(int blocks, int threads, size_t smem, const std::function<voi
       });
     }
     for (auto& th : pool) th.join();
+    // the 16 bytes past the block's shared memory must still hold the poison: a write past
+    // the layout's end would otherwise go unseen
+    for (size_t i = smem; i < smem + 16; ++i) {
+      if (blk.smem[i] != 0xCD) {
+        std::fprintf(stderr, "kdtree_emu: shared-memory write past byte %zu in block %d\n", smem,
+                     b);
+        std::abort();
+      }
+    }
+  }
+}
+
+// Every shuffle here is warp-wide: a partial mask would mean divergent lanes, which this
+// stand-in cannot model.
+inline void check_full_mask(unsigned mask) {
+  if (mask != 0xFFFFFFFFu) {
+    std::fprintf(stderr, "kdtree_emu: shuffle with mask %08x (only full warps modelled)\n", mask);
+    std::abort();
   }
 }
 
@@ -96,25 +116,29 @@ inline uint64_t shfl_gather(uint64_t bits) {
 inline void __syncthreads() { kdtree_emu::tl_block->bar->arrive_and_wait(); }
 
 template <typename V>
-inline V __shfl_up_sync(unsigned, V v, int o) {
+inline V __shfl_up_sync(unsigned mask, V v, int o) {
+  kdtree_emu::check_full_mask(mask);
   const int lane = static_cast<int>(threadIdx.x & 31);
   return kdtree_emu::shfl(v, lane - o, lane < o);
 }
 
 template <typename V>
-inline V __shfl_xor_sync(unsigned, V v, int o) {
+inline V __shfl_xor_sync(unsigned mask, V v, int o) {
+  kdtree_emu::check_full_mask(mask);
   const int lane = static_cast<int>(threadIdx.x & 31);
   return kdtree_emu::shfl(v, lane ^ o, false);
 }
 
 template <typename V>
-inline V __shfl_sync(unsigned, V v, int src) {
+inline V __shfl_sync(unsigned mask, V v, int src) {
+  kdtree_emu::check_full_mask(mask);
   return kdtree_emu::shfl(v, src, false);
 }
 
 inline int atomicAdd(int* address, int v) { return std::atomic_ref<int>(*address).fetch_add(v); }
 
-inline unsigned __ballot_sync(unsigned, bool pred) {
+inline unsigned __ballot_sync(unsigned mask, bool pred) {
+  kdtree_emu::check_full_mask(mask);
   const unsigned lane = threadIdx.x & 31;
   const uint64_t all = kdtree_emu::shfl_gather(pred ? 1ull << lane : 0ull);
   return static_cast<unsigned>(all);

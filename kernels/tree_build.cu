@@ -42,6 +42,8 @@
 #define KDTREE_DYN_SMEM(name) unsigned char* name = kdtree_emu::block_smem()
 #else
 #include <cuda_runtime.h>
+
+#include <atomic>
 #define KDTREE_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 
@@ -693,14 +695,19 @@ int kdtree_tree_build_launch(const float* lp, const int64_t* tok, const int64_t*
   e = cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return static_cast<int>(e);
   if (smem > static_cast<size_t>(max_optin)) return -2;
-  // Raise the kernel's dynamic shared-memory limit only when a larger shape needs it, so calls
-  // captured in a CUDA graph after a warm-up call make no attribute change.
-  static size_t configured = 0;
-  if (smem > configured) {
+  // Raise the kernel's dynamic shared-memory limit (a per-device attribute) only when a larger
+  // shape needs it, so calls captured in a CUDA graph after a warm-up call make no attribute
+  // change. Concurrent callers may both set it: the call is idempotent.
+  static std::atomic<size_t> configured[64];
+  if (dev >= 64 || smem > configured[dev].load()) {
     e = cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
-    configured = smem;
+    if (dev < 64) {
+      size_t seen = configured[dev].load();
+      while (smem > seen && !configured[dev].compare_exchange_weak(seen, smem)) {
+      }
+    }
   }
 #endif
   Params p;

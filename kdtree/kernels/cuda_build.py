@@ -179,6 +179,8 @@ class CudaSource:
         lib = out_dir / lib_name
         if lib.is_file():
             log_file = out_dir / f"{lib_name}.log"
+            if not log_file.is_file():  # a cache folder written before the log was renamed
+                log_file = out_dir / "ptxas.log"
             return BuildResult(lib, log_file.read_text() if log_file.is_file() else "", True)
         path, log = self._compile([compiler, *flags, *extra], out_dir, lib_name)
         return BuildResult(path, log, False)

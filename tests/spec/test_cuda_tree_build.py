@@ -39,8 +39,8 @@ def test_cuda_source_equals_heap_on_cpu(B, D, K, budget, quant, zeros, neg_inf, 
 @needs_cxx
 @pytest.mark.parametrize("B,D,K,budget", [(2, 6, 4, 20), (1, 9, 3, 40), (2, 5, 8, 7)])
 def test_forced_thresholds_take_the_slow_paths_exactly(B, D, K, budget, gen):
-    """theta 0: too few nodes, so the kernel expands again at -inf (path 0); theta -inf: every
-    depth holds more than the budget and keeps its best by bisection over the key."""
+    """theta 0: too few nodes, so the kernel expands again at -inf (path 0); theta -inf: the
+    depths that hold more than the budget keep their best by radix select over the key."""
     lp, tok = _sorted_lp(B, D, K, gen, quant=0.5, zeros=False)
     lp = lp.clamp(max=-0.25)  # no log-prob 0: theta 0 leaves only the root
     bonus = torch.randint(0, 1000, (B,), generator=gen)
@@ -78,11 +78,24 @@ def test_draft_like_large_budgets_on_cpu(K, budget, gen):
 
 
 @needs_cxx
-def test_large_union_takes_the_bitonic_sort(gen):
-    """theta -inf at budget 256 over 15 depths keeps 256 nodes a depth: a union of ~3.8k keys,
-    past the 32 runs of the register sort, so the ordering falls back to the bitonic network."""
-    lp, tok = _sorted_lp(1, 15, 8, gen)
+@pytest.mark.parametrize("D", [15, 32])
+def test_large_union_takes_the_bitonic_sort(D, gen):
+    """theta -inf at budget 256 with log-prob-0 ranks (a child ties its parent, so capped depths
+    do not prune the deeper ones): every depth keeps 256 nodes, a union of ~3.4k / ~7.8k keys
+    (counted in a debug build), past the 32 runs of the register sort, so the ordering takes
+    the bitonic network; D 32 fills the 8192-node capacity."""
+    lp, tok = _sorted_lp(1, D, 8, gen, quant=0.5, zeros=True)
     assert _build(lp, tok, 256, torch.tensor([1]), theta=float("-inf")) == [1]
+
+
+@needs_cxx
+@pytest.mark.parametrize("B,D,K,budget", [(1, 40, 3, 64), (2, 90, 2, 90)])
+def test_deep_drafts_take_the_serial_seed(B, D, K, budget, gen):
+    """More than 32 depths: the seed's chain scalars come from thread 0's loop, not the warp."""
+    lp, tok = _sorted_lp(B, D, K, gen)
+    bonus = torch.randint(0, 1000, (B,), generator=gen)
+    _build(lp, tok, budget, bonus)
+    _build(lp, tok, budget, bonus, theta=float("-inf"))
 
 
 @needs_cxx
@@ -116,6 +129,15 @@ def test_auto_backend_policy():
     assert tb.auto_backend(lpc, 512, cuda_ok=False) == "torch"
     wide = torch.zeros(1, 17, 8).as_subclass(FakeCuda)  # 17 * 512 nodes: outside both kernels
     assert tb.auto_backend(wide, 512, cuda_ok=True) == "torch"
+
+
+def test_root_only_shapes_match_the_other_builders():
+    lp = torch.zeros(2, 3, 4)
+    tok = torch.zeros(2, 3, 4, dtype=torch.int64)
+    bonus = torch.tensor([5, 6])
+    for args in ((lp, tok, 0), (lp[:, :0], tok[:, :0], 4), (lp[:, :, :0], tok[:, :, :0], 4)):
+        dt = tbc.build_trees_cuda(*args, bonus)
+        assert dt.n_nodes.tolist() == [1, 1] and dt.tokens[:, 0].tolist() == [5, 6]
 
 
 def test_supports_and_bad_inputs():

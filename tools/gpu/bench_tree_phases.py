@@ -3,7 +3,7 @@ K 8 and 32, budgets 16 / 64 / 256, each kernel replayed from a CUDA graph holdin
 ``seed`` stops the kernel after its threshold, ``seed+expand`` after the expansion, ``full`` is
 the whole build (``full_wN``: with N warps); ``heap`` is ``algo="heap"``; ``cuda`` is the CUDA
 C++ builder (``kernels/tree_build.cu``), ``cuda_slow`` the same started at threshold -inf (every
-depth capped by bisection: its worst case). Prints one line per
+depth over the budget keeps its best by radix select: its slow path). Prints one line per
 point and appends rows to ``tree_phases.csv`` in ``--out`` as it goes."""
 
 from __future__ import annotations

@@ -296,7 +296,7 @@ def build_trees_device(
 def auto_backend(lp: torch.Tensor, budget: int, *, cuda_ok: bool | None = None) -> str:
     """The builder ``backend="auto"`` runs: torch off CUDA; on CUDA the Triton builders (heap
     replay) below budget ``CUDA_MIN_BUDGET`` (5.2 µs at budget 16, batch 1, against the CUDA
-    builder's 12.5: its seed and launch are a fixed cost; session 7,
+    builder's 10.2: its seed and launch are a fixed cost; session 7,
     ``tools/gpu/bench_tree_cuda.py``), the CUDA C++ builder from there where it is available
     (``cuda_ok``; default: nvcc and an sm_90 GPU) and the shape fits, else the Triton builder
     where it fits, else torch."""
@@ -306,7 +306,8 @@ def auto_backend(lp: torch.Tensor, budget: int, *, cuda_ok: bool | None = None) 
     from kdtree.spec.gpu import tree_build_triton as tbt
 
     ok = _cuda_builder_ok() if cuda_ok is None else cuda_ok
-    if budget >= CUDA_MIN_BUDGET and ok and tbc.supports(lp, budget):
+    sm90 = cuda_ok is not None or torch.cuda.get_device_capability(lp.device) == (9, 0)
+    if budget >= CUDA_MIN_BUDGET and ok and sm90 and tbc.supports(lp, budget):
         return "cuda"
     if tbt.supports(lp, budget):
         return "triton"
@@ -319,13 +320,21 @@ _CUDA_OK: bool | None = None
 
 
 def _cuda_builder_ok() -> bool:
-    """Whether ``auto`` may take the CUDA C++ builder (checked once: nvcc and an sm_90 GPU;
-    ``KDTREE_TREE_BUILDER=triton`` opts out)."""
+    """Whether ``auto`` may take the CUDA C++ builder (checked once: nvcc, an sm_90 GPU and a
+    library that builds; ``KDTREE_TREE_BUILDER=triton`` opts out)."""
     global _CUDA_OK
     if _CUDA_OK is None:
         import os
+        import warnings
 
         from kdtree.spec.gpu import tree_build_cuda as tbc
 
-        _CUDA_OK = os.environ.get("KDTREE_TREE_BUILDER", "auto") != "triton" and tbc.available()
+        ok = os.environ.get("KDTREE_TREE_BUILDER", "auto") != "triton" and tbc.available()
+        if ok:
+            try:
+                tbc.build()
+            except RuntimeError as exc:  # e.g. a toolkit without compute_90a: keep Triton
+                warnings.warn(f"CUDA tree builder unavailable, using Triton: {exc}", stacklevel=2)
+                ok = False
+        _CUDA_OK = ok
     return _CUDA_OK

@@ -154,8 +154,15 @@ def available() -> bool:
 
 
 def cpu_emu_available() -> bool:
-    """A C++20 compiler is found for the CPU stand-in build."""
-    return find_cxx() is not None
+    """The CPU stand-in builds here (a C++20 compiler with ``<barrier>``: GCC 11 or newer);
+    builds it on first call (cached)."""
+    if find_cxx() is None:
+        return False
+    try:
+        _SRC.build_cpu_emu()
+    except RuntimeError:
+        return False
+    return True
 
 
 def build_trees_cuda(
@@ -181,6 +188,10 @@ def build_trees_cuda(
     """
     check_tree_inputs(lp, tok, budget, bonus)
     Bsz, D, K = lp.shape
+    if budget == 0 or D == 0 or K == 0:  # the root alone, as every builder returns it
+        from kdtree.spec.gpu.tree_build import build_trees_torch
+
+        return build_trees_torch(lp, tok, budget, bonus)
     if not supports(lp, budget):
         raise ValueError(
             f"budget={budget}, lp {tuple(lp.shape)}: outside the CUDA builder's range (budget in "
@@ -223,8 +234,22 @@ def build_trees_cuda(
     if Bsz == 0:
         return out
     lib = _load("cuda" if dev.type == "cuda" else "cpu")
-    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
-    rc = lib.kdtree_tree_build_launch(
+    if dev.type == "cuda":
+        with torch.cuda.device(dev):  # the C side sizes and launches on the current device
+            rc = _launch(lib, lp, tok, bonus, out, path_out, clocks, Bsz, N, ke, dm, W, theta,
+                         torch.cuda.current_stream(dev).cuda_stream)  # fmt: skip
+    else:
+        rc = _launch(lib, lp, tok, bonus, out, path_out, clocks, Bsz, N, ke, dm, W, theta, 0)
+    if rc != 0:
+        raise RuntimeError(
+            f"kdtree_tree_build_launch failed ({rc}): "
+            f"{lib.kdtree_tree_build_error_string(rc).decode()}"
+        )
+    return out
+
+
+def _launch(lib, lp, tok, bonus, out, path_out, clocks, Bsz, N, ke, dm, W, theta, stream) -> int:
+    return lib.kdtree_tree_build_launch(
         lp.data_ptr(), tok.data_ptr(), bonus.data_ptr(),
         lp.stride(0), lp.stride(1), tok.stride(0), tok.stride(1),
         out.tokens.data_ptr(), out.parents.data_ptr(), out.depths.data_ptr(),
@@ -233,9 +258,3 @@ def build_trees_cuda(
         0 if clocks is None else clocks.data_ptr(),
         Bsz, N, ke, dm, W, float("nan") if theta is None else float(theta), stream,
     )  # fmt: skip
-    if rc != 0:
-        raise RuntimeError(
-            f"kdtree_tree_build_launch failed ({rc}): "
-            f"{lib.kdtree_tree_build_error_string(rc).decode()}"
-        )
-    return out
