@@ -181,8 +181,8 @@ def build_trees_cuda(
     (slow: for tests). ``path_out`` (``int32 [B]``) receives 1 where the seeded threshold held
     and 0 where the kernel expanded again at threshold ``-inf``. ``theta`` replaces the seeded
     threshold (tests force the slow paths with it: ``0.0`` usually leaves too few nodes, so the
-    kernel expands again at ``-inf``; ``-inf`` makes every depth keep its best ``budget`` by
-    radix select); the tree is the same whatever it is. ``clocks`` (``int64 [B, 8]``, profiling)
+    kernel expands again at ``-inf``; ``-inf`` makes every depth with more than ``budget``
+    children keep its best ``budget`` by radix select); the tree is the same whatever it is. ``clocks`` (``int64 [B, 8]``, profiling)
     receives thread 0's ``clock64()`` at the phase boundaries: start, log-probs loaded, seed
     prologue, threshold, expansion, order, row map, end (zeros on the CPU stand-in).
     """
