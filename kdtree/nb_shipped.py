@@ -610,6 +610,18 @@ def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     return w.reset_index()
 
 
+def _one_call(df: pd.DataFrame, call: str | None) -> pd.DataFrame:
+    """The rows of one device call (``call``; default: the last listed) where the file has a
+    ``call`` column, else all rows."""
+    if "call" not in df.columns:
+        return df
+    call = call if call is not None else str(df["call"].iloc[-1])
+    out = df[df["call"].astype(str) == call]
+    if out.empty:
+        raise ValueError(f"call={call!r}: no rows")
+    return out
+
+
 def tree_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataFrame:
     """The threshold builder's phases against the heap replay, µs per build, by (K, budget),
     from ``tools/gpu/bench_tree_phases.py`` rows (``data/bench/logs/tree_phases_session5.csv``):
@@ -621,11 +633,7 @@ def tree_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataFrame:
     missing = need - set(df.columns)
     if missing:
         raise ValueError(f"tree phase rows: missing columns {sorted(missing)}")
-    if "call" in df.columns:
-        call = call if call is not None else str(df["call"].iloc[-1])
-        df = df[df["call"].astype(str) == call]
-        if df.empty:
-            raise ValueError(f"call={call!r}: no rows")
+    df = _one_call(df, call)
     w = df.pivot_table(index=["K", "budget"], columns="phase", values="p50_us")
     for col in ("seed", "seed+expand", "full", "heap"):
         if col not in w.columns:
@@ -674,11 +682,7 @@ def tree_cuda_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataF
     missing = need - set(df.columns)
     if missing:
         raise ValueError(f"CUDA tree phase rows: missing columns {sorted(missing)}")
-    if "call" in df.columns:
-        call = call if call is not None else str(df["call"].iloc[-1])
-        df = df[df["call"].astype(str) == call]
-        if df.empty:
-            raise ValueError(f"call={call!r}: no rows")
+    df = _one_call(df, call)
     if "vocab" not in df.columns:
         df = df.assign(vocab=0)
     out = df[["vocab", "K", "budget", "p50_us"]].copy()

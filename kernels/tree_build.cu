@@ -172,6 +172,33 @@ __device__ __forceinline__ uint64_t shfl_xor64(uint64_t v, int o) {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
+// The seed's bin width from the chain's statistics (sc[0] = w, sc[1] = 1 if the range is
+// finite): the N best nodes score at least the chain's worst finite sibling when the chain and
+// its siblings number N or more, else the deepest node of the last finite ranks bounds them.
+__device__ __forceinline__ void seed_bin_width(float* sc, float n_sib, float low_chain,
+                                               float low_all, int N) {
+  const float low = n_sib >= static_cast<float>(N) ? low_chain : low_all;
+  float rng = -low;
+  const bool finite = rng < 3.0e38f;  // false for inf and NaN
+  rng = finite ? fmaxf(rng, 1e-30f) : 1.0f;
+  sc[0] = rng / static_cast<float>(NB - 1);
+  sc[1] = finite ? 1.0f : 0.0f;
+}
+
+// Parent `parent` (slot, -1 for the root) at score s: its first c children go to slots
+// first .. first + c - 1 of depth d.
+__device__ __forceinline__ void write_children(float* score, int16_t* par, int16_t* rank,
+                                               uint8_t* dep, const float* lpd, int first, int c,
+                                               float s, int parent, int d) {
+  for (int k = 0; k < c; ++k) {
+    const int u = first + k;
+    score[u] = d == 0 ? lpd[k] : s + lpd[k];
+    par[u] = static_cast<int16_t>(parent);
+    rank[u] = static_cast<int16_t>(k);
+    dep[u] = static_cast<uint8_t>(d);
+  }
+}
+
 constexpr int MAXW = (MAX_BUDGET + 1 + 63) / 64;  // ancestor-mask words per row
 
 __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
@@ -258,12 +285,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           z += lp[d * KE];
           zc[d] = z;
         }
-        const float low = n_sib >= static_cast<float>(N) ? low_chain : low_all;
-        float rng = -low;
-        const bool finite = rng < 3.0e38f;  // false for inf and NaN
-        rng = finite ? fmaxf(rng, 1e-30f) : 1.0f;
-        sc[0] = rng / static_cast<float>(NB - 1);
-        sc[1] = finite ? 1.0f : 0.0f;
+        seed_bin_width(sc, n_sib, low_chain, low_all, N);
       }
     }
   } else if (tid == 0) {
@@ -281,12 +303,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       z += l0;
       zc[d] = z;
     }
-    const float low = n_sib >= static_cast<float>(N) ? low_chain : low_all;
-    float rng = -low;
-    const bool finite = rng < 3.0e38f;  // false for inf and NaN
-    rng = finite ? fmaxf(rng, 1e-30f) : 1.0f;
-    sc[0] = rng / static_cast<float>(NB - 1);
-    sc[1] = finite ? 1.0f : 0.0f;
+    seed_bin_width(sc, n_sib, low_chain, low_all, N);
   }
   __syncthreads();
   KDTREE_STAMP(2);
@@ -382,13 +399,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           if (tot <= N && lane < np) {
             const int off = x - c;
             if (d > 0) coff[ps + lane] = static_cast<int16_t>(ns + off);
-            for (int k = 0; k < c; ++k) {
-              const int u = ns + off + k;
-              score[u] = d == 0 ? lpd[k] : s + lpd[k];
-              par[u] = static_cast<int16_t>(d == 0 ? -1 : ps + lane);
-              rank[u] = static_cast<int16_t>(k);
-              dep[u] = static_cast<uint8_t>(d);
-            }
+            write_children(score, par, rank, dep, lpd, ns + off, c, s, d == 0 ? -1 : ps + lane, d);
           }
           if (lane == 0) *nbox = tot;
         }
@@ -468,13 +479,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           const int off = r == 0 ? off0 : off1;
           const float s = r == 0 ? s0 : s1;
           if (d > 0) coff[ps + i] = static_cast<int16_t>(ns + off);
-          for (int k = 0; k < c; ++k) {
-            const int u = ns + off + k;
-            score[u] = d == 0 ? lpd[k] : s + lpd[k];
-            par[u] = static_cast<int16_t>(d == 0 ? -1 : ps + i);
-            rank[u] = static_cast<int16_t>(k);
-            dep[u] = static_cast<uint8_t>(d);
-          }
+          write_children(score, par, rank, dep, lpd, ns + off, c, s, d == 0 ? -1 : ps + i, d);
         }
         __syncthreads();
       }

@@ -57,6 +57,21 @@ class DeviceTree:
     ranks: torch.Tensor  # int64 [B, T]: rank of the node at its own depth (r_d)
     n_nodes: torch.Tensor  # int64 [B]: real nodes including the root
 
+    @classmethod
+    def empty(cls, batch: int, T: int, W: int, device) -> DeviceTree:
+        """Uninitialised output buffers for ``batch`` trees of ``T`` nodes and ``W`` mask words
+        (what the kernels fill)."""
+        i64 = dict(dtype=torch.int64, device=device)
+        return cls(
+            tokens=torch.empty(batch, T, **i64),
+            parents=torch.empty(batch, T, **i64),
+            depths=torch.empty(batch, T, **i64),
+            mask=torch.empty(batch, T, W, **i64),
+            scores=torch.empty(batch, T, dtype=torch.float32, device=device),
+            ranks=torch.empty(batch, T, **i64),
+            n_nodes=torch.empty(batch, **i64),
+        )
+
     @property
     def T(self) -> int:
         return int(self.tokens.shape[1])
@@ -85,6 +100,19 @@ def check_tree_inputs(lp: torch.Tensor, tok: torch.Tensor, budget: int, bonus: t
         raise ValueError(
             f"lp, tok, bonus: expected one device, got {lp.device}, {tok.device}, {bonus.device}"
         )
+
+
+def check_out_buffer(name: str, t: torch.Tensor | None, shape: tuple, dtype, device) -> None:
+    """An optional output buffer a kernel writes: ``None``, or contiguous with this shape,
+    dtype and device (else a clear error)."""
+    if t is not None and (
+        tuple(t.shape) != tuple(shape)
+        or t.dtype != dtype
+        or t.device != device
+        or not t.is_contiguous()
+    ):
+        what = str(dtype).replace("torch.", "")
+        raise ValueError(f"{name}: expected a contiguous {what} tensor {list(shape)} on {device}")
 
 
 def score_key(score: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tensor:

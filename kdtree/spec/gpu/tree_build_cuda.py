@@ -26,7 +26,7 @@ import torch
 
 from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_cxx, find_nvcc
 from kdtree.spec.bitmask import num_words
-from kdtree.spec.gpu.tree_build import DeviceTree, check_tree_inputs
+from kdtree.spec.gpu.tree_build import DeviceTree, check_out_buffer, check_tree_inputs
 
 __all__ = [
     "MAX_BUDGET",
@@ -208,29 +208,9 @@ def build_trees_cuda(
     lp = lp if lp.stride(-1) == 1 else lp.contiguous()
     tok = tok if tok.stride(-1) == 1 else tok.contiguous()
     bonus = bonus.to(torch.int64).contiguous()
-    out = DeviceTree(
-        tokens=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
-        parents=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
-        depths=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
-        mask=torch.empty(Bsz, T, W, dtype=torch.int64, device=dev),
-        scores=torch.empty(Bsz, T, dtype=torch.float32, device=dev),
-        ranks=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
-        n_nodes=torch.empty(Bsz, dtype=torch.int64, device=dev),
-    )
-    if path_out is not None and (
-        path_out.shape != (Bsz,)
-        or path_out.dtype != torch.int32
-        or path_out.device != dev
-        or not path_out.is_contiguous()
-    ):
-        raise ValueError(f"path_out: expected a contiguous int32 tensor [{Bsz}] on {dev}")
-    if clocks is not None and (
-        clocks.shape != (Bsz, 8)
-        or clocks.dtype != torch.int64
-        or clocks.device != dev
-        or not clocks.is_contiguous()
-    ):
-        raise ValueError(f"clocks: expected a contiguous int64 tensor [{Bsz}, 8] on {dev}")
+    out = DeviceTree.empty(Bsz, T, W, dev)
+    check_out_buffer("path_out", path_out, (Bsz,), torch.int32, dev)
+    check_out_buffer("clocks", clocks, (Bsz, 8), torch.int64, dev)
     if Bsz == 0:
         return out
     lib = _load("cuda" if dev.type == "cuda" else "cpu")

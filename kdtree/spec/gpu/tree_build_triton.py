@@ -97,7 +97,7 @@ import triton
 import triton.language as tl
 
 from kdtree.spec.bitmask import num_words
-from kdtree.spec.gpu.tree_build import DeviceTree, check_tree_inputs
+from kdtree.spec.gpu.tree_build import DeviceTree, check_out_buffer, check_tree_inputs
 
 __all__ = [
     "ALGOS",
@@ -765,24 +765,10 @@ def build_trees_triton(
     nb = max(Bsz, 1)
     ws_lex = torch.empty(nb * TP, dtype=torch.int32, device=dev)
     ws_end = torch.empty(nb * TP, dtype=torch.int32, device=dev)
-    out = DeviceTree(
-        tokens=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
-        parents=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
-        depths=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
-        mask=torch.empty(Bsz, T, W, dtype=torch.int64, device=dev),
-        scores=torch.empty(Bsz, T, dtype=torch.float32, device=dev),
-        ranks=torch.empty(Bsz, T, dtype=torch.int64, device=dev),
-        n_nodes=torch.empty(Bsz, dtype=torch.int64, device=dev),
-    )
+    out = DeviceTree.empty(Bsz, T, W, dev)
     if algo == "heap" and (path_out is not None or cap is not None or _stop):
         raise ValueError("path_out, cap and _stop are options of algo='threshold', not 'heap'")
-    if path_out is not None and (
-        path_out.shape != (Bsz,)
-        or path_out.dtype != torch.int32
-        or path_out.device != dev
-        or not path_out.is_contiguous()
-    ):
-        raise ValueError(f"path_out: expected a contiguous int32 tensor [{Bsz}] on {dev}")
+    check_out_buffer("path_out", path_out, (Bsz,), torch.int32, dev)
     if cap is not None and (
         isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CAP
     ):
