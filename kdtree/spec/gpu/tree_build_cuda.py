@@ -24,7 +24,14 @@ import threading
 
 import torch
 
-from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_cxx, find_nvcc
+from kdtree.kernels.cuda_build import (
+    SHARED_FLAGS,
+    SM90_FLAGS,
+    BuildResult,
+    CudaSource,
+    find_cxx,
+    find_nvcc,
+)
 from kdtree.spec.bitmask import num_words
 from kdtree.spec.gpu.tree_build import DeviceTree, check_out_buffer, check_tree_inputs
 
@@ -45,15 +52,7 @@ _SRC = CudaSource(
     "libkdtree_tree_build.so",
     "CUDA tree builder",
     # no --use_fast_math: the scores are float32 sums that must round like the reference's
-    flags=(
-        "-gencode=arch=compute_90a,code=sm_90a",
-        "-O3",
-        "-std=c++17",
-        "-Xcompiler",
-        "-fPIC",
-        "-shared",
-        "--ptxas-options=-v",
-    ),
+    flags=SM90_FLAGS + SHARED_FLAGS,
     headers=("cuda_cpu_emu.h",),
 )
 SOURCE = _SRC.path
