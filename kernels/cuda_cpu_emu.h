@@ -123,6 +123,13 @@ inline V __shfl_up_sync(unsigned mask, V v, int o) {
 }
 
 template <typename V>
+inline V __shfl_down_sync(unsigned mask, V v, int o) {
+  kdtree_emu::check_full_mask(mask);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  return kdtree_emu::shfl(v, lane + o, lane + o > 31);
+}
+
+template <typename V>
 inline V __shfl_xor_sync(unsigned mask, V v, int o) {
   kdtree_emu::check_full_mask(mask);
   const int lane = static_cast<int>(threadIdx.x & 31);
@@ -142,6 +149,10 @@ inline unsigned __ballot_sync(unsigned mask, bool pred) {
   const unsigned lane = threadIdx.x & 31;
   const uint64_t all = kdtree_emu::shfl_gather(pred ? 1ull << lane : 0ull);
   return static_cast<unsigned>(all);
+}
+
+inline int __clzll(long long x) {
+  return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x));
 }
 
 inline long long clock64() { return 0; }  // no cycle counter to stand in for

@@ -26,9 +26,9 @@
 //   3. preorder: per node, with no barrier, the number of nodes before it in rank-tuple order:
 //      its ancestors' level indices + 1, its own level index, and per deeper depth the nodes
 //      under earlier nodes (first-child slots chained down);
-//   4. order: one 64-bit key per kept node (score image, then 0xFFFF - preorder, then the slot);
-//      runs of 32 sorted in registers (warp shuffles), each key ranked by binary search in the
-//      other runs (a bitonic network past 32 runs): ranks below N are the pop order;
+//   4. order: one 64-bit key per kept node (score image, then 0xFFFF - preorder, then the slot),
+//      bitonic-sorted descending (stages within a warp by shuffles, the rest through shared
+//      memory): the first N are the pop order;
 //   5. emit rows, parents' rows and the ancestor bitmask (one parent-chain walk per row, the
 //      mask words in registers).
 // Nothing depends on host-visible values: graph-capturable. Shared memory is sized by the host
@@ -54,6 +54,7 @@ constexpr int NWARP = NT / 32;
 constexpr int NB = 256;      // seed bins (the Triton builder's NB)
 constexpr int MAX_BUDGET = 512;
 constexpr int MAX_NODES = 8192;  // DM * N: slots must fit 16 bits with room for the sort key
+constexpr int CLOCK_COLS = 22;   // profiling columns per request (o_clock)
 
 struct Params {
   const float* lp;
@@ -68,7 +69,7 @@ struct Params {
   int64_t* o_nn;
   float* o_score;
   int32_t* o_path;
-  int64_t* o_clock;  // [B, 8] phase clock stamps of thread 0 (profiling), or null
+  int64_t* o_clock;  // [B, 22] phase clock stamps of thread 0, counters, splits (profiling) or null
   int N, KE, DM, W, T;
   float theta_override;  // NaN: seed the threshold; else start from this one (tests)
   int ucap;  // DM * N
@@ -79,11 +80,10 @@ __host__ __device__ inline size_t align_up(size_t x, size_t a) { return (x + a -
 
 // Shared-memory layout, shared by host (size) and device (carving).
 struct Layout {
-  size_t keys, top, lp, udev, seed, score, par, rank, coff, row, dep, misc, total;
+  size_t keys, lp, udev, seed, score, par, rank, coff, row, dep, misc, total;
   __host__ __device__ Layout(int N, int KE, int DM, int ucap, int pcap) {
     size_t o = 0;
     keys = o;  o = align_up(o + sizeof(uint64_t) * pcap, 16);
-    top = o;   o = align_up(o + sizeof(uint64_t) * N, 16);
     lp = o;    o = align_up(o + sizeof(float) * DM * KE, 16);
     udev = o;  o = align_up(o + sizeof(int16_t) * DM * KE, 16);
     seed = o;  o = align_up(o + sizeof(float) * (2 * NB + 3 * DM + 4), 16);
@@ -174,10 +174,18 @@ __device__ __forceinline__ uint64_t shfl_xor64(uint64_t v, int o) {
 
 // The seed's bin width from the chain's statistics (sc[0] = w, sc[1] = 1 if the range is
 // finite): the N best nodes score at least the chain's worst finite sibling when the chain and
-// its siblings number N or more, else the deepest node of the last finite ranks bounds them.
+// its siblings number N or more; else at least the worst of those and of the siblings' own
+// children (a deviation of rank >= 1 at depth d, then any finite rank at d + 1) when the two
+// number N or more; else the deepest node of the last finite ranks bounds them. The middle
+// bound keeps the grid fine where K * D < N (K=8, B=256: a bound 15 depths deep spread the 256
+// bins so wide that the DP ran every depth).
 __device__ __forceinline__ void seed_bin_width(float* sc, float n_sib, float low_chain,
-                                               float low_all, int N) {
-  const float low = n_sib >= static_cast<float>(N) ? low_chain : low_all;
+                                               float n_two, float low_two, float low_all,
+                                               int N) {
+  const float fn = static_cast<float>(N);
+  const float low = n_sib >= fn ? low_chain
+                    : n_sib + n_two >= fn ? fminf(low_chain, low_two)
+                                          : low_all;
   float rng = -low;
   const bool finite = rng < 3.0e38f;  // false for inf and NaN
   rng = finite ? fmaxf(rng, 1e-30f) : 1.0f;
@@ -207,7 +215,6 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   const int N = p.N, KE = p.KE, DM = p.DM, W = p.W, T = p.T;
   const Layout L(N, KE, DM, p.ucap, p.pcap);
   uint64_t* keys = reinterpret_cast<uint64_t*>(smem + L.keys);
-  uint64_t* top = reinterpret_cast<uint64_t*>(smem + L.top);
   float* lp = reinterpret_cast<float*>(smem + L.lp);
   int16_t* udev = reinterpret_cast<int16_t*>(smem + L.udev);
   float* seed = reinterpret_cast<float*>(smem + L.seed);
@@ -225,14 +232,19 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   float* bufA = seed;                   // [NB] seed DP rows (ping-pong)
   float* bufB = seed + NB;
   int* hist = reinterpret_cast<int*>(seed);  // [NB] radix histogram once the seed is done
+  uint64_t* mm64 = reinterpret_cast<uint64_t*>(seed + NB);  // [2 * NWARP] its key range
   float* dlast = seed + 2 * NB;         // [DM] last finite log-prob per depth
   float* dfin = dlast + DM;             // [DM] finite count per depth
   float* zc = dfin + DM;                // [DM] chain score after depth d, then in bins (/ w)
   float* sc = zc + DM;                  // [2]: w, finite flag
 
-  int64_t* clk = p.o_clock ? p.o_clock + static_cast<int64_t>(b) * 8 : nullptr;
+  // clk[0..7]: thread 0's clock64() at the phase boundaries; clk[8..15]: what the build did;
+  // clk[16..21]: finer splits (kdtree.spec.gpu.tree_build_cuda's CLOCK_* tuples name them)
+  int64_t* clk = p.o_clock ? p.o_clock + static_cast<int64_t>(b) * CLOCK_COLS : nullptr;
 #define KDTREE_STAMP(i) \
   if (clk && tid == 0) clk[i] = static_cast<int64_t>(clock64())
+#define KDTREE_NOW() (clk ? static_cast<int64_t>(clock64()) : 0)
+  int64_t t_select = 0, t_warp = 0, t_block = 0, dp_steps = 0;  // thread 0's are stored
   KDTREE_STAMP(0);
   const float* lpg = p.lp + b * p.s_lpb;
   // ---- 0. log-probs into shared memory -------------------------------------------------
@@ -268,13 +280,21 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
         if (lane >= o) zin += a;
       }
       const float zprev = zin - (chain ? l0 : 0.0f);
+      const float fin = in ? dfin[lane] : 0.0f;
+      const float fin_next = __shfl_down_sync(0xFFFFFFFFu, fin, 1);  // lane 31: its own, unused
+      const float last_next = __shfl_down_sync(0xFFFFFFFFu, last, 1);
+      const bool two = chain && lane + 1 < DM && fin > 1.0f && fin_next > 0.0f;
       float low_chain = chain ? zprev + last : INFINITY;
-      float n_sib = chain ? dfin[lane] : 0.0f;
+      float n_sib = chain ? fin : 0.0f;
+      float low_two = two ? zprev + last + last_next : INFINITY;
+      float n_two = two ? (fin - 1.0f) * fin_next : 0.0f;
       float low_all = (in && last < INFINITY) ? last : 0.0f;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
         low_chain = fminf(low_chain, __shfl_xor_sync(0xFFFFFFFFu, low_chain, o));
         n_sib += __shfl_xor_sync(0xFFFFFFFFu, n_sib, o);
+        low_two = fminf(low_two, __shfl_xor_sync(0xFFFFFFFFu, low_two, o));
+        n_two += __shfl_xor_sync(0xFFFFFFFFu, n_two, o);
         low_all += __shfl_xor_sync(0xFFFFFFFFu, low_all, o);
       }
       if (lane == 0) {
@@ -285,11 +305,12 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           z += lp[d * KE];
           zc[d] = z;
         }
-        seed_bin_width(sc, n_sib, low_chain, low_all, N);
+        seed_bin_width(sc, n_sib, low_chain, n_two, low_two, low_all, N);
       }
     }
   } else if (tid == 0) {
     float zprev = 0.0f, z = 0.0f, n_sib = 0.0f, low_chain = INFINITY, low_all = 0.0f;
+    float n_two = 0.0f, low_two = INFINITY;
     bool chain = true;
     for (int d = 0; d < DM; ++d) {
       const float l0 = lp[d * KE];
@@ -297,13 +318,17 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       if (chain) {
         n_sib += dfin[d];
         low_chain = fminf(low_chain, zprev + dlast[d]);
+        if (d + 1 < DM && dfin[d] > 1.0f && dfin[d + 1] > 0.0f) {
+          n_two += (dfin[d] - 1.0f) * dfin[d + 1];
+          low_two = fminf(low_two, zprev + dlast[d] + dlast[d + 1]);
+        }
         zprev += l0;
       }
       if (dlast[d] < INFINITY) low_all += dlast[d];
       z += l0;
       zc[d] = z;
     }
-    seed_bin_width(sc, n_sib, low_chain, low_all, N);
+    seed_bin_width(sc, n_sib, low_chain, n_two, low_two, low_all, N);
   }
   __syncthreads();
   KDTREE_STAMP(2);
@@ -320,8 +345,9 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   // each half the shifts) finds t* whenever t* < 128 (every draft-like case measured: t* <= 68);
   // else a second pass runs all 256 bins. Depth d needs bins up to zc_d + nbins - 1 only, and
   // once that is negative no deeper depth needs any.
-  int tstar = NB;
+  int tstar = NB, seed_passes = 0;
   for (int pass = 0; pass < 2 && tstar == NB; ++pass) {
+    ++seed_passes;
     const int nbins = pass == 0 ? NB / 2 : NB, split = pass == 0 ? 2 : 1;
     const int c = tid / split, h = tid % split;
     float* prev = bufA;
@@ -332,6 +358,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     for (int d = 0; d < DM; ++d) {
       const float zt = zc[d] + static_cast<float>(nbins - 1);
       if (!(zt >= 0.0f)) break;  // uniform: no bin of this depth or a deeper one counts
+      ++dp_steps;
       const int cmax = static_cast<int>(zt);
       float acc = 0.0f;
       if (c <= cmax && c < nbins) {
@@ -371,7 +398,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   if (tid < NB) hist[tid] = 0;  // the seed rows are free now (block_min ended on a barrier)
 
   // ---- 2. expand -----------------------------------------------------------------------
-  int path = 1, n_u = 0, d_eff = 0;
+  int path = 1, n_u = 0, d_eff = 0, n_radix = 0, n_capped = 0;  // the last two: counters
   for (int attempt = 0; attempt < 2; ++attempt) {
     uint64_t thr = theta > -INFINITY ? static_cast<uint64_t>(simg(theta)) << 32 : 0ull;
     int ps = 0, np = 1;  // parents of depth 0: the root (virtual, score 0)
@@ -383,6 +410,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       if (tid == 0) lvl[d] = ns;
       int n = 0;
       bool written = false;
+      const int64_t t_depth = KDTREE_NOW();
       if (np <= 32) {
         // one warp: counts, scan and writes without a block barrier
         int* nbox = ctl + 8 + (d & 1);  // double-buffered: read after this depth's barrier
@@ -406,8 +434,10 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
         __syncthreads();
         n = *nbox;
         written = n <= N;
+        t_warp += KDTREE_NOW() - t_depth;
       }
       if (!written) {
+        const int64_t t_blk = KDTREE_NOW();
         // one or two parents per thread (N <= 2 * NT)
         int c0 = 0, c1 = 0;
         const int i0 = tid, i1 = tid + NT;
@@ -426,23 +456,78 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
         int off1 = two ? block_excl_scan(c1, red, parity, &n1) : 0;
         n = n0 + n1;
         if (n > N) {
-          // Keep the N best keys of this depth: radix select (8-bit digits, most significant
-          // first) for the N-th largest key; keys are distinct, so the bucket that holds it
-          // is taken whole once it holds exactly the keys still needed.
-          uint64_t prefix = 0;
-          int need = N;
-          for (int shift = 56; shift >= 0; shift -= 8) {
-            for (int r = 0; r < 2; ++r) {
-              const int i = r == 0 ? i0 : i1;
-              if (i >= np) continue;
-              const int c = r == 0 ? c0 : c1;
-              const float s = r == 0 ? s0 : s1;
-              for (int k = 0; k < c; ++k) {
-                const uint64_t key = level_key(s + lpd[k], i * KE + k);
-                if (shift == 56 || (key >> (shift + 8)) == (prefix >> (shift + 8)))
-                  atomicAdd(&hist[(key >> shift) & 255], 1);
+          const int64_t t_sel = KDTREE_NOW();
+          // Keep the N best keys of this depth: radix select for the N-th largest key, 8-bit
+          // digits from the highest bit where this depth's largest and smallest keys differ
+          // (the bits above are common to all, and a digit over them would put every key in
+          // one bin: serialised atomics). Keys are distinct, so the bin that holds the N-th is
+          // taken whole once it holds exactly the keys still needed. The keys are spread over
+          // the whole block: G threads a parent (a depth over the budget often has <= 32
+          // parents with K children each, which one warp would otherwise walk alone).
+          ++n_capped;
+          const bool spread = np <= NT;  // uniform
+          int gshift = 0;
+          while (spread && (np << (gshift + 1)) <= NT) ++gshift;
+          const int gi = tid >> gshift, gk = tid & ((1 << gshift) - 1);
+          if (spread && i0 < np) row[ps + i0] = static_cast<int16_t>(c0);  // np <= NT: no i1
+          // this thread's keys: ranks gk, gk + G, ... of parent gi (spread), else all ranks of
+          // parents i0 and i1; fn(key) for each
+          auto for_my_keys = [&](auto&& fn) {
+            if (spread) {
+              if (gi < np) {
+                const int c = row[ps + gi];
+                const float s = score[ps + gi];
+                for (int k = gk; k < c; k += 1 << gshift) fn(level_key(s + lpd[k], gi * KE + k));
+              }
+            } else {
+              for (int r = 0; r < 2; ++r) {
+                const int i = r == 0 ? i0 : i1;
+                if (i >= np) continue;
+                const int c = r == 0 ? c0 : c1;
+                const float s = r == 0 ? s0 : s1;
+                for (int k = 0; k < c; ++k) fn(level_key(s + lpd[k], i * KE + k));
               }
             }
+          };
+          // largest and smallest key: a parent's first and last kept child
+          uint64_t kmax = 0ull, kmin = ~0ull;
+          for (int r = 0; r < 2; ++r) {
+            const int i = r == 0 ? i0 : i1;
+            const int c = r == 0 ? c0 : c1;
+            if (i >= np || c == 0) continue;
+            const float s = r == 0 ? s0 : s1;
+            const uint64_t a = level_key(s + lpd[0], i * KE), z = level_key(s + lpd[c - 1], i * KE + c - 1);
+            kmax = a > kmax ? a : kmax;
+            kmin = z < kmin ? z : kmin;
+          }
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) {
+            const uint64_t a = shfl_xor64(kmax, o), z = shfl_xor64(kmin, o);
+            kmax = a > kmax ? a : kmax;
+            kmin = z < kmin ? z : kmin;
+          }
+          if (lane == 0) {
+            mm64[warp] = kmax;
+            mm64[NWARP + warp] = kmin;
+          }
+          __syncthreads();  // also publishes row[ps + gi]
+          for (int x = 0; x < NWARP; ++x) {
+            kmax = mm64[x] > kmax ? mm64[x] : kmax;
+            kmin = mm64[NWARP + x] < kmin ? mm64[NWARP + x] : kmin;
+          }
+          // the first digit's top bit is the highest differing bit (kmax > kmin: n > N >= 1)
+          int top_bit = 64 - __clzll(static_cast<long long>(kmax ^ kmin));
+          uint64_t prefix = top_bit >= 64 ? 0ull : (kmax >> top_bit) << top_bit;
+          int need = N;
+          while (true) {
+            ++n_radix;
+            const int lo_bit = top_bit > 8 ? top_bit - 8 : 0;
+            const uint64_t dmask = (1ull << (top_bit - lo_bit)) - 1ull;
+            const uint64_t hi = top_bit >= 64 ? 0ull : prefix >> top_bit;
+            for_my_keys([&](uint64_t key) {
+              if (top_bit >= 64 || (key >> top_bit) == hi)
+                atomicAdd(&hist[static_cast<int>((key >> lo_bit) & dmask)], 1);
+            });
             __syncthreads();
             const int h = hist[255 - tid];  // thread t: digit 255 - t (descending)
             int tot;
@@ -454,11 +539,12 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
             }
             hist[255 - tid] = 0;
             __syncthreads();
-            prefix |= static_cast<uint64_t>(ctl[0]) << shift;
+            prefix |= static_cast<uint64_t>(ctl[0]) << lo_bit;
             const bool whole = ctl[2] == ctl[1];
             need = ctl[1];
             __syncthreads();  // ctl is rewritten by the next pass
-            if (whole) break;
+            if (whole || lo_bit == 0) break;  // at bit 0 one key is left: whole
+            top_bit = lo_bit;
           }
           // every key >= prefix (low digits 0) is kept: exactly N of them
           if (i0 < np) c0 = prefix_count(lpd, c0, s0, i0 * KE, prefix);
@@ -470,6 +556,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           // does too: deeper depths need no node below it
           const uint64_t floor_key = prefix & 0xFFFFFFFF00000000ull;
           if (floor_key > thr) thr = floor_key;
+          t_select += KDTREE_NOW() - t_sel;
         }
         off1 += n0;
         for (int r = 0; r < 2; ++r) {
@@ -482,6 +569,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           write_children(score, par, rank, dep, lpd, ns + off, c, s, d == 0 ? -1 : ps + i, d);
         }
         __syncthreads();
+        t_block += KDTREE_NOW() - t_blk;
       }
       n_u = ns + n;
       if (n == 0) break;
@@ -522,76 +610,49 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     row[u] = -1;
   }
   const int nsel = min(N, n_u);
-  const int nruns = (n_u + 31) / 32;
-  if (nruns <= 32) {
-    // ---- 4a. order: sorted runs of 32 in registers, then each key's rank by binary search
-    // in every other run; ranks below N land in top[] (pop order)
-    __syncthreads();
-    for (int r = warp; r < nruns; r += NWARP) {
-      const int i = r * 32 + lane;
-      uint64_t v = i < n_u ? keys[i] : 0ull;  // 0: below every key
-#pragma unroll
-      for (int k = 2; k <= 32; k <<= 1) {
-#pragma unroll
-        for (int j = k >> 1; j > 0; j >>= 1) {
+  // ---- 4. order: bitonic sort of the keys, descending, with every stage whose partner is in
+  // the same warp (j < 32) done in registers by shuffles, once per k for a whole run of such
+  // stages; only j >= 32 goes through shared memory with a barrier. P = 512 (a 256-node tree's
+  // union) takes 10 barrier stages and 5 register passes.
+  int P = 32;
+  while (P < n_u) P <<= 1;
+  for (int i = n_u + tid; i < P; i += NT) keys[i] = 0ull;  // 0: below every key
+  __syncthreads();
+  KDTREE_STAMP(16);
+  // the stages (k, j) for k in [k_lo, k_hi] and j < min(k, 32), one warp a run of 32 keys
+  auto register_stages = [&](int k_lo, int k_hi) {
+    for (int base = warp * 32; base < P; base += NT) {
+      const int i = base + lane;
+      uint64_t v = keys[i];
+      for (int k = k_lo; k <= k_hi; k <<= 1) {
+        const bool desc = (i & k) == 0;
+        for (int j = min(k >> 1, 16); j > 0; j >>= 1) {
           const uint64_t o = shfl_xor64(v, j);
-          const bool keep_max = ((lane & j) == 0) == ((lane & k) == 0);
+          const bool keep_max = ((lane & j) == 0) == desc;
           v = keep_max ? (v > o ? v : o) : (v < o ? v : o);
         }
       }
-      keys[i] = v;  // descending run (the final k = 32 pass sorts the whole warp one way)
+      keys[i] = v;
     }
     __syncthreads();
-    for (int i = tid; i < nruns * 32; i += NT) {
-      const uint64_t v = keys[i];
-      if (v == 0ull) continue;
-      const int own = i >> 5;
-      int rk = i & 31;
-      for (int q0 = 0; q0 < nruns; q0 += 4) {
-        // four runs' binary searches interleaved: their loads are independent
-        int lo[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int step = 16; step > 0; step >>= 1) {
-#pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            const int q = min(q0 + t, nruns - 1);
-            if (keys[q * 32 + lo[t] + step - 1] > v) lo[t] += step;
-          }
-        }
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const int q = q0 + t;
-          if (q >= nruns || q == own) continue;
-          rk += lo[t] + (keys[q * 32 + lo[t]] > v ? 1 : 0);
+  };
+  register_stages(2, 32);
+  KDTREE_STAMP(17);
+  for (int k = 64; k <= P; k <<= 1) {
+    for (int j = k >> 1; j >= 32; j >>= 1) {
+      for (int t = tid; t < P / 2; t += NT) {
+        const int i = (t / j) * 2 * j + (t % j);  // the pair's lower index
+        const uint64_t a = keys[i], c = keys[i + j];
+        if (((i & k) == 0) == (a < c)) {
+          keys[i] = c;
+          keys[i + j] = a;
         }
       }
-      if (rk < N) top[rk] = v;
+      __syncthreads();
     }
-  } else {
-    // ---- 4b. order, large unions: bitonic sort of the keys, descending --------------------
-    int P = 1;
-    while (P < n_u) P <<= 1;
-    for (int i = n_u + tid; i < P; i += NT) keys[i] = 0ull;
-    __syncthreads();
-    for (int k = 2; k <= P; k <<= 1) {
-      for (int j = k >> 1; j > 0; j >>= 1) {
-        for (int i = tid; i < P; i += NT) {
-          const int ixj = i ^ j;
-          if (ixj > i) {
-            const uint64_t a = keys[i], c = keys[ixj];
-            const bool desc = (i & k) == 0;
-            if (desc ? (a < c) : (a > c)) {
-              keys[i] = c;
-              keys[ixj] = a;
-            }
-          }
-        }
-        __syncthreads();
-      }
-    }
-    for (int i = tid; i < nsel; i += NT) top[i] = keys[i];
+    register_stages(k, k);
   }
-  __syncthreads();
+  const uint64_t* top = keys;  // the first nsel keys, in pop order
   KDTREE_STAMP(5);
 
   // ---- 5. emit -------------------------------------------------------------------------
@@ -643,6 +704,21 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     KDTREE_STAMP(7);
   }
 #undef KDTREE_STAMP
+#undef KDTREE_NOW
+  if (clk && tid == 0) {
+    clk[8] = tstar;
+    clk[9] = seed_passes;
+    clk[10] = n_u;
+    clk[11] = d_eff;
+    clk[12] = n_capped;
+    clk[13] = n_radix;
+    clk[14] = path;
+    clk[15] = P;
+    clk[18] = t_select;
+    clk[19] = t_warp;
+    clk[20] = t_block;
+    clk[21] = dp_steps;
+  }
   if (tid == 0) {
     p.o_nn[b] = 1 + nsel;
     if (p.o_path) p.o_path[b] = path;

@@ -47,6 +47,19 @@ __all__ = [
 ]
 
 MAX_BUDGET = 512
+# ``clocks`` columns: 0-7 thread 0's clock64() at these boundaries (the phases are the deltas),
+CLOCK_STAMPS = ("start", "loaded", "prologue", "threshold", "expanded", "ordered", "rowmap", "end")
+# 8-15 what the build did: the seed's grid threshold index (256: none), its DP passes (1 or 2),
+# kept union size, depths expanded, depths capped by the radix select, radix passes in all,
+# path (1 seeded, 0 re-expanded at -inf), keys sorted (the union padded to a power of two)
+CLOCK_COUNTERS = ("tstar", "seed_passes", "n_union", "depths", "capped", "radix_passes", "path",
+                  "sort_size")  # fmt: skip
+# 16-21 finer splits: thread 0's clock64() once the preorder keys are written and once the runs
+# of 32 are sorted; cycles the expansion spent in the radix select, in the one-warp depths and
+# in the block depths (select included); and the seed DP's depth steps (both passes)
+CLOCK_SPLITS = ("keys_done", "runs_sorted", "select_cycles", "warp_depth_cycles",
+                "block_depth_cycles", "dp_steps")  # fmt: skip
+CLOCK_COLS = len(CLOCK_STAMPS) + len(CLOCK_COUNTERS) + len(CLOCK_SPLITS)  # the kernel's too
 _SRC = CudaSource(
     "tree_build.cu",
     "libkdtree_tree_build.so",
@@ -114,7 +127,6 @@ def smem_bytes(budget: int, ke: int, dm: int) -> int:
     total = 0
     for nbytes in (
         8 * pcap,  # sort keys
-        8 * budget,  # the ordered top budget keys
         4 * dm * ke,  # log-probs
         2 * dm * ke,  # rounded deviations
         4 * (2 * 256 + 3 * dm + 4),  # seed rows (then the radix histogram), per-depth scalars
@@ -181,9 +193,11 @@ def build_trees_cuda(
     and 0 where the kernel expanded again at threshold ``-inf``. ``theta`` replaces the seeded
     threshold (tests force the slow paths with it: ``0.0`` usually leaves too few nodes, so the
     kernel expands again at ``-inf``; ``-inf`` makes every depth with more than ``budget``
-    children keep its best ``budget`` by radix select); the tree is the same whatever it is. ``clocks`` (``int64 [B, 8]``, profiling)
-    receives thread 0's ``clock64()`` at the phase boundaries: start, log-probs loaded, seed
-    prologue, threshold, expansion, order, row map, end (zeros on the CPU stand-in).
+    children keep its best ``budget`` by radix select); the tree is the same whatever it is.
+    ``clocks`` (``int64 [B, CLOCK_COLS]``, profiling) receives in columns 0–7 thread 0's
+    ``clock64()`` at the phase boundaries (``CLOCK_STAMPS``; zeros on the CPU stand-in), in
+    columns 8–15 what the build did (``CLOCK_COUNTERS``) and in 16–21 finer splits
+    (``CLOCK_SPLITS``).
     """
     check_tree_inputs(lp, tok, budget, bonus)
     Bsz, D, K = lp.shape
@@ -209,7 +223,7 @@ def build_trees_cuda(
     bonus = bonus.to(torch.int64).contiguous()
     out = DeviceTree.empty(Bsz, T, W, dev)
     check_out_buffer("path_out", path_out, (Bsz,), torch.int32, dev)
-    check_out_buffer("clocks", clocks, (Bsz, 8), torch.int64, dev)
+    check_out_buffer("clocks", clocks, (Bsz, CLOCK_COLS), torch.int64, dev)
     if Bsz == 0:
         return out
     lib = _load("cuda" if dev.type == "cuda" else "cpu")
