@@ -198,12 +198,21 @@ __device__ __forceinline__ void seed_bin_width(float* sc, float n_sib, float low
 __device__ __forceinline__ void write_children(float* score, int16_t* par, int16_t* rank,
                                                uint8_t* dep, const float* lpd, int first, int c,
                                                float s, int parent, int d) {
-  for (int k = 0; k < c; ++k) {
-    const int u = first + k;
-    score[u] = d == 0 ? lpd[k] : s + lpd[k];
-    par[u] = static_cast<int16_t>(parent);
-    rank[u] = static_cast<int16_t>(k);
-    dep[u] = static_cast<uint8_t>(d);
+  for (int k0 = 0; k0 < c; k0 += 4) {
+    // four children's log-probs loaded back to back, then their stores (a child's store waits
+    // on its load: one at a time, each child cost a shared-memory round trip)
+    float v[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = k0 + q < c ? lpd[k0 + q] : 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int k = k0 + q, u = first + k;
+      if (k >= c) break;
+      score[u] = d == 0 ? v[q] : s + v[q];  // depth 0: the root's children score lpd[k]
+      par[u] = static_cast<int16_t>(parent);
+      rank[u] = static_cast<int16_t>(k);
+      dep[u] = static_cast<uint8_t>(d);
+    }
   }
 }
 
@@ -297,16 +306,18 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
         n_two += __shfl_xor_sync(0xFFFFFFFFu, n_two, o);
         low_all += __shfl_xor_sync(0xFFFFFFFFu, low_all, o);
       }
-      if (lane == 0) {
-        // the chain's scores summed in depth order, as the expansion sums them: a scan's
-        // other rounding could put a chain node just below a grid threshold it counted
-        float z = 0.0f;
-        for (int d = 0; d < DM; ++d) {
-          z += lp[d * KE];
-          zc[d] = z;
-        }
-        seed_bin_width(sc, n_sib, low_chain, n_two, low_two, low_all, N);
+      // the chain's scores summed in depth order, as the expansion sums them (a scan's other
+      // rounding could put a chain node just below a grid threshold it counted); every lane
+      // sums the same shuffled values, so the adds are the only dependent chain
+      float z = 0.0f, zmine = 0.0f;
+#pragma unroll
+      for (int d = 0; d < 32; ++d) {
+        const float x = __shfl_sync(0xFFFFFFFFu, l0, d);
+        if (d < DM) z += x;
+        zmine = d == lane ? z : zmine;
       }
+      if (in) zc[lane] = zmine;
+      if (lane == 0) seed_bin_width(sc, n_sib, low_chain, n_two, low_two, low_all, N);
     }
   } else if (tid == 0) {
     float zprev = 0.0f, z = 0.0f, n_sib = 0.0f, low_chain = INFINITY, low_all = 0.0f;
@@ -619,20 +630,24 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   for (int i = n_u + tid; i < P; i += NT) keys[i] = 0ull;  // 0: below every key
   __syncthreads();
   KDTREE_STAMP(16);
-  // the stages (k, j) for k in [k_lo, k_hi] and j < min(k, 32), one warp a run of 32 keys
+  // the stages (k, j) for k in [k_lo, k_hi] and j < min(k, 32): a warp holds two runs of 32
+  // keys (lanes' registers), whose shuffles interleave (every stage is a dependent round trip)
   auto register_stages = [&](int k_lo, int k_hi) {
-    for (int base = warp * 32; base < P; base += NT) {
-      const int i = base + lane;
-      uint64_t v = keys[i];
+    for (int base = warp * 64; base < P; base += 2 * NT) {
+      const int i0 = base + lane, i1 = i0 + 32;
+      const bool two = base + 32 < P;  // uniform in the warp
+      uint64_t v0 = keys[i0], v1 = two ? keys[i1] : 0ull;
       for (int k = k_lo; k <= k_hi; k <<= 1) {
-        const bool desc = (i & k) == 0;
+        const bool desc0 = (i0 & k) == 0, desc1 = (i1 & k) == 0;
         for (int j = min(k >> 1, 16); j > 0; j >>= 1) {
-          const uint64_t o = shfl_xor64(v, j);
-          const bool keep_max = ((lane & j) == 0) == desc;
-          v = keep_max ? (v > o ? v : o) : (v < o ? v : o);
+          const uint64_t o0 = shfl_xor64(v0, j), o1 = shfl_xor64(v1, j);
+          const bool low = (lane & j) == 0;
+          v0 = (low == desc0) ? (v0 > o0 ? v0 : o0) : (v0 < o0 ? v0 : o0);
+          v1 = (low == desc1) ? (v1 > o1 ? v1 : o1) : (v1 < o1 ? v1 : o1);
         }
       }
-      keys[i] = v;
+      keys[i0] = v0;
+      if (two) keys[i1] = v1;
     }
     __syncthreads();
   };
@@ -641,7 +656,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   for (int k = 64; k <= P; k <<= 1) {
     for (int j = k >> 1; j >= 32; j >>= 1) {
       for (int t = tid; t < P / 2; t += NT) {
-        const int i = (t / j) * 2 * j + (t % j);  // the pair's lower index
+        const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));  // the pair's lower index (j: 2^x)
         const uint64_t a = keys[i], c = keys[i + j];
         if (((i & k) == 0) == (a < c)) {
           keys[i] = c;
@@ -689,7 +704,6 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       for (int a = par[u]; a >= 0; a = par[a]) KDTREE_SET_BIT(row[a]);
       KDTREE_SET_BIT(0);
     }
-    p.o_tok[ob + r] = tk;
     p.o_par[ob + r] = pr;
     p.o_dep[ob + r] = dp;
     p.o_rank[ob + r] = rk;
@@ -697,6 +711,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
 #pragma unroll
     for (int x = 0; x < MAXW; ++x)
       if (x < W) p.o_mask[(ob + r) * W + x] = static_cast<int64_t>(m[x]);
+    p.o_tok[ob + r] = tk;  // last: the token's global load overlaps the walk and the stores
   }
 #undef KDTREE_SET_BIT
   if (clk) {  // uniform
