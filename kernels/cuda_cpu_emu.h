@@ -151,6 +151,8 @@ inline unsigned __ballot_sync(unsigned mask, bool pred) {
   return static_cast<unsigned>(all);
 }
 
+inline int __ffs(int x) { return __builtin_ffs(x); }
+
 inline int __clzll(long long x) {
   return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x));
 }

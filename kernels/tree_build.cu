@@ -27,8 +27,8 @@
 //      its ancestors' level indices + 1, its own level index, and per deeper depth the nodes
 //      under earlier nodes (first-child slots chained down);
 //   4. order: one 64-bit key per kept node (score image, then 0xFFFF - preorder, then the slot),
-//      bitonic-sorted descending (stages within a warp by shuffles, the rest through shared
-//      memory): the first N are the pop order;
+//      sorted descending (runs of 32 by warp shuffles, then pairwise merges by binary search up
+//      to 512 keys, a bitonic network past that): the first N are the pop order;
 //   5. emit rows, parents' rows and the ancestor bitmask (one parent-chain walk per row, the
 //      mask words in registers).
 // Nothing depends on host-visible values: graph-capturable. Shared memory is sized by the host
@@ -55,6 +55,7 @@ constexpr int NB = 256;      // seed bins (the Triton builder's NB)
 constexpr int MAX_BUDGET = 512;
 constexpr int MAX_NODES = 8192;  // DM * N: slots must fit 16 bits with room for the sort key
 constexpr int CLOCK_COLS = 22;   // profiling columns per request (o_clock)
+static_assert(NT == NB && NB == 256, "the radix select gives one bin a thread, eight a lane");
 
 struct Params {
   const float* lp;
@@ -86,7 +87,9 @@ struct Layout {
     keys = o;  o = align_up(o + sizeof(uint64_t) * pcap, 16);
     lp = o;    o = align_up(o + sizeof(float) * DM * KE, 16);
     udev = o;  o = align_up(o + sizeof(int16_t) * DM * KE, 16);
-    seed = o;  o = align_up(o + sizeof(float) * (2 * NB + 3 * DM + 4), 16);
+    // the seed's rows and scalars, then the radix histograms and their key range
+    const int seed_words = 2 * NB + 3 * DM + 4, radix_words = 3 * NB + 4 * NWARP;
+    seed = o;  o = align_up(o + sizeof(float) * (seed_words > radix_words ? seed_words : radix_words), 16);
     score = o; o = align_up(o + sizeof(float) * ucap, 16);
     par = o;   o = align_up(o + sizeof(int16_t) * ucap, 16);
     rank = o;  o = align_up(o + sizeof(int16_t) * ucap, 16);
@@ -240,8 +243,8 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   int* lvl = misc + 2 * NWARP + 16;     // [DM + 2] first slot of each depth
   float* bufA = seed;                   // [NB] seed DP rows (ping-pong)
   float* bufB = seed + NB;
-  int* hist = reinterpret_cast<int*>(seed);  // [NB] radix histogram once the seed is done
-  uint64_t* mm64 = reinterpret_cast<uint64_t*>(seed + NB);  // [2 * NWARP] its key range
+  int* hist = reinterpret_cast<int*>(seed);  // [3][NB] radix histograms once the seed is done
+  uint64_t* mm64 = reinterpret_cast<uint64_t*>(seed + 3 * NB);  // [2 * NWARP] their key range
   float* dlast = seed + 2 * NB;         // [DM] last finite log-prob per depth
   float* dfin = dlast + DM;             // [DM] finite count per depth
   float* zc = dfin + DM;                // [DM] chain score after depth d, then in bins (/ w)
@@ -406,7 +409,8 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   float theta = (seed_finite && tstar < NB) ? -static_cast<float>(tstar) * w : -INFINITY;
   if (!isnan(p.theta_override)) theta = p.theta_override;
   KDTREE_STAMP(3);
-  if (tid < NB) hist[tid] = 0;  // the seed rows are free now (block_min ended on a barrier)
+  // the seed's area is free now (block_min ended on a barrier)
+  for (int i = tid; i < 3 * NB; i += NT) hist[i] = 0;
 
   // ---- 2. expand -----------------------------------------------------------------------
   int path = 1, n_u = 0, d_eff = 0, n_radix = 0, n_capped = 0;  // the last two: counters
@@ -531,29 +535,53 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           uint64_t prefix = top_bit >= 64 ? 0ull : (kmax >> top_bit) << top_bit;
           int need = N;
           while (true) {
+            // One barrier a pass: three histograms in rotation (pass p counts into H[p % 3]
+            // and, once past its barrier, clears H[(p + 2) % 3], which every warp finished
+            // reading before that barrier and which pass p + 2 fills after the next one), and
+            // every warp finds the digit itself from the whole histogram.
+            int* H = hist + NB * (n_radix % 3);
+            int* H_clear = hist + NB * ((n_radix + 2) % 3);
             ++n_radix;
             const int lo_bit = top_bit > 8 ? top_bit - 8 : 0;
             const uint64_t dmask = (1ull << (top_bit - lo_bit)) - 1ull;
             const uint64_t hi = top_bit >= 64 ? 0ull : prefix >> top_bit;
             for_my_keys([&](uint64_t key) {
               if (top_bit >= 64 || (key >> top_bit) == hi)
-                atomicAdd(&hist[static_cast<int>((key >> lo_bit) & dmask)], 1);
+                atomicAdd(&H[static_cast<int>((key >> lo_bit) & dmask)], 1);
             });
             __syncthreads();
-            const int h = hist[255 - tid];  // thread t: digit 255 - t (descending)
-            int tot;
-            const int before = block_excl_scan(h, red, parity, &tot);
-            if (before < need && need <= before + h) {
-              ctl[0] = 255 - tid;
-              ctl[1] = need - before;
-              ctl[2] = h;
+            H_clear[tid] = 0;  // NT == NB: one bin a thread
+            // lane l: digits 255 - 8 l down to 248 - 8 l (descending digit order)
+            int hb[8], lsum = 0;
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+              hb[q] = H[255 - 8 * lane - q];
+              lsum += hb[q];
             }
-            hist[255 - tid] = 0;
-            __syncthreads();
-            prefix |= static_cast<uint64_t>(ctl[0]) << lo_bit;
-            const bool whole = ctl[2] == ctl[1];
-            need = ctl[1];
-            __syncthreads();  // ctl is rewritten by the next pass
+            int incl = lsum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+              const int y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+              if (lane >= o) incl += y;
+            }
+            int run = incl - lsum, digit = 0, left = 0, hsel = 0;
+            const bool mine = run < need && need <= incl;
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+              if (mine && run < need && need <= run + hb[q]) {
+                digit = 255 - 8 * lane - q;
+                left = need - run;
+                hsel = hb[q];
+              }
+              run += hb[q];
+            }
+            const int src = __ffs(static_cast<int>(__ballot_sync(0xFFFFFFFFu, mine))) - 1;
+            digit = __shfl_sync(0xFFFFFFFFu, digit, src);
+            left = __shfl_sync(0xFFFFFFFFu, left, src);
+            hsel = __shfl_sync(0xFFFFFFFFu, hsel, src);
+            prefix |= static_cast<uint64_t>(digit) << lo_bit;
+            const bool whole = hsel == left;
+            need = left;
             if (whole || lo_bit == 0) break;  // at bit 0 one key is left: whole
             top_bit = lo_bit;
           }
@@ -621,51 +649,98 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     row[u] = -1;
   }
   const int nsel = min(N, n_u);
-  // ---- 4. order: bitonic sort of the keys, descending, with every stage whose partner is in
-  // the same warp (j < 32) done in registers by shuffles, once per k for a whole run of such
-  // stages; only j >= 32 goes through shared memory with a barrier. P = 512 (a 256-node tree's
-  // union) takes 10 barrier stages and 5 register passes.
+  // ---- 4. order: sort the keys descending. Runs of 32 first, in registers (shuffles, two runs
+  // a warp interleaved). Up to 2 * NT keys (a 256-node tree's union) the runs are then merged
+  // pairwise: an element's place in the merged pair is its index in its run plus the number of
+  // partner elements before it (a binary search), one barrier to read and one to write a level
+  // (4 levels at 512). Past that, a bitonic network, its stages with j >= 32 in shared memory.
   int P = 32;
   while (P < n_u) P <<= 1;
   for (int i = n_u + tid; i < P; i += NT) keys[i] = 0ull;  // 0: below every key
   __syncthreads();
   KDTREE_STAMP(16);
-  // the stages (k, j) for k in [k_lo, k_hi] and j < min(k, 32): a warp holds two runs of 32
-  // keys (lanes' registers), whose shuffles interleave (every stage is a dependent round trip)
+  const bool merge = P <= 2 * NT;  // uniform
+  // the bitonic stages (k, j) for k in [k_lo, k_hi] and j < min(k, 32); direction by the
+  // global index (bitonic network) or all descending (runs for the merge)
   auto register_stages = [&](int k_lo, int k_hi) {
     for (int base = warp * 64; base < P; base += 2 * NT) {
       const int i0 = base + lane, i1 = i0 + 32;
-      const bool two = base + 32 < P;  // uniform in the warp
-      uint64_t v0 = keys[i0], v1 = two ? keys[i1] : 0ull;
-      for (int k = k_lo; k <= k_hi; k <<= 1) {
-        const bool desc0 = (i0 & k) == 0, desc1 = (i1 & k) == 0;
-        for (int j = min(k >> 1, 16); j > 0; j >>= 1) {
-          const uint64_t o0 = shfl_xor64(v0, j), o1 = shfl_xor64(v1, j);
-          const bool low = (lane & j) == 0;
-          v0 = (low == desc0) ? (v0 > o0 ? v0 : o0) : (v0 < o0 ? v0 : o0);
-          v1 = (low == desc1) ? (v1 > o1 ? v1 : o1) : (v1 < o1 ? v1 : o1);
+      if (base + 32 < P) {  // uniform in the warp
+        uint64_t v0 = keys[i0], v1 = keys[i1];
+        for (int k = k_lo; k <= k_hi; k <<= 1) {
+          const bool desc0 = ((merge ? lane : i0) & k) == 0, desc1 = ((merge ? lane : i1) & k) == 0;
+          for (int j = min(k >> 1, 16); j > 0; j >>= 1) {
+            const uint64_t o0 = shfl_xor64(v0, j), o1 = shfl_xor64(v1, j);
+            const bool low = (lane & j) == 0;
+            v0 = (low == desc0) ? (v0 > o0 ? v0 : o0) : (v0 < o0 ? v0 : o0);
+            v1 = (low == desc1) ? (v1 > o1 ? v1 : o1) : (v1 < o1 ? v1 : o1);
+          }
         }
+        keys[i0] = v0;
+        keys[i1] = v1;
+      } else {
+        uint64_t v0 = keys[i0];
+        for (int k = k_lo; k <= k_hi; k <<= 1) {
+          const bool desc0 = ((merge ? lane : i0) & k) == 0;
+          for (int j = min(k >> 1, 16); j > 0; j >>= 1) {
+            const uint64_t o0 = shfl_xor64(v0, j);
+            v0 = (((lane & j) == 0) == desc0) ? (v0 > o0 ? v0 : o0) : (v0 < o0 ? v0 : o0);
+          }
+        }
+        keys[i0] = v0;
       }
-      keys[i0] = v0;
-      if (two) keys[i1] = v1;
     }
     __syncthreads();
   };
   register_stages(2, 32);
   KDTREE_STAMP(17);
-  for (int k = 64; k <= P; k <<= 1) {
-    for (int j = k >> 1; j >= 32; j >>= 1) {
-      for (int t = tid; t < P / 2; t += NT) {
-        const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));  // the pair's lower index (j: 2^x)
-        const uint64_t a = keys[i], c = keys[i + j];
-        if (((i & k) == 0) == (a < c)) {
-          keys[i] = c;
-          keys[i + j] = a;
+  if (merge) {
+    for (int R = 32; R < P; R <<= 1) {
+      // pair (A, B) = runs of R at start, start + R; A's elements go before B's equal ones
+      // (the zero padding), so an A element counts B's greater keys, a B element A's >=
+      uint64_t x[2];
+      int pos[2];
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const int e = tid + e2 * NT;
+        x[e2] = e < P ? keys[e] : 0ull;
+        pos[e2] = e & (R - 1);
+      }
+      int cnt[2] = {0, 0};
+      for (int step = R; step > 0; step >>= 1) {
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int e = tid + e2 * NT;
+          if (e >= P || cnt[e2] + step > R) continue;
+          const bool in_a = (e & R) == 0;
+          const int pb = (e & ~(2 * R - 1)) + (in_a ? R : 0);
+          const uint64_t y = keys[pb + cnt[e2] + step - 1];
+          if (in_a ? y > x[e2] : y >= x[e2]) cnt[e2] += step;
         }
       }
       __syncthreads();
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const int e = tid + e2 * NT;
+        if (e < P) keys[(e & ~(2 * R - 1)) + pos[e2] + cnt[e2]] = x[e2];
+      }
+      __syncthreads();
     }
-    register_stages(k, k);
+  } else {
+    for (int k = 64; k <= P; k <<= 1) {
+      for (int j = k >> 1; j >= 32; j >>= 1) {
+        for (int t = tid; t < P / 2; t += NT) {
+          const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));  // the pair's lower index
+          const uint64_t a = keys[i], c = keys[i + j];
+          if (((i & k) == 0) == (a < c)) {
+            keys[i] = c;
+            keys[i + j] = a;
+          }
+        }
+        __syncthreads();
+      }
+      register_stages(k, k);
+    }
   }
   const uint64_t* top = keys;  // the first nsel keys, in pop order
   KDTREE_STAMP(5);

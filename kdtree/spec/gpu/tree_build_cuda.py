@@ -129,7 +129,7 @@ def smem_bytes(budget: int, ke: int, dm: int) -> int:
         8 * pcap,  # sort keys
         4 * dm * ke,  # log-probs
         2 * dm * ke,  # rounded deviations
-        4 * (2 * 256 + 3 * dm + 4),  # seed rows (then the radix histogram), per-depth scalars
+        4 * max(2 * 256 + 3 * dm + 4, 3 * 256 + 4 * 8),  # seed rows and scalars; radix histograms
         4 * ucap,  # scores
         2 * ucap,  # parents
         2 * ucap,  # ranks
