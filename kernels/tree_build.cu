@@ -27,8 +27,8 @@
 //      its ancestors' level indices + 1, its own level index, and per deeper depth the nodes
 //      under earlier nodes (first-child slots chained down);
 //   4. order: one 64-bit key per kept node (score image, then 0xFFFF - preorder, then the slot),
-//      sorted descending (runs of 32 by warp shuffles, then pairwise merges by binary search up
-//      to 512 keys, a bitonic network past that): the first N are the pop order;
+//      bitonic-sorted descending (stages within a warp by shuffles, the rest through shared
+//      memory): the first N are the pop order;
 //   5. emit rows, parents' rows and the ancestor bitmask (one parent-chain walk per row, the
 //      mask words in registers).
 // Nothing depends on host-visible values: graph-capturable. Shared memory is sized by the host
@@ -79,6 +79,13 @@ struct Params {
 
 __host__ __device__ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// Seed deviation rows are padded to a multiple of 8 ranks (16 bytes: one vector load).
+__host__ __device__ inline int kep(int KE) { return (KE + 7) & ~7; }
+
+struct alignas(16) Dev8 {
+  int16_t v[8];
+};
+
 // Shared-memory layout, shared by host (size) and device (carving).
 struct Layout {
   size_t keys, lp, udev, seed, score, par, rank, coff, row, dep, misc, total;
@@ -86,9 +93,10 @@ struct Layout {
     size_t o = 0;
     keys = o;  o = align_up(o + sizeof(uint64_t) * pcap, 16);
     lp = o;    o = align_up(o + sizeof(float) * DM * KE, 16);
-    udev = o;  o = align_up(o + sizeof(int16_t) * DM * KE, 16);
+    udev = o;  o = align_up(o + sizeof(int16_t) * DM * kep(KE), 16);
     // the seed's rows and scalars, then the radix histograms and their key range
-    const int seed_words = 2 * NB + 3 * DM + 4, radix_words = 3 * NB + 4 * NWARP;
+    // two DP rows, each NB zeros (bins below 0) then NB bins; per-depth scalars
+    const int seed_words = 4 * NB + 3 * DM + 4, radix_words = 3 * NB + 4 * NWARP;
     seed = o;  o = align_up(o + sizeof(float) * (seed_words > radix_words ? seed_words : radix_words), 16);
     score = o; o = align_up(o + sizeof(float) * ucap, 16);
     par = o;   o = align_up(o + sizeof(int16_t) * ucap, 16);
@@ -196,26 +204,32 @@ __device__ __forceinline__ void seed_bin_width(float* sc, float n_sib, float low
   sc[1] = finite ? 1.0f : 0.0f;
 }
 
-// Parent `parent` (slot, -1 for the root) at score s: its first c children go to slots
-// first .. first + c - 1 of depth d.
-__device__ __forceinline__ void write_children(float* score, int16_t* par, int16_t* rank,
-                                               uint8_t* dep, const float* lpd, int first, int c,
-                                               float s, int parent, int d) {
-  for (int k0 = 0; k0 < c; k0 += 4) {
-    // four children's log-probs loaded back to back, then their stores (a child's store waits
-    // on its load: one at a time, each child cost a shared-memory round trip)
-    float v[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) v[q] = k0 + q < c ? lpd[k0 + q] : 0.0f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int k = k0 + q, u = first + k;
-      if (k >= c) break;
-      score[u] = d == 0 ? v[q] : s + v[q];  // depth 0: the root's children score lpd[k]
-      par[u] = static_cast<int16_t>(parent);
-      rank[u] = static_cast<int16_t>(k);
-      dep[u] = static_cast<uint8_t>(d);
+// Depth d's n nodes, slots ns .. ns + n - 1, written by the whole block, one slot a thread: a
+// slot's parent is the last of the np parents (slots ps ..) whose first-child slot coff is at
+// or below it (a parent with no child shares the next one's coff, so the last is the owner),
+// its rank the distance from that coff. Depth 0's parent is the root (-1), rank = slot - ns.
+// Writing a parent's children in its own thread put up to K writes on one thread's chain.
+__device__ __forceinline__ void write_depth(float* score, int16_t* par, int16_t* rank,
+                                            uint8_t* dep, const int16_t* coff, const float* lpd,
+                                            int ns, int n, int ps, int np, int d) {
+  for (int j = threadIdx.x; j < n; j += NT) {
+    const int u = ns + j;
+    int parent = -1, k = j;
+    float s = 0.0f;
+    if (d > 0) {
+      int lo = 0, hi = np;  // the first parent whose coff is above u
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (coff[ps + mid] <= u) lo = mid + 1; else hi = mid;
+      }
+      parent = ps + lo - 1;
+      k = u - coff[parent];
+      s = score[parent];
     }
+    score[u] = d == 0 ? lpd[k] : s + lpd[k];  // depth 0: the root's children score lpd[k]
+    par[u] = static_cast<int16_t>(parent);
+    rank[u] = static_cast<int16_t>(k);
+    dep[u] = static_cast<uint8_t>(d);
   }
 }
 
@@ -241,11 +255,11 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   int parity = 0;                       // block_excl_scan's half of red
   int* ctl = misc + 2 * NWARP;          // [16] values one thread hands to all
   int* lvl = misc + 2 * NWARP + 16;     // [DM + 2] first slot of each depth
-  float* bufA = seed;                   // [NB] seed DP rows (ping-pong)
-  float* bufB = seed + NB;
+  float* bufA = seed + NB;              // [NB] seed DP rows (ping-pong), each after NB zeros
+  float* bufB = seed + 3 * NB;
   int* hist = reinterpret_cast<int*>(seed);  // [3][NB] radix histograms once the seed is done
   uint64_t* mm64 = reinterpret_cast<uint64_t*>(seed + 3 * NB);  // [2 * NWARP] their key range
-  float* dlast = seed + 2 * NB;         // [DM] last finite log-prob per depth
+  float* dlast = seed + 4 * NB;         // [DM] last finite log-prob per depth
   float* dfin = dlast + DM;             // [DM] finite count per depth
   float* zc = dfin + DM;                // [DM] chain score after depth d, then in bins (/ w)
   float* sc = zc + DM;                  // [2]: w, finite flag
@@ -348,10 +362,15 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   KDTREE_STAMP(2);
   const float w = sc[0];
   const bool seed_finite = sc[1] != 0.0f;
-  for (int i = tid; i < DM * KE; i += NT) {
-    const int d = i / KE;
-    const float x = (lp[d * KE] - lp[i]) / w;
+  const int KEP = kep(KE);
+  for (int i = tid; i < DM * KEP; i += NT) {
+    const int d = i / KEP, j = i % KEP;
+    const float x = j < KE ? (lp[d * KE] - lp[d * KE + j]) / w : INFINITY;  // padding: out
     udev[i] = static_cast<int16_t>(x < NB ? fmaxf(ceilf(x), 0.0f) : NB);  // NaN / inf: out
+  }
+  if (tid < NB) {  // bins below 0 count nothing: a shift past them reads these
+    bufA[tid - NB] = 0.0f;
+    bufB[tid - NB] = 0.0f;
   }
   for (int d = tid; d < DM; d += NT) zc[d] = zc[d] / w;  // the chain's score in bins
   // The count per grid threshold t (theta = -t w) reads C_d at bin zc_d + t only, and C_d
@@ -376,21 +395,19 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       const int cmax = static_cast<int>(zt);
       float acc = 0.0f;
       if (c <= cmax && c < nbins) {
-        const int16_t* u = udev + d * KE;
-        for (int j0 = h; j0 < KE; j0 += 8 * split) {
-          // eight shifts at a time, every load unconditional so they all issue back to back
-          int src[8];
+        // this thread's ranks: the first or second half of the padded row (whole vectors of 8);
+        // a shift u in [0, NB] reads prev[c - u] >= prev[-NB], the zeros, so no test per rank
+        const Dev8* u8 = reinterpret_cast<const Dev8*>(udev + d * KEP);
+        const int half = split == 2 ? ((KEP / 2 + 7) & ~7) : KEP;
+        const int g_end = min(KEP, (h + 1) * half) / 8;
+        for (int g = h * half / 8; g < g_end; ++g) {
+          const Dev8 u = u8[g];  // one 16-byte load
+          if (u.v[0] > c) break;  // deviations grow with the rank: the rest shift out too
           float v[8];
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            const int j = j0 + jj * split;
-            src[jj] = j < KE ? c - u[j] : -1;
-          }
-          if (src[0] < 0) break;  // deviations grow with the rank: the rest shift out too
+          for (int jj = 0; jj < 8; ++jj) v[jj] = prev[c - u.v[jj]];
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) v[jj] = prev[src[jj] >= 0 ? src[jj] : 0];
-#pragma unroll
-          for (int jj = 0; jj < 8; ++jj) acc += src[jj] >= 0 ? v[jj] : 0.0f;
+          for (int jj = 0; jj < 8; ++jj) acc += v[jj];
         }
       }
       if (split == 2) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, 1);  // the bin's two halves
@@ -427,7 +444,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       bool written = false;
       const int64_t t_depth = KDTREE_NOW();
       if (np <= 32) {
-        // one warp: counts, scan and writes without a block barrier
+        // one warp: counts and scan; then the block writes the depth
         int* nbox = ctl + 8 + (d & 1);  // double-buffered: read after this depth's barrier
         if (warp == 0) {
           const float s = lane < np ? (d == 0 ? 0.0f : score[ps + lane]) : 0.0f;
@@ -439,16 +456,16 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
             if (lane >= o) x += y;
           }
           const int tot = __shfl_sync(0xFFFFFFFFu, x, 31);
-          if (tot <= N && lane < np) {
-            const int off = x - c;
-            if (d > 0) coff[ps + lane] = static_cast<int16_t>(ns + off);
-            write_children(score, par, rank, dep, lpd, ns + off, c, s, d == 0 ? -1 : ps + lane, d);
-          }
+          if (tot <= N && lane < np && d > 0) coff[ps + lane] = static_cast<int16_t>(ns + x - c);
           if (lane == 0) *nbox = tot;
         }
         __syncthreads();
         n = *nbox;
         written = n <= N;
+        if (written) {
+          write_depth(score, par, rank, dep, coff, lpd, ns, n, ps, np, d);
+          __syncthreads();  // the next depth reads these scores
+        }
         t_warp += KDTREE_NOW() - t_depth;
       }
       if (!written) {
@@ -598,15 +615,12 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
           t_select += KDTREE_NOW() - t_sel;
         }
         off1 += n0;
-        for (int r = 0; r < 2; ++r) {
-          const int i = r == 0 ? i0 : i1;
-          if (i >= np) continue;
-          const int c = r == 0 ? c0 : c1;
-          const int off = r == 0 ? off0 : off1;
-          const float s = r == 0 ? s0 : s1;
-          if (d > 0) coff[ps + i] = static_cast<int16_t>(ns + off);
-          write_children(score, par, rank, dep, lpd, ns + off, c, s, d == 0 ? -1 : ps + i, d);
+        if (d > 0) {  // depth 0 has one parent, the root: never here (KE <= N)
+          if (i0 < np) coff[ps + i0] = static_cast<int16_t>(ns + off0);
+          if (i1 < np) coff[ps + i1] = static_cast<int16_t>(ns + off1);
         }
+        __syncthreads();
+        write_depth(score, par, rank, dep, coff, lpd, ns, n, ps, np, d);
         __syncthreads();
         t_block += KDTREE_NOW() - t_blk;
       }
@@ -649,26 +663,25 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     row[u] = -1;
   }
   const int nsel = min(N, n_u);
-  // ---- 4. order: sort the keys descending. Runs of 32 first, in registers (shuffles, two runs
-  // a warp interleaved). Up to 2 * NT keys (a 256-node tree's union) the runs are then merged
-  // pairwise: an element's place in the merged pair is its index in its run plus the number of
-  // partner elements before it (a binary search), one barrier to read and one to write a level
-  // (4 levels at 512). Past that, a bitonic network, its stages with j >= 32 in shared memory.
+  // ---- 4. order: bitonic sort of the keys, descending. Every stage whose partner is in the same
+  // warp (j < 32) runs in registers by shuffles (two runs of 32 a warp, interleaved), once per k
+  // for all such j; only j >= 32 goes through shared memory, one barrier a stage (P = 512, a
+  // 256-node tree's union: 10 of them and 5 register passes). Call c of session 8 merged the
+  // sorted runs pairwise by binary search instead (4 levels at 512): 9.1k cycles against 6.2k,
+  // as the per-thread instruction chain, not the barrier count, sets the time here.
   int P = 32;
   while (P < n_u) P <<= 1;
   for (int i = n_u + tid; i < P; i += NT) keys[i] = 0ull;  // 0: below every key
   __syncthreads();
   KDTREE_STAMP(16);
-  const bool merge = P <= 2 * NT;  // uniform
-  // the bitonic stages (k, j) for k in [k_lo, k_hi] and j < min(k, 32); direction by the
-  // global index (bitonic network) or all descending (runs for the merge)
+  // the stages (k, j) for k in [k_lo, k_hi] and j < min(k, 32)
   auto register_stages = [&](int k_lo, int k_hi) {
     for (int base = warp * 64; base < P; base += 2 * NT) {
       const int i0 = base + lane, i1 = i0 + 32;
       if (base + 32 < P) {  // uniform in the warp
         uint64_t v0 = keys[i0], v1 = keys[i1];
         for (int k = k_lo; k <= k_hi; k <<= 1) {
-          const bool desc0 = ((merge ? lane : i0) & k) == 0, desc1 = ((merge ? lane : i1) & k) == 0;
+          const bool desc0 = (i0 & k) == 0, desc1 = (i1 & k) == 0;
           for (int j = min(k >> 1, 16); j > 0; j >>= 1) {
             const uint64_t o0 = shfl_xor64(v0, j), o1 = shfl_xor64(v1, j);
             const bool low = (lane & j) == 0;
@@ -681,7 +694,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
       } else {
         uint64_t v0 = keys[i0];
         for (int k = k_lo; k <= k_hi; k <<= 1) {
-          const bool desc0 = ((merge ? lane : i0) & k) == 0;
+          const bool desc0 = (i0 & k) == 0;
           for (int j = min(k >> 1, 16); j > 0; j >>= 1) {
             const uint64_t o0 = shfl_xor64(v0, j);
             v0 = (((lane & j) == 0) == desc0) ? (v0 > o0 ? v0 : o0) : (v0 < o0 ? v0 : o0);
@@ -694,53 +707,19 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   };
   register_stages(2, 32);
   KDTREE_STAMP(17);
-  if (merge) {
-    for (int R = 32; R < P; R <<= 1) {
-      // pair (A, B) = runs of R at start, start + R; A's elements go before B's equal ones
-      // (the zero padding), so an A element counts B's greater keys, a B element A's >=
-      uint64_t x[2];
-      int pos[2];
-#pragma unroll
-      for (int e2 = 0; e2 < 2; ++e2) {
-        const int e = tid + e2 * NT;
-        x[e2] = e < P ? keys[e] : 0ull;
-        pos[e2] = e & (R - 1);
-      }
-      int cnt[2] = {0, 0};
-      for (int step = R; step > 0; step >>= 1) {
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-          const int e = tid + e2 * NT;
-          if (e >= P || cnt[e2] + step > R) continue;
-          const bool in_a = (e & R) == 0;
-          const int pb = (e & ~(2 * R - 1)) + (in_a ? R : 0);
-          const uint64_t y = keys[pb + cnt[e2] + step - 1];
-          if (in_a ? y > x[e2] : y >= x[e2]) cnt[e2] += step;
+  for (int k = 64; k <= P; k <<= 1) {
+    for (int j = k >> 1; j >= 32; j >>= 1) {
+      for (int t = tid; t < P / 2; t += NT) {
+        const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));  // the pair's lower index (j: 2^x)
+        const uint64_t a = keys[i], c = keys[i + j];
+        if (((i & k) == 0) == (a < c)) {
+          keys[i] = c;
+          keys[i + j] = a;
         }
       }
       __syncthreads();
-#pragma unroll
-      for (int e2 = 0; e2 < 2; ++e2) {
-        const int e = tid + e2 * NT;
-        if (e < P) keys[(e & ~(2 * R - 1)) + pos[e2] + cnt[e2]] = x[e2];
-      }
-      __syncthreads();
     }
-  } else {
-    for (int k = 64; k <= P; k <<= 1) {
-      for (int j = k >> 1; j >= 32; j >>= 1) {
-        for (int t = tid; t < P / 2; t += NT) {
-          const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));  // the pair's lower index
-          const uint64_t a = keys[i], c = keys[i + j];
-          if (((i & k) == 0) == (a < c)) {
-            keys[i] = c;
-            keys[i + j] = a;
-          }
-        }
-        __syncthreads();
-      }
-      register_stages(k, k);
-    }
+    register_stages(k, k);
   }
   const uint64_t* top = keys;  // the first nsel keys, in pop order
   KDTREE_STAMP(5);

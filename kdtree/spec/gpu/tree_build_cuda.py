@@ -128,8 +128,8 @@ def smem_bytes(budget: int, ke: int, dm: int) -> int:
     for nbytes in (
         8 * pcap,  # sort keys
         4 * dm * ke,  # log-probs
-        2 * dm * ke,  # rounded deviations
-        4 * max(2 * 256 + 3 * dm + 4, 3 * 256 + 4 * 8),  # seed rows and scalars; radix histograms
+        2 * dm * ((ke + 7) // 8 * 8),  # rounded deviations, rows padded to 8 ranks
+        4 * max(4 * 256 + 3 * dm + 4, 3 * 256 + 4 * 8),  # seed rows and scalars; radix histograms
         4 * ucap,  # scores
         2 * ucap,  # parents
         2 * ucap,  # ranks
