@@ -67,11 +67,17 @@ def _topk_then_build(logits, K: int, budget: int, bonus, algo: str):
     return tbt.build_trees_triton(*draft_topk(logits, K), budget, bonus, algo=algo)
 
 
-def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    """Capture one call of ``fn`` (static inputs closed over) in a CUDA graph; return its
+def _graphed(fn: Callable[[], object], reps: int = 1) -> Callable[[], object]:
+    """Capture ``reps`` calls of ``fn`` (static inputs closed over) in one CUDA graph; return its
     replay."""
-    graph, _ = graph_of(fn, reps=1)
+    graph, _ = graph_of(fn, reps=reps)
     return graph.replay
+
+
+# ``_graph_x10`` providers: ten builds back to back in one graph, timed per build. One replay of
+# a one-build graph also pays the graph launch (~4-5 us on the H200), which a decode step's graph
+# pays once for all its kernels; ten in a row give the builder's own GPU time per step.
+GRAPH_REPS = 10
 
 
 def _timer(device: torch.device, fast: bool):
@@ -110,8 +116,10 @@ def run_tree_build(
     engine runs (``algo="auto"``), ``device_triton_thresh`` the threshold builder and
     ``device_triton_heap`` the two-pop heap replay, ``device_cuda`` the CUDA C++ builder (sm_90
     with nvcc only); each is also timed from a CUDA graph
-    (``_graph``) and, graphed, with the fused top-K in front (``+topk_graph``). Rows: time per
-    step (ms), and ``speedup`` (heap / provider) for every device provider.
+    (``_graph``) and, graphed, with the fused top-K in front (``+topk_graph``); the CUDA builder
+    and the engine's Triton builder also as ten builds in one graph, per build (``_graph_x10``:
+    the builder's GPU time without the one-kernel graph's launch). Rows: time per step (ms), and
+    ``speedup`` (heap / provider) for every device provider.
     """
     dev = torch.device(device)
     gen = torch.Generator(device=dev)
@@ -157,6 +165,8 @@ def run_tree_build(
                 build = partial(tbt.build_trees_triton, lp, tok, budget, bonus, algo=algo)
                 fns[prov] = build
                 fns[f"{prov}_graph"] = _graphed(build)
+                if algo == "auto":
+                    fns[f"{prov}_graph_x{GRAPH_REPS}"] = _graphed(build, GRAPH_REPS)
                 fns[f"{prov}+topk_graph"] = _graphed(
                     partial(_topk_then_build, logits, K, budget, bonus, algo)
                 )
@@ -167,12 +177,17 @@ def run_tree_build(
                     build = partial(tbc.build_trees_cuda, lp, tok, budget, bonus)
                     fns["device_cuda"] = build
                     fns["device_cuda_graph"] = _graphed(build)
+                    fns[f"device_cuda_graph_x{GRAPH_REPS}"] = _graphed(build, GRAPH_REPS)
                     fns["device_cuda+topk_graph"] = _graphed(
                         partial(_topk_then_build, logits, K, budget, bonus, "cuda")
                     )
             times: dict[str, Timing] = {}
             for name, fn in fns.items():
-                times[name] = timer(fn)
+                t = timer(fn)
+                if name.endswith(f"_x{GRAPH_REPS}"):  # per build
+                    t = Timing(*(x / GRAPH_REPS for x in (t.p50, t.p20, t.p80, t.mean)), t.n,
+                               unit=t.unit)  # fmt: skip
+                times[name] = t
                 rows.append(_row(name, "time", "ms", times[name], case, dev))
                 if log:
                     log(f"batch={batch} B={budget} {name}: {times[name].p50:.4g} ms")
