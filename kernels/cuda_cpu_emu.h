@@ -144,6 +144,14 @@ inline V __shfl_sync(unsigned mask, V v, int src) {
 
 inline int atomicAdd(int* address, int v) { return std::atomic_ref<int>(*address).fetch_add(v); }
 
+inline int atomicMin(int* address, int v) {
+  std::atomic_ref<int> ref(*address);
+  int old = ref.load();
+  while (v < old && !ref.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+
 inline unsigned __ballot_sync(unsigned mask, bool pred) {
   kdtree_emu::check_full_mask(mask);
   const unsigned lane = threadIdx.x & 31;

@@ -273,8 +273,18 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   int64_t t_select = 0, t_warp = 0, t_block = 0, dp_steps = 0;  // thread 0's are stored
   KDTREE_STAMP(0);
   const float* lpg = p.lp + b * p.s_lpb;
-  // ---- 0. log-probs into shared memory -------------------------------------------------
+  // ---- 0. log-probs into shared memory; row 0 (the root) now, so that T = NT + 1 rows leave
+  // one row a thread for the emit ------------------------------------------------------
   for (int i = tid; i < DM * KE; i += NT) lp[i] = lpg[(i / KE) * p.s_lpd + (i % KE)];
+  const int64_t ob = static_cast<int64_t>(b) * T;
+  if (tid < W) p.o_mask[ob * W + tid] = tid == 0 ? 1 : 0;
+  if (tid == 0) {
+    p.o_tok[ob] = p.bonus[b];
+    p.o_par[ob] = -1;
+    p.o_dep[ob] = 0;
+    p.o_rank[ob] = 0;
+    p.o_score[ob] = 0.0f;
+  }
   __syncthreads();
   KDTREE_STAMP(1);
 
@@ -387,10 +397,17 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     float* cur = bufB;
     float cnt = 0.0f;
     if (h == 0 && c < nbins) prev[c] = 1.0f;  // C_0: the root, deviation 0
+    int* tfound = ctl + 4;  // [2] the lowest bin whose count reached N, by depth parity
+    if (tid < 2) tfound[tid] = NB;
     __syncthreads();
     for (int d = 0; d < DM; ++d) {
       const float zt = zc[d] + static_cast<float>(nbins - 1);
       if (!(zt >= 0.0f)) break;  // uniform: no bin of this depth or a deeper one counts
+      // Early exit: once a bin t has count >= N, t* <= t, and depth d adds to the counts at
+      // bins <= t only if zc_d + t >= 0 (nor does any deeper one, zc falling with the depth).
+      // tfound[d & 1] holds depths d - 2, d - 4, ...: written before the last barrier and
+      // next written after the coming one, so every thread reads the same value here.
+      if (d >= 2 && zc[d] + static_cast<float>(tfound[d & 1]) < 0.0f) break;  // uniform
       ++dp_steps;
       const int cmax = static_cast<int>(zt);
       float acc = 0.0f;
@@ -417,6 +434,9 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
         const float f = zc[d] + static_cast<float>(c);
         if (f >= 0.0f) cnt += cur[min(static_cast<int>(f), nbins - 1)];
       }
+      // the warp's lowest bin at N (bins rise with the lane): one atomic a warp
+      const unsigned at_n = __ballot_sync(0xFFFFFFFFu, h == 0 && c < nbins && cnt >= static_cast<float>(N));
+      if (at_n != 0u && lane == __ffs(static_cast<int>(at_n)) - 1) atomicMin(&tfound[d & 1], c);
       float* t = prev;
       prev = cur;
       cur = t;
@@ -728,9 +748,8 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   for (int r = tid; r < nsel; r += NT) row[top[r] & 0xFFFFu] = static_cast<int16_t>(r + 1);
   __syncthreads();
   KDTREE_STAMP(6);
-  const int64_t ob = static_cast<int64_t>(b) * T;
   const int64_t* tkg = p.tok + b * p.s_tkb;
-  for (int r = tid; r < T; r += NT) {
+  for (int r = tid + 1; r < T; r += NT) {  // row 0 went out with phase 0
     int64_t tk = 0, pr = -1, dp = 0, rk = -1;
     float sv = -INFINITY;
     uint64_t m[MAXW];  // the row's ancestor bits, in registers (every index is unrolled)
@@ -743,11 +762,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
     _Pragma("unroll") for (int x = 0; x < MAXW; ++x) m[x] |= wd_ == x ? bit_ : 0ull; \
   } while (0)
     KDTREE_SET_BIT(r);
-    if (r == 0) {
-      tk = p.bonus[b];
-      rk = 0;
-      sv = 0.0f;
-    } else if (r <= nsel) {
+    if (r <= nsel) {
       const int u = static_cast<int>(top[r - 1] & 0xFFFFu);
       const int d = dep[u];
       tk = tkg[d * p.s_tkd + rank[u]];

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import pytest
 import torch
 from test_gpu_tree_build import CASES, FIELDS, TRITON_CASES, _assert_same, _draft_like, _sorted_lp
@@ -209,4 +210,98 @@ def test_cuda_builder_in_a_cuda_graph(gen):
         torch.cuda.synchronize()
         _assert_same(
             DeviceTree(**{k: getattr(dt, k).cpu() for k in FIELDS}), lp2, tok2, 64, bonus.cpu()
+        )
+
+
+def _warp_inclusive_scan(x: np.ndarray) -> np.ndarray:
+    """``__shfl_up_sync`` Hillis-Steele scan over 32 float32 lanes, in the kernel's order."""
+    x = x.astype(np.float32).copy()
+    for o in (1, 2, 4, 8, 16):
+        y = x.copy()
+        y[o:] = x[o:] + x[:-o]
+        x = y
+    return x
+
+
+def _warp_butterfly(x: np.ndarray, op) -> np.float32:
+    """``__shfl_xor_sync`` reduction over 32 float32 lanes; every lane ends with lane 0's."""
+    x = x.astype(np.float32).copy()
+    for o in (16, 8, 4, 2, 1):
+        x = op(x, x[np.arange(32) ^ o]).astype(np.float32)
+    return x[0]
+
+
+def _seed_tstar(lp: np.ndarray, N: int) -> tuple[int, int]:
+    """The kernel's seed in float32 numpy, its DP run over every depth (no early exit): the
+    grid threshold index t* (256: none) and the number of DP passes."""
+    NB, f32 = 256, np.float32
+    DM, KE = min(lp.shape[0], N), min(lp.shape[1], N)
+    lp = lp[:DM, :KE].astype(f32)
+    fin = (lp > -np.inf).sum(1).astype(f32)
+    last = np.array([lp[d, int(fin[d]) - 1] if fin[d] > 0 else np.inf for d in range(DM)], f32)
+    l0 = lp[:, 0]
+    assert DM <= 32, "the serial path (DM > 32) sums in depth order; not mirrored here"
+    pad = 32 - DM
+    inn = np.r_[np.ones(DM, bool), np.zeros(pad, bool)]
+    l0p = np.r_[l0, np.zeros(pad, f32)]
+    lastp = np.r_[last, np.full(pad, np.inf, f32)]
+    finp = np.r_[fin, np.zeros(pad, f32)]
+    chain = inn & (np.cumsum(~(l0p > -np.inf) & inn) == 0)
+    zin = _warp_inclusive_scan(np.where(chain, l0p, f32(0)))
+    zprev = (zin - np.where(chain, l0p, f32(0))).astype(f32)
+    fin_next = np.r_[finp[1:], finp[31:]]
+    last_next = np.r_[lastp[1:], lastp[31:]]
+    two = chain & (np.arange(32) + 1 < DM) & (finp > 1) & (fin_next > 0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        low_chain = _warp_butterfly(np.where(chain, zprev + lastp, np.inf), np.minimum)
+        n_sib = _warp_butterfly(np.where(chain, finp, 0), np.add)
+        low_two = _warp_butterfly(np.where(two, (zprev + lastp) + last_next, np.inf), np.minimum)
+        n_two = _warp_butterfly(np.where(two, (finp - 1) * fin_next, 0), np.add)
+        low_all = _warp_butterfly(np.where(inn & (lastp < np.inf), lastp, 0), np.add)
+    low = low_chain if n_sib >= N else min(low_chain, low_two) if n_sib + n_two >= N else low_all
+    rng = f32(-low)
+    finite = bool(rng < f32(3.0e38))
+    w = f32((max(rng, f32(1e-30)) if finite else f32(1)) / f32(NB - 1))
+    zc = np.zeros(DM, f32)
+    z = f32(0)
+    for d in range(DM):
+        z = f32(z + l0[d])
+        zc[d] = f32(z / w)
+    with np.errstate(invalid="ignore"):
+        x = ((lp[:, :1] - lp) / w).astype(f32)
+        u = np.where(x < NB, np.maximum(np.ceil(x), 0), NB).astype(np.int64)
+    for npass, nbins in ((1, NB // 2), (2, NB)):
+        prev, cnt = np.ones(nbins, f32), np.zeros(nbins, f32)
+        c = np.arange(nbins)
+        for d in range(DM):
+            zt = f32(zc[d] + f32(nbins - 1))
+            if not zt >= 0:
+                break
+            src = c[:, None] - u[d][None, :]
+            cur = np.where(src >= 0, prev[np.clip(src, 0, None)], 0).sum(1).astype(f32)
+            cur[c > int(zt)] = 0
+            f = (zc[d] + c.astype(f32)).astype(f32)
+            ok = f >= 0
+            cnt[ok] += cur[np.minimum(f[ok].astype(np.int64), nbins - 1)]
+            prev = cur
+        hit = np.nonzero(cnt >= N)[0]
+        if hit.size:
+            return (int(hit[0]) if finite else NB), npass
+    return NB, 2
+
+
+@needs_cxx
+@pytest.mark.parametrize("K,budget", [(8, 16), (8, 256), (32, 64), (32, 256), (4, 128)])
+def test_seed_threshold_matches_the_full_dp(K, budget, gen):
+    """The seed's grid index t* (clocks column ``tstar``) equals the same float32 DP run over
+    every depth: the kernel's early exit (a depth whose chain score lies below the lowest bin
+    that reached N adds nothing at or below it) and its bound for K * D < N change no t*."""
+    lp, tok = _draft_like(4, 15, K, 4096, gen, peak=8.0 if K == 4 else None)
+    clk = torch.zeros(4, tbc.CLOCK_COLS, dtype=torch.int64)
+    tbc.build_trees_cuda(lp, tok, budget, torch.zeros(4, dtype=torch.int64), clocks=clk)
+    col = {n: 8 + i for i, n in enumerate(tbc.CLOCK_COUNTERS)}
+    for b in range(4):
+        assert _seed_tstar(lp[b].numpy(), budget) == (
+            int(clk[b, col["tstar"]]),
+            int(clk[b, col["seed_passes"]]),
         )
