@@ -33,21 +33,17 @@ def tree_bits(mask_row_ptr, stride_mt, t_idx, row_valid, j, j_valid):
 
 
 @triton.jit
-def online_update(m_i, l_i, acc, qk, qk_scale, MASKED: tl.constexpr):
-    """One online-softmax step on raw scores ``qk`` (``-inf`` where masked), in base 2 after
-    ``qk_scale`` (softmax scale * log2 e, > 0): returns the new max, the new row sum, the
-    rescaled accumulator and the probabilities ``p`` (fp32). The scale goes into the row max
-    once and into each score inside the exponent's argument, one fused multiply-add a score
-    (scaling the scores first cost a multiply each: ncu counted 3.4M unfused against 0.86M
-    fused fp32 instructions in the GQA 8q/1kv split kernel). With ``MASKED``, rows whose
+def online_update(m_i, l_i, acc, s, MASKED: tl.constexpr):
+    """One online-softmax step on base-2 scores ``s``: returns the new max, the new row sum,
+    the rescaled accumulator and the probabilities ``p`` (fp32). With ``MASKED``, rows whose
     scores are all ``-inf`` so far stay at zero weight instead of producing NaN."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
     if MASKED:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
     alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(qk * qk_scale - m_use[:, None])
+    p = tl.exp2(s - m_use[:, None])
     l_new = l_i * alpha + tl.sum(p, 1)
     return m_new, l_new, acc * alpha[:, None], p
 

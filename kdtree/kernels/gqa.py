@@ -44,18 +44,19 @@ def _gqa_scores_at(
     k_base,
     stride_ks,
     d_offs,
+    qk_scale,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Raw scores (``online_update`` scales them) of the packed rows ``q`` against the keys in
-    physical ``slot`` (``ok``: their validity, used only when ``MASKED``)."""
+    """Base-2 scores of the packed rows ``q`` against the keys in physical ``slot`` (``ok``:
+    their validity, used only when ``MASKED``)."""
     if MASKED:
         k = tl.load(
             k_base + slot[:, None] * stride_ks + d_offs[None, :], mask=ok[:, None], other=0.0
         )
     else:
         k = tl.load(k_base + slot[:, None] * stride_ks + d_offs[None, :])
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         s = tl.where(ok[None, :], s, float("-inf"))
     return s
@@ -71,14 +72,15 @@ def _gqa_scores(
     k_base,
     stride_ks,
     d_offs,
+    qk_scale,
     PAGE_SIZE: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Raw scores of the packed rows ``q`` against the keys at logical ``pos``; also
+    """Base-2 scores of the packed rows ``q`` against the keys at logical ``pos``; also
     returns the keys' physical slots (for the matching V load) and their validity."""
     slot, ok = kv_slots(pt_row_ptr, pos, pos_valid, max_pages, PAGE_SIZE)
-    s = _gqa_scores_at(q, slot, ok, k_base, stride_ks, d_offs, MASKED, DOT_PRECISION)
+    s = _gqa_scores_at(q, slot, ok, k_base, stride_ks, d_offs, qk_scale, MASKED, DOT_PRECISION)
     return s, slot, ok
 
 
@@ -171,8 +173,8 @@ def _gqa_tile(
         else:
             pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
             slot, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
-        s = _gqa_scores_at(q, slot, _ok, k_base, stride_ks, d_offs, False, DOT_PRECISION)
-        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, qk_scale, False)
+        s = _gqa_scores_at(q, slot, _ok, k_base, stride_ks, d_offs, qk_scale, False, DOT_PRECISION)
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
         v = tl.load(v_base + slot[:, None] * stride_vs + d_offs[None, :])
         acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     tail = start + n_full * BLOCK_N
@@ -187,11 +189,12 @@ def _gqa_tile(
             k_base,
             stride_ks,
             d_offs,
+            qk_scale,
             PAGE_SIZE,
             True,
             DOT_PRECISION,
         )
-        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, qk_scale, True)
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, True)
         v = tl.load(
             v_base + slot[:, None] * stride_vs + d_offs[None, :], mask=ok[:, None], other=0.0
         )
@@ -212,6 +215,7 @@ def _gqa_tile(
                 k_base,
                 stride_ks,
                 d_offs,
+                qk_scale,
                 PAGE_SIZE,
                 True,
                 DOT_PRECISION,
@@ -219,7 +223,7 @@ def _gqa_tile(
             s = tl.where(
                 tree_bits(mask_row, stride_mt, t_idx, row_valid, j, j_valid), s, float("-inf")
             )
-            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, qk_scale, True)
+            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, True)
             v = tl.load(
                 v_base + slot[:, None] * stride_vs + d_offs[None, :], mask=ok[:, None], other=0.0
             )

@@ -33,12 +33,13 @@ def _mla_tile_at(
     ok,
     r_offs,
     p_offs,
+    qk_scale,
     RANK: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Latent tile ``c [BLOCK_N, RANK]`` at the row pointers ``base [BLOCK_N, 1]`` (``ok``:
-    validity, used only when ``MASKED``) and the raw scores against it."""
+    validity, used only when ``MASKED``) and the base-2 scores against it."""
     if MASKED:
         c = tl.load(base + r_offs[None, :], mask=ok[:, None], other=0.0)
         kp = tl.load(base + RANK + p_offs[None, :], mask=ok[:, None], other=0.0)
@@ -46,7 +47,7 @@ def _mla_tile_at(
         c = tl.load(base + r_offs[None, :])
         kp = tl.load(base + RANK + p_offs[None, :])
     s = tl.dot(qn, tl.trans(c), input_precision=DOT_PRECISION)
-    s = tl.dot(qp, tl.trans(kp), s, input_precision=DOT_PRECISION)
+    s = tl.dot(qp, tl.trans(kp), s, input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         s = tl.where(ok[None, :], s, float("-inf"))
     return s, c
@@ -64,15 +65,16 @@ def _mla_tile(
     stride_ks,
     r_offs,
     p_offs,
+    qk_scale,
     RANK: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Latent tile ``c [BLOCK_N, RANK]`` at logical ``pos`` and the raw scores against it."""
+    """Latent tile ``c [BLOCK_N, RANK]`` at logical ``pos`` and the base-2 scores against it."""
     slot, ok = kv_slots(pt_row_ptr, pos, pos_valid, max_pages, PAGE_SIZE)
     base = kv_ptr + slot[:, None] * stride_ks
-    return _mla_tile_at(qn, qp, base, ok, r_offs, p_offs, RANK, MASKED, DOT_PRECISION)
+    return _mla_tile_at(qn, qp, base, ok, r_offs, p_offs, qk_scale, RANK, MASKED, DOT_PRECISION)
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
@@ -170,8 +172,10 @@ def _mla_split_kernel(
             pos = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
             slot, _ok = kv_slots(pt_row, pos, pos < end, max_pages, PAGE_SIZE)
             base = kv_ptr + slot[:, None] * stride_ks
-        s, c = _mla_tile_at(qn, qp, base, _ok, r_offs, p_offs, RANK, False, DOT_PRECISION)
-        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, qk_scale, False)
+        s, c = _mla_tile_at(
+            qn, qp, base, _ok, r_offs, p_offs, qk_scale, RANK, False, DOT_PRECISION
+        )
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, False)
         acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
     tail = start + n_full * BLOCK_N
     if tail < end:
@@ -187,12 +191,13 @@ def _mla_split_kernel(
             stride_ks,
             r_offs,
             p_offs,
+            qk_scale,
             RANK,
             PAGE_SIZE,
             True,
             DOT_PRECISION,
         )
-        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, qk_scale, True)
+        m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, True)
         acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
 
     if pid_s == NUM_SPLITS - 1:
@@ -211,6 +216,7 @@ def _mla_split_kernel(
                 stride_ks,
                 r_offs,
                 p_offs,
+                qk_scale,
                 RANK,
                 PAGE_SIZE,
                 True,
@@ -219,7 +225,7 @@ def _mla_split_kernel(
             s = tl.where(
                 tree_bits(mask_row, stride_mt, t_idx, row_valid, j, j_valid), s, float("-inf")
             )
-            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, qk_scale, True)
+            m_i, l_i, acc, p = online_update(m_i, l_i, acc, s, True)
             acc += tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
 
     store_result(
