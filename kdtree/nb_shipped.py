@@ -602,8 +602,11 @@ def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     if "heap" not in w.columns:
         raise ValueError("tree_build rows: no 'heap' provider to compare the device builders with")
     # ``*_prev*`` rows time an earlier version of a builder in the same call (an A/B), not a
-    # builder the engine can pick
-    dev = w.drop(columns=["heap", *[c for c in w.columns if "_prev" in c]])
+    # builder the engine can pick; ``*_graph_x10`` rows are ten builds a graph timed per build
+    # (the kernel's own time, without the one-kernel graph's launch that a step's graph pays
+    # once): shown, but the speed-up over the heap counts the one-build replay
+    drop = [c for c in w.columns if "_prev" in c or "_graph_x" in c]
+    dev = w.drop(columns=["heap", *drop])
     w["fastest_device"] = dev.idxmin(axis=1)
     w["fastest_device_ms"] = dev.min(axis=1)
     w["speedup_vs_heap"] = w["heap"] / w["fastest_device_ms"]
@@ -692,9 +695,34 @@ def tree_cuda_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataF
     return out.sort_values(["vocab", "K", "budget"]).reset_index(drop=True)
 
 
+CUDA_TREE_COUNTERS = ("tstar", "dp_steps", "n_union", "depths", "capped", "radix_passes",
+                      "sort_size")  # fmt: skip
+
+
+def tree_cuda_counters(df: pd.DataFrame, call: str | None = None) -> pd.DataFrame:
+    """What each CUDA build did (``bench_tree_cuda.py`` rows from session 8 on, the kernel's
+    ``clocks`` columns 8-15 and 21): the seed's grid index t* and DP depth steps, the kept
+    union's size, depths expanded, depths capped by the radix select and its passes, and the
+    sort's size; with the order's parts (``order_keys`` preorder keys, ``order_runs`` runs of
+    32, ``order_merge`` the rest) and the radix select's cycles. ``call`` picks one device call
+    (default: the last listed)."""
+    cols = [*CUDA_TREE_COUNTERS, "order_keys", "order_runs", "order_merge", "select_cycles"]
+    missing = {"K", "budget", *cols} - set(df.columns)
+    if missing:
+        raise ValueError(f"CUDA tree rows: missing columns {sorted(missing)} (session 8's file)")
+    df = _one_call(df, call)
+    d = df if "vocab" in df.columns else df.assign(vocab=0)
+    return (
+        d[["vocab", "K", "budget", *cols]]
+        .sort_values(["vocab", "K", "budget"])
+        .reset_index(drop=True)
+    )
+
+
 def tree_cuda_history(df: pd.DataFrame) -> pd.DataFrame:
     """``p50_us`` of the CUDA tree builder per (vocab, K, budget), one column per device call
-    (the versions of session 7, ``tree_cuda_phases_session7.csv``)."""
+    (the versions of sessions 7 and 8: ``tree_cuda_phases_session7.csv`` /
+    ``_session8.csv``, calls labelled by the caller, e.g. ``s8f``)."""
     if "call" not in df.columns:
         raise ValueError("CUDA tree phase rows: no 'call' column")
     d = df if "vocab" in df.columns else df.assign(vocab=0)

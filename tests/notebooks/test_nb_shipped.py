@@ -172,6 +172,11 @@ def test_decode_and_tree_build_tables():
     ])  # fmt: skip
     t = ns.tree_build_table(tb).iloc[0]
     assert t["fastest_device"] == "device_triton" and t["speedup_vs_heap"] == pytest.approx(4.0)
+    # ten builds a graph timed per build is shown but not counted as the fastest step
+    tb10 = pd.concat([tb, pd.DataFrame([{"name": "tree_build_b1", "provider":
+        "device_cuda_graph_x10", "metric": "time", "x_value": 16, "p50": 0.05}])])  # fmt: skip
+    t10 = ns.tree_build_table(tb10).iloc[0]
+    assert t10["fastest_device"] == "device_triton" and t10["device_cuda_graph_x10"] == 0.05
     assert any("slower than the heap" in line for line in ns.tree_build_findings(
         ns.tree_build_table(tb)))  # fmt: skip
 
@@ -296,3 +301,22 @@ def test_tree_cuda_phase_table_scales_cycles_to_the_replay_time():
         ns.tree_cuda_phase_table(df, call="Q")
     with pytest.raises(ValueError, match="seed"):
         ns.tree_cuda_phase_table(df.drop(columns=["seed"]))
+    with pytest.raises(ValueError, match="session 8"):
+        ns.tree_cuda_counters(df)  # session 7's columns: no counters
+
+
+def test_tree_cuda_counters_pick_one_call():
+    extra = dict(tstar=60, dp_steps=3, n_union=290, depths=4, capped=1, radix_passes=2,
+                 sort_size=512, order_keys=900, order_runs=1500, order_merge=6000,
+                 select_cycles=5000)  # fmt: skip
+    df = pd.DataFrame(
+        [
+            {"call": "e", "vocab": 8192, "K": 32, "budget": 256, **extra, "dp_steps": 8},
+            {"call": "f", "vocab": 8192, "K": 32, "budget": 256, **extra},
+        ]
+    )
+    t = ns.tree_cuda_counters(df)
+    assert len(t) == 1 and t.iloc[0]["dp_steps"] == 3 and t.iloc[0]["sort_size"] == 512
+    assert ns.tree_cuda_counters(df, call="e").iloc[0]["dp_steps"] == 8
+    hist = ns.tree_cuda_history(df.assign(p50_us=[20.0, 18.0]))
+    assert list(hist.columns) == ["e", "f"]
