@@ -278,8 +278,10 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   for (int i = tid; i < DM * KE; i += NT) lp[i] = lpg[(i / KE) * p.s_lpd + (i % KE)];
   const int64_t ob = static_cast<int64_t>(b) * T;
   if (tid < W) p.o_mask[ob * W + tid] = tid == 0 ? 1 : 0;
+  // the bonus token's load issues here; its store waits for the end (call f of session 8 had the
+  // store here: thread 0 waited for the load before the first barrier, ~500 cycles)
+  const int64_t bonus0 = tid == 0 ? p.bonus[b] : 0;
   if (tid == 0) {
-    p.o_tok[ob] = p.bonus[b];
     p.o_par[ob] = -1;
     p.o_dep[ob] = 0;
     p.o_rank[ob] = 0;
@@ -789,21 +791,14 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   }
 #undef KDTREE_STAMP
 #undef KDTREE_NOW
-  if (clk && tid == 0) {
-    clk[8] = tstar;
-    clk[9] = seed_passes;
-    clk[10] = n_u;
-    clk[11] = d_eff;
-    clk[12] = n_capped;
-    clk[13] = n_radix;
-    clk[14] = path;
-    clk[15] = P;
-    clk[18] = t_select;
-    clk[19] = t_warp;
-    clk[20] = t_block;
-    clk[21] = dp_steps;
+  if (clk && tid == 0) {  // CLOCK_COUNTERS in 8..15; CLOCK_SPLITS' cycle sums and DP steps
+    const int64_t counters[8] = {tstar, seed_passes, n_u, d_eff, n_capped, n_radix, path, P};
+    for (int i = 0; i < 8; ++i) clk[8 + i] = counters[i];
+    const int64_t splits[4] = {t_select, t_warp, t_block, dp_steps};
+    for (int i = 0; i < 4; ++i) clk[18 + i] = splits[i];
   }
   if (tid == 0) {
+    p.o_tok[ob] = bonus0;
     p.o_nn[b] = 1 + nsel;
     if (p.o_path) p.o_path[b] = path;
   }
