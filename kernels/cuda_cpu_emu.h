@@ -2,7 +2,8 @@
 // under g++ (-std=c++20 -pthread) in the CPU test suite: one std::thread per CUDA thread, one
 // std::barrier per block for __syncthreads and one per warp for the shuffles (which every lane
 // of a warp reaches together in that kernel). Blocks run one after another. Not a general CUDA
-// emulator: int atomicAdd only, no warp divergence inside a shuffle, no streams.
+// emulator: int atomicAdd / atomicMin only, the shuffles it uses (up, down, xor, indexed), ballot,
+// __ffs and __clzll, no warp divergence inside a shuffle, no streams.
 #pragma once
 
 #include <atomic>

@@ -751,7 +751,7 @@ __global__ void __launch_bounds__(NT, 1) tree_build_kernel(Params p) {
   __syncthreads();
   KDTREE_STAMP(6);
   const int64_t* tkg = p.tok + b * p.s_tkb;
-  for (int r = tid + 1; r < T; r += NT) {  // row 0 went out with phase 0
+  for (int r = tid + 1; r < T; r += NT) {  // row 0 went out with phase 0 (its token at the end)
     int64_t tk = 0, pr = -1, dp = 0, rk = -1;
     float sv = -INFINITY;
     uint64_t m[MAXW];  // the row's ancestor bits, in registers (every index is unrolled)

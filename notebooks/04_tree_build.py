@@ -151,7 +151,7 @@ else:
 # flatter top-K leave one depth over the budget more often). The target is 20 µs at
 # batch 1 for budgets up to 256. The counters say what each build did: the seed's grid index
 # and DP steps, the kept union, the depths capped by the radix select, the sort size; the
-# history is every version of sessions 7 (s7c–s7g) and 8 (s8a–s8j).
+# history is the versions measured in sessions 7 (calls c, d, f, g) and 8 (a–d, f, j).
 
 # %%
 cuda_csv = nb.data_path("bench", "logs", "tree_cuda_phases_session8.csv")

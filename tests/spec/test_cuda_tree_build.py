@@ -83,10 +83,22 @@ def test_draft_like_large_budgets_on_cpu(K, budget, gen):
 def test_large_union_takes_the_bitonic_sort(D, gen):
     """theta -inf at budget 256 with log-prob-0 ranks (a child ties its parent, so capped depths
     do not prune the deeper ones): every depth keeps 256 nodes, a union of ~3.4k / ~7.8k keys
-    (counted in a debug build), past the 32 runs of the register sort, so the ordering takes
-    the bitonic network; D 32 fills the 8192-node capacity."""
+    whose bitonic sort runs its shared-memory stages up to k = 4096 / 8192; D 32 fills the
+    8192-node capacity."""
     lp, tok = _sorted_lp(1, D, 8, gen, quant=0.5, zeros=True)
     assert _build(lp, tok, 256, torch.tensor([1]), theta=float("-inf")) == [1]
+
+
+@needs_cxx
+def test_radix_select_over_more_parents_than_threads(gen):
+    """Budget 512 at theta -inf: a depth of 512 parents (two a thread, each walking its ranks
+    whole, not the spread path of <= 256 parents) over the budget goes through the radix
+    select."""
+    lp, tok = _sorted_lp(1, 16, 8, gen, quant=0.5, zeros=False)
+    clk = torch.zeros(1, tbc.CLOCK_COLS, dtype=torch.int64)
+    tbc.build_trees_cuda(lp, tok, 512, torch.tensor([3]), theta=float("-inf"), clocks=clk)
+    assert int(clk[0, 8 + tbc.CLOCK_COUNTERS.index("capped")]) >= 1
+    assert _build(lp, tok, 512, torch.tensor([3]), theta=float("-inf")) == [1]
 
 
 @needs_cxx
@@ -285,8 +297,8 @@ def _seed_tstar(lp: np.ndarray, N: int) -> tuple[int, int]:
             cnt[ok] += cur[np.minimum(f[ok].astype(np.int64), nbins - 1)]
             prev = cur
         hit = np.nonzero(cnt >= N)[0]
-        if hit.size:
-            return (int(hit[0]) if finite else NB), npass
+        if hit.size:  # the kernel's counter holds the DP's t*; only theta checks ``finite``
+            return int(hit[0]), npass
     return NB, 2
 
 
@@ -301,7 +313,9 @@ def test_seed_threshold_matches_the_full_dp(K, budget, gen):
     tbc.build_trees_cuda(lp, tok, budget, torch.zeros(4, dtype=torch.int64), clocks=clk)
     col = {n: 8 + i for i, n in enumerate(tbc.CLOCK_COUNTERS)}
     for b in range(4):
-        assert _seed_tstar(lp[b].numpy(), budget) == (
+        assert _seed_tstar(
+            lp[b].numpy(), budget
+        ) == (  # (clocks: the DP's t*, range finite or not)
             int(clk[b, col["tstar"]]),
             int(clk[b, col["seed_passes"]]),
         )

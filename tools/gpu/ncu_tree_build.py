@@ -2,7 +2,8 @@
 ``ncu --nvtx --nvtx-include prof/`` with source correlation (build with ``KDTREE_CUDA_LINEINFO=1``).
 
 The inputs are ``bench_tree_cuda.py``'s (draft-like top-K of ``randn * 3`` logits, depth 15), but
-``--batch`` requests at once (default 528: four CTAs per SM of the H200's 132), so the warp-state
+``--batch`` requests at once (default 528: four CTAs per SM of the H200's 132 over the launch,
+two resident at budget 256), so the warp-state
 sampler collects enough samples per source line from one launch. Every request is a different
 draw, as in a real batch.
 """
