@@ -41,8 +41,8 @@ def patched(name: str):
     return mod
 
 
-def run_point(layout: str, length: int, tree: int, ws: bool):
-    del ws  # the kernels bound in tree_attention decide
+def run_point(layout: str, length: int, tree: int):
+    """Time one point with whichever split kernels ``tree_attention`` has bound now."""
     lay = LAYOUTS[layout]
     wl = Workload(lay, 1, length, tree, 16, torch.bfloat16, torch.device("cuda"), seed=0)
     ti = make_tree_inputs(wl, tree, seed=0)
@@ -63,7 +63,7 @@ def main() -> None:
               a.points.split(",")]  # fmt: skip
     base = {}
     for pt in points:
-        base[pt] = run_point(*pt, ws=False)
+        base[pt] = run_point(*pt)
         print(f"{pt}: committed {base[pt][0]:.1f} us, {base[pt][2]}", flush=True)
     try:
         ta._gqa_split_kernel = patched("gqa")._gqa_split_kernel
@@ -74,7 +74,7 @@ def main() -> None:
     ta.clear_caches()
     for pt in points:
         try:
-            us, out, cfg = run_point(*pt, ws=True)
+            us, out, cfg = run_point(*pt)
         except Exception as e:  # noqa: BLE001 - a compile failure is a result here
             print(f"{pt}: warp_specialize FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
