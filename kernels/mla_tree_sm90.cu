@@ -85,6 +85,7 @@ struct Params {
   int page_shift;               // log2(page_size)
   int num_splits;
   float qk_scale;               // sm_scale * log2(e)
+  uint32_t v_lbo, v_sbo;        // wgmma kernel: V descriptor byte offsets (see launch)
 };
 
 // ------------------------------------------------------------------ small PTX wrappers
@@ -518,22 +519,566 @@ __global__ void __launch_bounds__(MERGE_THREADS) mla_merge_kernel(const Params p
   Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 }
 
+// ------------------------------------------------------------------ wgmma split kernel
+//
+// The same split/merge contract as mla_split_kernel, on Hopper's asynchronous warpgroup MMA
+// (wgmma) with both operands read from shared memory, so no ldmatrix and no per-warp MMA issue:
+//   * 256 threads = two warpgroups; BLOCK_M = 64 query rows; KV tiles of WG_BN = 64 keys.
+//   * S = Q K^T: warpgroup w computes keys [32w, 32w + 32) of the tile over all 576 dims
+//     (36 x m64n32k16). The row maxima of the two halves are exchanged through shared memory,
+//     so both warpgroups use the same running max; each keeps the row sums of its own keys.
+//   * P (bf16/fp16) goes to shared memory (64 x 64); O[:, 256w : 256w + 256] += P V with
+//     4 x m64n256k16, V being the first 512 dims of the same tile read through a transposed
+//     (MN-major) descriptor: a 64 x 256 fp32 accumulator = 128 registers a thread.
+//   * Shared memory holds every operand in the 128-byte-swizzled K-major layout wgmma reads:
+//     a 64-dim slice of 64 rows is one 8 KB region, row r at r * 128 bytes with its eight
+//     16-byte chunks permuted by chunk ^ (r & 7). Q: 9 regions; each KV stage: 9 regions.
+//   * Two KV stages filled by cp.async from all threads (any page size); tile j + 2 is issued
+//     once both warpgroups are done with tile j, so a tile's load overlaps a whole tile's
+//     compute.
+namespace wg {
+constexpr int BN = 64;                   // keys per tile
+constexpr int THREADS = 256;             // two warpgroups
+constexpr int REGION = 64 * 128;         // one swizzled 64-row x 64-dim slice (bytes)
+constexpr int KBLOCKS = DQK / 64;        // 9 slices per latent row
+constexpr int SMEM_Q = KBLOCKS * REGION;
+constexpr int SMEM_STAGE = KBLOCKS * REGION;
+constexpr int STAGES = 2;
+constexpr int SMEM_P = REGION;           // P: 64 rows x 64 keys
+constexpr int SMEM_MAX = 2 * 2 * BLOCK_M * 4;  // [tile parity][warpgroup][row]
+constexpr int SMEM_L = 2 * BLOCK_M * 4;        // [warpgroup][row]
+constexpr int ALIGN = 1024;              // swizzle atoms need 1024-byte aligned regions
+constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_P + SMEM_MAX + SMEM_L;
+static_assert(SMEM_TOTAL <= 227 * 1024, "wgmma kernel shared memory above the sm_90 limit");
+static_assert(BLOCK_M == 64 && THREADS == 4 * BLOCK_M, "two warpgroups over 64 rows");
+}  // namespace wg
+
+// Byte offset of 16-byte chunk `c` (0..7) of row `r` inside a 128B-swizzled region.
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"):
+// start address, leading and stride byte offsets, all in 16-byte units.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Pin accumulator registers at this point (the compiler must not move their uses across a
+// wgmma wait, which has no register operands).
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 template <typename E>
-int launch(const Params& p, int B, cudaStream_t stream) {
+struct Wgmma {
+  // d (64 x 32) = / += A (64 x 16, K-major smem) * B (32 x 16, K-major smem)^T
+  static __device__ __forceinline__ void ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                int scale_d);
+  // d (64 x 256) = / += A (64 x 16, K-major smem) * B (16 x 256, MN-major smem)
+  static __device__ __forceinline__ void ss_n256_tb(float (&d)[128], uint64_t desc_a,
+                                                    uint64_t desc_b, int scale_d);
+};
+
+// BEGIN GENERATED WGMMA (tools/gen_wgmma.py)
+template <>
+__device__ __forceinline__ void Wgmma<__nv_bfloat16>::ss_n32(float (&d)[16], uint64_t desc_a,
+                                                       uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<__nv_bfloat16>::ss_n256_tb(float (&d)[128], uint64_t desc_a,
+                                                       uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<__half>::ss_n32(float (&d)[16], uint64_t desc_a,
+                                                       uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<__half>::ss_n256_tb(float (&d)[128], uint64_t desc_a,
+                                                       uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// END GENERATED WGMMA
+
+struct WgTiles {
+  int L, start, end, n_pre, n_tiles, T;
+};
+
+// Physical slot of key `row` (0..63) of 64-key tile `tile`, or -1 (zero-filled, masked).
+__device__ __forceinline__ int64_t wg_key_slot(const Params& p, const int32_t* pt_row,
+                                               const WgTiles& ts, int tile, int row) {
+  if (tile >= ts.n_tiles) return -1;
+  int pos;
+  bool valid;
+  if (tile < ts.n_pre) {
+    pos = ts.start + tile * wg::BN + row;
+    valid = pos < ts.end;
+  } else {
+    const int j = (tile - ts.n_pre) * wg::BN + row;
+    pos = ts.L + j;
+    valid = j < ts.T;
+  }
+  const int page_idx = pos >> p.page_shift;
+  if (!valid || page_idx >= p.max_pages) return -1;
+  const int64_t page = static_cast<int64_t>(__ldg(pt_row + page_idx));
+  return (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
+}
+
+// Rows (tid >> 3) and (tid >> 3) + 32 of a tile, chunks (tid & 7) + 8 i: slice i, chunk tid & 7
+// (8 adjacent threads read one row's 128 contiguous bytes of a slice).
+template <typename E>
+__device__ __forceinline__ void wg_load_tile(uint32_t stage, const E* kv, int64_t slot_a,
+                                             int64_t slot_b, int64_t s_slot, int tid) {
+  const int sub = tid & 7;
+  const int ra = tid >> 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t slot = half ? slot_b : slot_a;
+    const int r = ra + 32 * half;
+    const E* src = slot >= 0 ? kv + slot * s_slot : kv;
+    const int bytes = slot >= 0 ? 16 : 0;
+    const uint32_t dst = stage + swz(r, sub);
+#pragma unroll
+    for (int i = 0; i < wg::KBLOCKS; ++i) cp_async16(dst + i * wg::REGION, src + (sub + 8 * i) * 8, bytes);
+  }
+}
+
+// Visibility bits of this warpgroup's 32 keys of tile `tile` for query row `row`.
+__device__ __forceinline__ uint32_t wg_bits(const Params& p, const WgTiles& ts, int b, int tile,
+                                            int row, int w) {
+  if (tile < ts.n_pre) return low_bits(ts.end - (ts.start + tile * wg::BN) - 32 * w);
+  if (row >= p.rows) return 0u;
+  const int j0 = (tile - ts.n_pre) * wg::BN;  // multiple of 64: one mask word per tile
+  const int t = row / p.H;
+  const uint64_t word = static_cast<uint64_t>(__ldg(p.tree_mask + b * p.sm_b + t * p.sm_t + (j0 >> 6)));
+  return static_cast<uint32_t>(word >> (32 * w)) & low_bits(ts.T - j0 - 32 * w);
+}
+
+template <typename E>
+__global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const Params p) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + wg::ALIGN - 1) & ~static_cast<uint32_t>(wg::ALIGN - 1);
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t sQ = base;
+  const uint32_t sKV = sQ + wg::SMEM_Q;
+  const uint32_t sP = sKV + wg::STAGES * wg::SMEM_STAGE;
+  float* sMax = reinterpret_cast<float*>(smem + (sP - base) + wg::SMEM_P);
+  float* sL = sMax + 2 * 2 * BLOCK_M;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int w = tid >> 7;            // warpgroup: keys [32w, 32w + 32) of S, O columns [256w, +256)
+  const int wi = (tid >> 5) & 3;     // warp within the warpgroup: rows [16 wi, 16 wi + 16)
+  const int g = lane >> 2;
+  const int q4 = lane & 3;
+  const int r0 = wi * 16 + g;        // CTA rows of this thread's accumulator fragments
+  const int r1 = r0 + 8;
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int split = blockIdx.y;
+  const int b = blockIdx.z;
+  const int S = p.num_splits;
+
+  WgTiles ts;
+  ts.T = p.T;
+  ts.L = max(__ldg(p.prefix_lens + b), 0);
+  {
+    const int per = (ts.L + S - 1) / S;
+    const int chunk = (per + wg::BN - 1) / wg::BN * wg::BN;
+    ts.start = min(split * chunk, ts.L);
+    ts.end = min(ts.start + chunk, ts.L);
+    ts.n_pre = (ts.end - ts.start + wg::BN - 1) / wg::BN;
+    ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + wg::BN - 1) / wg::BN : 0);
+  }
+  const int32_t* pt_row = p.page_table + b * p.spt_b;
+  const E* kv = static_cast<const E*>(p.kv);
+
+  // ---- Q (rows beyond H*T zero-filled) and tile 0: group 0; tile 1: group 1
+  {
+    const E* qn = static_cast<const E*>(p.q_nope) + b * p.sqn_b;
+    const E* qp = static_cast<const E*>(p.q_pe) + b * p.sqp_b;
+    for (int idx = tid; idx < BLOCK_M * CHUNKS; idx += wg::THREADS) {
+      const int r = idx / CHUNKS;
+      const int c = idx % CHUNKS;
+      const int row = m0 + r;
+      const bool valid = row < p.rows;
+      const int t = valid ? row / p.H : 0;
+      const int h = valid ? row % p.H : 0;
+      const E* src = c < Q_CHUNKS_NOPE ? qn + t * p.sqn_t + h * p.sqn_h + c * 8
+                                       : qp + t * p.sqp_t + h * p.sqp_h + (c - Q_CHUNKS_NOPE) * 8;
+      cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
+    }
+  }
+  const int lrow = tid >> 3;
+  if (ts.n_tiles > 0)
+    wg_load_tile<E>(sKV, kv, wg_key_slot(p, pt_row, ts, 0, lrow),
+                    wg_key_slot(p, pt_row, ts, 0, lrow + 32), p.s_slot, tid);
+  cp_async_commit();
+  if (ts.n_tiles > 1)
+    wg_load_tile<E>(sKV + wg::SMEM_STAGE, kv, wg_key_slot(p, pt_row, ts, 1, lrow),
+                    wg_key_slot(p, pt_row, ts, 1, lrow + 32), p.s_slot, tid);
+  cp_async_commit();
+  int64_t next_a = wg_key_slot(p, pt_row, ts, 2, lrow);
+  int64_t next_b = wg_key_slot(p, pt_row, ts, 2, lrow + 32);
+
+  float m_run0 = neg_inf(), m_run1 = neg_inf();
+  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys only (quad- and warpgroup-reduced at the end)
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+
+  // descriptors: Q slice 0; K rows [32w, 32w + 32) of slice 0 of stage 0; P; V slice 4w of stage 0
+  const uint64_t dq = wg_desc(sQ, 16, 1024);
+  const uint64_t dk = wg_desc(sKV + w * 32 * 128, 16, 1024);
+  const uint64_t dp = wg_desc(sP, 16, 1024);
+  const uint64_t dv = wg_desc(sKV + 4 * w * wg::REGION, p.v_lbo, p.v_sbo);
+  constexpr uint64_t STAGE_STEP = wg::SMEM_STAGE >> 4;  // descriptor start-address units
+
+  for (int tile = 0; tile < ts.n_tiles; ++tile) {
+    const int st = tile & 1;
+    cp_async_wait<1>();  // this thread's copies of tile `tile` landed
+    fence_async_smem();
+    __syncthreads();      // everyone's copies landed
+
+    // ---- S = Q K^T over this warpgroup's 32 keys
+    float s[16];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < DQK / 16; ++ks) {
+      const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
+      Wgmma<E>::ss_n32(s, dq + off, dk + st * STAGE_STEP + off, ks > 0);
+    }
+    wg_commit();
+    wg_wait<0>();
+    pin(s);
+
+    // ---- mask, scale (base 2), row max of this half
+    const uint32_t bits0 = wg_bits(p, ts, b, tile, m0 + r0, w);
+    const uint32_t bits1 = wg_bits(p, ts, b, tile, m0 + r1, w);
+    float mx0 = neg_inf(), mx1 = neg_inf();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + 2 * q4 + e;
+        s[4 * j + e] = ((bits0 >> col) & 1u) ? s[4 * j + e] * p.qk_scale : neg_inf();
+        s[4 * j + 2 + e] = ((bits1 >> col) & 1u) ? s[4 * j + 2 + e] * p.qk_scale : neg_inf();
+        mx0 = fmaxf(mx0, s[4 * j + e]);
+        mx1 = fmaxf(mx1, s[4 * j + 2 + e]);
+      }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float* mx_buf = sMax + (tile & 1) * 2 * BLOCK_M;
+    if (q4 == 0) {
+      mx_buf[w * BLOCK_M + r0] = mx0;
+      mx_buf[w * BLOCK_M + r1] = mx1;
+    }
+    __syncthreads();
+    mx0 = fmaxf(mx0, mx_buf[(w ^ 1) * BLOCK_M + r0]);
+    mx1 = fmaxf(mx1, mx_buf[(w ^ 1) * BLOCK_M + r1]);
+    const float mnew0 = fmaxf(m_run0, mx0);
+    const float mnew1 = fmaxf(m_run1, mx1);
+    const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
+    const float muse1 = mnew1 == neg_inf() ? 0.f : mnew1;
+    const float alpha0 = exp2f(m_run0 - muse0);
+    const float alpha1 = exp2f(m_run1 - muse1);
+    m_run0 = mnew0;
+    m_run1 = mnew1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[4 * j + 0] = exp2f(s[4 * j + 0] - muse0);
+      s[4 * j + 1] = exp2f(s[4 * j + 1] - muse0);
+      s[4 * j + 2] = exp2f(s[4 * j + 2] - muse1);
+      s[4 * j + 3] = exp2f(s[4 * j + 3] - muse1);
+      sum0 += s[4 * j + 0] + s[4 * j + 1];
+      sum1 += s[4 * j + 2] + s[4 * j + 3];
+    }
+    l_run0 = l_run0 * alpha0 + sum0;
+    l_run1 = l_run1 * alpha1 + sum1;
+    // the running max rarely moves once it has settled: skip the 128 multiplies when no row of
+    // this warp changed (alpha is bit-identical in both warpgroups, so they agree)
+    if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 0] *= alpha0;
+        o[4 * j + 1] *= alpha0;
+        o[4 * j + 2] *= alpha1;
+        o[4 * j + 3] *= alpha1;
+      }
+    }
+
+    // ---- P -> shared memory (keys [32w, 32w + 32) = chunks 4w .. 4w + 3 of each row)
+    {
+      unsigned char* pbase = smem + (sP - base);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 4 * w + j) + 4 * q4) =
+            Mma<E>::pack(s[4 * j + 0], s[4 * j + 1]);
+        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 4 * w + j) + 4 * q4) =
+            Mma<E>::pack(s[4 * j + 2], s[4 * j + 3]);
+      }
+    }
+    fence_async_smem();
+    __syncthreads();
+
+    // ---- O[:, 256w : 256w + 256] += P V
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < wg::BN / 16; ++kk) {
+      Wgmma<E>::ss_n256_tb(o, dp + kk * 2, dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    pin(o);
+
+    // ---- both warpgroups are done with this stage and with P: refill the stage with tile + 2
+    __syncthreads();
+    if (tile + 2 < ts.n_tiles)
+      wg_load_tile<E>(sKV + st * wg::SMEM_STAGE, kv, next_a, next_b, p.s_slot, tid);
+    cp_async_commit();
+    next_a = wg_key_slot(p, pt_row, ts, tile + 3, lrow);
+    next_b = wg_key_slot(p, pt_row, ts, tile + 3, lrow + 32);
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: row sums over the quad and both warpgroups
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+  if (q4 == 0) {
+    sL[w * BLOCK_M + r0] = l_run0;
+    sL[w * BLOCK_M + r1] = l_run1;
+  }
+  __syncthreads();
+  l_run0 += sL[(w ^ 1) * BLOCK_M + r0];
+  l_run1 += sL[(w ^ 1) * BLOCK_M + r1];
+  const float inv0 = l_run0 > 0.f ? 1.f / l_run0 : 0.f;
+  const float inv1 = l_run1 > 0.f ? 1.f / l_run1 : 0.f;
+  const int row0 = m0 + r0;
+  const int row1 = m0 + r1;
+  const bool ok0 = row0 < p.rows;
+  const bool ok1 = row1 < p.rows;
+  const int col0 = 256 * w + 2 * q4;  // + 8 j
+  if (S == 1) {
+    E* out = static_cast<E*>(p.out) + b * p.so_b;
+    if (ok0) {
+      E* dst = out + (row0 / p.H) * p.so_t + (row0 % p.H) * p.so_h + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) Mma<E>::store2(dst + 8 * j, o[4 * j] * inv0, o[4 * j + 1] * inv0);
+    }
+    if (ok1) {
+      E* dst = out + (row1 / p.H) * p.so_t + (row1 % p.H) * p.so_h + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        Mma<E>::store2(dst + 8 * j, o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+  } else {
+    const int64_t rbase = (static_cast<int64_t>(b) * S + split) * p.rows;
+    if (ok0) {
+      float* dst = p.part + (rbase + row0) * RANK + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+    }
+    if (ok1) {
+      float* dst = p.part + (rbase + row1) * RANK + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+    if (w == 0 && q4 == 0) {
+      if (ok0) p.lse[rbase + row0] = l_run0 > 0.f ? m_run0 + __log2f(l_run0) : neg_inf();
+      if (ok1) p.lse[rbase + row1] = l_run1 > 0.f ? m_run1 + __log2f(l_run1) : neg_inf();
+    }
+  }
+}
+
+// One warpgroup checks the operand layouts of the wgmma kernel on given data:
+//   d1 (64 x 32)  = a (64 x 64) * bk (32 x 64)^T   (both K-major, as Q and K)
+//   d2 (64 x 256) = a (64 x 64) * v (64 x 256)     (v read as the V slices of a KV tile)
+// a, bk, v row-major E in global memory; d1, d2 fp32 row-major.
+template <typename E>
+__global__ void __launch_bounds__(128) mla_wgmma_probe_kernel(const E* a, const E* bk,
+                                                              const E* v, float* d1, float* d2,
+                                                              int v_lbo, int v_sbo) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  const int tid = threadIdx.x;
+  // a: one region; bk: 32 rows of a region; v: 4 regions (dims 64 i .. 64 i + 63), 64 key rows
+  unsigned char* sa = smem;
+  unsigned char* sb = smem + wg::REGION;
+  unsigned char* sv = smem + 2 * wg::REGION;
+  for (int idx = tid; idx < 64 * 8; idx += 128) {
+    const int r = idx >> 3, c = idx & 7;
+    *reinterpret_cast<uint4*>(sa + swz(r, c)) = *reinterpret_cast<const uint4*>(a + r * 64 + c * 8);
+    if (r < 32)
+      *reinterpret_cast<uint4*>(sb + swz(r, c)) = *reinterpret_cast<const uint4*>(bk + r * 64 + c * 8);
+  }
+  for (int idx = tid; idx < 64 * 32; idx += 128) {
+    const int r = idx >> 5, c = idx & 31;  // key r, 16-byte chunk c of 256 dims
+    *reinterpret_cast<uint4*>(sv + (c >> 3) * wg::REGION + swz(r, c & 7)) =
+        *reinterpret_cast<const uint4*>(v + r * 256 + c * 8);
+  }
+  fence_async_smem();
+  __syncthreads();
+  float s[16];
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  const uint64_t da = wg_desc(base, 16, 1024);
+  const uint64_t db = wg_desc(base + wg::REGION, 16, 1024);
+  const uint64_t dv = wg_desc(base + 2 * wg::REGION, v_lbo, v_sbo);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n32(s, da + kk * 2, db + kk * 2, kk > 0);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, da + kk * 2, dv + kk * (16 * 128 >> 4), 1);
+  wg_commit();
+  wg_wait<0>();
+  pin(s);
+  pin(o);
+  const int lane = tid & 31, wi = tid >> 5;
+  const int r0 = wi * 16 + (lane >> 2), c0 = 2 * (lane & 3);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    d1[r0 * 32 + 8 * j + c0] = s[4 * j];
+    d1[r0 * 32 + 8 * j + c0 + 1] = s[4 * j + 1];
+    d1[(r0 + 8) * 32 + 8 * j + c0] = s[4 * j + 2];
+    d1[(r0 + 8) * 32 + 8 * j + c0 + 1] = s[4 * j + 3];
+  }
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    d2[r0 * 256 + 8 * j + c0] = o[4 * j];
+    d2[r0 * 256 + 8 * j + c0 + 1] = o[4 * j + 1];
+    d2[(r0 + 8) * 256 + 8 * j + c0] = o[4 * j + 2];
+    d2[(r0 + 8) * 256 + 8 * j + c0 + 1] = o[4 * j + 3];
+  }
+}
+
+template <typename E>
+int launch(const Params& p, int B, int kernel, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
-  // raise the dynamic shared-memory limit once per device (host-side only: capture-safe)
+  // raise the dynamic shared-memory limits once per device (host-side only: capture-safe)
   static bool raised[128] = {};
   if (dev < 0 || dev >= 128) return -9;
   if (!raised[dev]) {
     err = cudaFuncSetAttribute(mla_split_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                SMEM_TOTAL);
     if (err != cudaSuccess) return static_cast<int>(err);
+    err = cudaFuncSetAttribute(mla_split_wgmma_kernel<E>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, wg::SMEM_TOTAL);
+    if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
   const dim3 grid((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B);
-  mla_split_kernel<E><<<grid, NUM_THREADS, SMEM_TOTAL, stream>>>(p);
+  if (kernel == 0) {
+    mla_split_kernel<E><<<grid, NUM_THREADS, SMEM_TOTAL, stream>>>(p);
+  } else {
+    mla_split_wgmma_kernel<E><<<grid, wg::THREADS, wg::SMEM_TOTAL, stream>>>(p);
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits > 1) {
@@ -556,6 +1101,36 @@ int kdtree_mla_smem_bytes() { return kdtree_mla::SMEM_TOTAL; }
 // Query rows per CTA (the M tile).
 int kdtree_mla_block_m() { return kdtree_mla::BLOCK_M; }
 
+// Shared memory (bytes) of one wgmma split CTA.
+int kdtree_mla_wgmma_smem_bytes() { return kdtree_mla::wg::SMEM_TOTAL; }
+
+// Run the wgmma operand-layout probe (one warpgroup, see mla_wgmma_probe_kernel) on `stream`.
+int kdtree_mla_wgmma_probe(int dtype, const void* a, const void* bk, const void* v, float* d1,
+                           float* d2, int v_lbo, int v_sbo, uintptr_t stream) {
+  using namespace kdtree_mla;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  const int smem = 1024 + 6 * wg::REGION;
+  cudaError_t err;
+  if (dtype == 0) {
+    err = cudaFuncSetAttribute(mla_wgmma_probe_kernel<__nv_bfloat16>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    mla_wgmma_probe_kernel<__nv_bfloat16><<<1, 128, smem, s>>>(
+        static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(bk),
+        static_cast<const __nv_bfloat16*>(v), d1, d2, v_lbo, v_sbo);
+  } else if (dtype == 1) {
+    err = cudaFuncSetAttribute(mla_wgmma_probe_kernel<__half>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    mla_wgmma_probe_kernel<__half><<<1, 128, smem, s>>>(
+        static_cast<const __half*>(a), static_cast<const __half*>(bk),
+        static_cast<const __half*>(v), d1, d2, v_lbo, v_sbo);
+  } else {
+    return -1;
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
 // Human-readable text of a launcher return code.
 const char* kdtree_mla_error_string(int code) {
   switch (code) {
@@ -569,6 +1144,7 @@ const char* kdtree_mla_error_string(int code) {
     case -7: return "pointer or stride not 16-byte aligned";
     case -8: return "grid dimension too large";
     case -9: return "device ordinal out of range";
+    case -10: return "unknown kernel code (expected 0 = mma.sync, 1 or 2 = wgmma)";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -583,9 +1159,10 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
                            int64_t sqp_t, int64_t sqp_h, int64_t s_slot, int64_t spt_b,
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int H, int rank, int rope, int page_size, int max_pages,
-                           int num_splits, float sm_scale, uintptr_t stream) {
+                           int num_splits, float sm_scale, int kernel, uintptr_t stream) {
   using namespace kdtree_mla;
   if (dtype != 0 && dtype != 1) return -1;
+  if (kernel < 0 || kernel > 2) return -10;
   if (rank != RANK || rope != ROPE) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
   if (B < 1 || T < 1 || H < 1 || max_pages < 1) return -4;
@@ -629,8 +1206,14 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.page_shift = shift;
   p.num_splits = num_splits;
   p.qk_scale = sm_scale * 1.4426950408889634f;
+  // V operand of the wgmma kernel (MN-major, 128B swizzle): one offset steps between 64-dim
+  // slices (8 KB apart), the other between 8-key groups (1 KB apart); kernel 1 and 2 are the
+  // two assignments of these to the descriptor's leading / stride fields.
+  p.v_lbo = kernel == 2 ? 1024u : static_cast<uint32_t>(wg::REGION);
+  p.v_sbo = kernel == 2 ? static_cast<uint32_t>(wg::REGION) : 1024u;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  return dtype == 0 ? launch<__nv_bfloat16>(p, B, s) : launch<__half>(p, B, s);
+  const int k = kernel == 0 ? 0 : 1;
+  return dtype == 0 ? launch<__nv_bfloat16>(p, B, k, s) : launch<__half>(p, B, k, s);
 }
 
 }  // extern "C"

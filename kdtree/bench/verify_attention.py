@@ -6,6 +6,7 @@ set exceeds L2. Providers:
 
 * ``ours`` / ``ours_graph``: the Triton kernels (eager, and replayed from a CUDA graph);
   ``ours_cuda_graph``: the sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``), replayed;
+  ``ours_wgmma_graph``: its warpgroup-MMA (wgmma) split kernel, replayed;
 * ``ref``: the torch reference backend (correctness anchor, small points only);
 * ``sdpa_dense``: SDPA over contiguous K/V with a prebuilt dense additive mask;
 * ``flex``: FlexAttention (compiled) with a tree ``mask_mod`` and a BlockMask built directly
@@ -62,6 +63,7 @@ ALL_PROVIDERS = (
     "ours",
     "ours_graph",
     "ours_cuda_graph",
+    "ours_wgmma_graph",
     "ref",
     "sdpa_dense",
     "flex",
@@ -392,9 +394,9 @@ def setup_ours(wl, ti, opts):
     return fn, 1, {"workspace_MiB": round(plan.nbytes / 2**20, 1)}
 
 
-def _cuda_mla_fn(wl: Workload, ti: TreeInputs):
-    """The sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``) with its workspace and
-    split count fixed up front, as the engine would hold them."""
+def _cuda_mla_fn(wl: Workload, ti: TreeInputs, kernel: str = "mma"):
+    """The sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``; ``kernel`` picks its split
+    kernel) with its workspace and split count fixed up front, as the engine would hold them."""
     if wl.layout.kind != "mla":
         raise Skip("the CUDA C++ kernel is MLA only")
     from kdtree.kernels import cuda_mla
@@ -418,7 +420,7 @@ def _cuda_mla_fn(wl: Workload, ti: TreeInputs):
     def fn(r):
         return cuda_mla.tree_attention_mla_cuda(
             *head, wl.tables[r], wl.prefix_lens, ti.tree_mask, sm_scale=ti.scale,
-            out=out, num_splits=splits, workspace=ws,
+            out=out, num_splits=splits, workspace=ws, kernel=kernel,
         )  # fmt: skip
 
     return fn, splits
@@ -429,6 +431,13 @@ def setup_ours_cuda_graph(wl, ti, opts):
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_mla_fn(wl, ti)
     return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits})
+
+
+def setup_ours_wgmma_graph(wl, ti, opts):
+    if wl.device.type != "cuda":
+        raise Skip("CUDA graphs need a GPU")
+    fn, splits = _cuda_mla_fn(wl, ti, kernel="wgmma")
+    return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits, "kernel": "wgmma"})
 
 
 def setup_ours_graph(wl, ti, opts):
@@ -852,6 +861,7 @@ SETUPS: dict[str, Callable] = {
     "ours": setup_ours,
     "ours_graph": setup_ours_graph,
     "ours_cuda_graph": setup_ours_cuda_graph,
+    "ours_wgmma_graph": setup_ours_wgmma_graph,
     "ref": setup_ref,
     "sdpa_dense": setup_sdpa_dense,
     "flex": setup_flex,

@@ -49,6 +49,11 @@ RANK = 512
 ROPE = 64
 BLOCK_M = 64  # query rows per CTA (kernels/mla_tree_sm90.cu)
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
+# Split kernels of kernels/mla_tree_sm90.cu: "mma" (mma.sync + ldmatrix, 32-key tiles) and
+# "wgmma" (warpgroup MMA from swizzled shared memory, 64-key tiles). "wgmma_alt" is the wgmma
+# kernel with the V descriptor's two byte offsets swapped: kept only so a device run can tell
+# which assignment the hardware reads (the wrong one gives wrong results, never a fault).
+KERNELS = {"mma": 0, "wgmma": 1, "wgmma_alt": 2}
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_WAVES = 2
 
@@ -83,8 +88,10 @@ def _load() -> ctypes.CDLL:
             + [ptr] * 9  # q_nope q_pe kv page_table prefix_lens tree_mask out part lse
             + [i64] * 13  # strides: q_nope 3, q_pe 3, kv slot, page table row, mask 2, out 3
             + [i32] * 8  # B T H rank rope page_size max_pages num_splits
-            + [ctypes.c_float, ctypes.c_size_t]  # sm_scale, stream
+            + [ctypes.c_float, i32, ctypes.c_size_t]  # sm_scale, kernel, stream
         )
+        lib.kdtree_mla_wgmma_probe.restype = i32
+        lib.kdtree_mla_wgmma_probe.argtypes = [i32] + [ptr] * 5 + [i32, i32, ctypes.c_size_t]
         lib.kdtree_mla_error_string.restype = ctypes.c_char_p
         lib.kdtree_mla_error_string.argtypes = [i32]
         lib.kdtree_mla_smem_bytes.restype = i32
@@ -204,7 +211,7 @@ def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> N
 
 def launch_args(
     q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-    num_splits: int, sm_scale: float, stream: int,
+    num_splits: int, sm_scale: float, stream: int, kernel: str = "mma",
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_mla_tree_launch`` (one entry per C parameter, in the
     order of the signature in ``kernels/mla_tree_sm90.cu``)."""
@@ -236,6 +243,7 @@ def launch_args(
         page_table.shape[1],
         int(num_splits),
         float(sm_scale),
+        KERNELS.get(kernel, -1),
         stream,
     )
 
@@ -254,6 +262,7 @@ def tree_attention_mla_cuda(
     workspace: torch.Tensor | None = None,
     check_values: bool = False,
     dense_mask=None,
+    kernel: str = "mma",
 ) -> torch.Tensor:
     """Absorbed-MLA tree-verify attention on sm_90 (see
     :func:`kdtree.attention.tree_attention_mla`); returns ``[B, T, H, 512]`` in ``q_nope``'s
@@ -261,8 +270,11 @@ def tree_attention_mla_cuda(
     page table's capacity). ``workspace``: a float32 CUDA tensor of at least
     :func:`workspace_numel` elements (else one is allocated per call when splitting).
     ``check_values`` checks ``prefix_lens + T`` against the page table on the host (a sync);
-    the kernel never reads past the page table either way. ``dense_mask`` is ignored."""
+    the kernel never reads past the page table either way. ``dense_mask`` is ignored.
+    ``kernel`` picks the split kernel (:data:`KERNELS`)."""
     del dense_mask
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}: expected one of {sorted(KERNELS)}")
     _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out)
     b, t, h, _ = q_nope.shape
     page_size = kv_cache.shape[1]
@@ -308,13 +320,40 @@ def tree_attention_mla_cuda(
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(
             q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-            num_splits, sm_scale, stream,
+            num_splits, sm_scale, stream, kernel,
         )  # fmt: skip
         rc = lib.kdtree_mla_tree_launch(*args)
     if rc != 0:
         msg = lib.kdtree_mla_error_string(rc).decode()
         raise RuntimeError(f"CUDA MLA tree attention launch failed ({rc}): {msg}")
     return out
+
+
+def wgmma_probe(a, bk, v, *, v_offsets: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the wgmma operand-layout probe: ``a [64, 64] @ bk[32, 64].T`` and ``a @ v [64, 256]``
+    through the swizzled shared-memory layouts and descriptors of the wgmma split kernel, with
+    ``v_offsets`` = (leading, stride) byte offsets of the V descriptor. Returns the two fp32
+    products; compare them with ``torch`` to check the layouts on the device."""
+    if a.dtype not in _DTYPE_CODES or bk.dtype != a.dtype or v.dtype != a.dtype:
+        raise TypeError(f"a, bk, v: expected one of {list(_DTYPE_CODES)}, got {a.dtype}")
+    shapes = (tuple(a.shape), tuple(bk.shape), tuple(v.shape))
+    if shapes != ((64, 64), (32, 64), (64, 256)):
+        raise ValueError(f"a, bk, v: expected [64, 64], [32, 64], [64, 256], got {shapes}")
+    a, bk, v = (x.contiguous() for x in (a, bk, v))
+    d1 = torch.empty(64, 32, dtype=torch.float32, device=a.device)
+    d2 = torch.empty(64, 256, dtype=torch.float32, device=a.device)
+    lib = _load()
+    with torch.cuda.device(a.device):
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        rc = lib.kdtree_mla_wgmma_probe(
+            _DTYPE_CODES[a.dtype], a.data_ptr(), bk.data_ptr(), v.data_ptr(), d1.data_ptr(),
+            d2.data_ptr(), int(v_offsets[0]), int(v_offsets[1]), stream,
+        )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(
+            f"wgmma probe failed ({rc}): {lib.kdtree_mla_error_string(rc).decode()}"
+        )
+    return d1, d2
 
 
 def _register() -> None:

@@ -1,13 +1,15 @@
 """GPU check of the CUDA (sm_90) MLA tree-verify kernel: build, correctness, timing.
 
-Run on an H100/H200: ``python -m kdtree.kernels.cuda_mla_check``. It
+Run on an H100/H200: ``python -m kdtree.kernels.cuda_mla_check [--kernels mma,wgmma]``. It
 
 1. builds the shared object with nvcc (cached under ``~/.cache/kdtree/cuda``) and prints the
    ptxas register / spill report;
-2. compares bf16 and fp16 outputs with an fp64 reference on shapes from H 8/16/128, T 1..257,
+1b. runs the wgmma operand-layout probe (``cuda_mla.wgmma_probe``) with both assignments of
+   the V descriptor's byte offsets against ``torch`` matmuls;
+2. compares, for every split kernel named by ``--kernels``, bf16 and fp16 outputs with an fp64 reference on shapes from H 8/16/128, T 1..257,
    L 0..128k, page sizes 1/16/64, batch 1..3, forced and automatic split counts; the pass rule
    is ``error <= 2 x (error of the same math in the input dtype) + atol``;
-3. times CUDA-graph replays of the CUDA kernel and ``tree_attention_mla_triton`` at
+3. times CUDA-graph replays of those CUDA kernels and ``tree_attention_mla_triton`` at
    L in {16k, 64k, 128k}, T in {17, 65}, H in {8, 16}, B = 1, page size 16, rotating through
    several KV pools so each call streams from HBM, not L2;
 
@@ -106,13 +108,41 @@ def _dense(qn, qp, kv, pt, lens, mask, dtype):
     return out
 
 
-def check_correctness(gen) -> tuple[list[dict], bool]:
+def check_probe() -> tuple[list[dict], bool]:
+    """The wgmma layout probe in bf16 and fp16 with both V-descriptor offset assignments of
+    ``cuda_mla.KERNELS`` ("wgmma": leading = 8192, "wgmma_alt": leading = 1024). The S product
+    must match in every run; the P V product tells which assignment the hardware reads."""
+    rows, ok_s = [], True
+    g = torch.Generator(device="cuda")
+    g.manual_seed(7)
+    for dtype in (torch.bfloat16, torch.float16):
+        a = torch.randn(64, 64, generator=g, device="cuda").to(dtype)
+        bk = torch.randn(32, 64, generator=g, device="cuda").to(dtype)
+        v = torch.randn(64, 256, generator=g, device="cuda").to(dtype)
+        want1 = a.double() @ bk.double().T
+        want2 = a.double() @ v.double()
+        for name, offs in (("wgmma", (8192, 1024)), ("wgmma_alt", (1024, 8192))):
+            d1, d2 = cuda_mla.wgmma_probe(a, bk, v, v_offsets=offs)
+            torch.cuda.synchronize()
+            e1 = (d1.double() - want1).abs().max().item()
+            e2 = (d2.double() - want2).abs().max().item()
+            rec = {"dtype": str(dtype)[6:], "kernel": name, "v_offsets": offs, "err_s": e1,
+                   "err_pv": e2, "s_ok": e1 < 1e-2, "pv_ok": e2 < 1e-2}  # fmt: skip
+            ok_s &= rec["s_ok"]
+            print(f"probe {rec['dtype']:<9} {name:<10} S err {e1:9.2e}  PV err {e2:9.2e}")
+            rows.append(rec)
+    return rows, ok_s
+
+
+def check_correctness(gen, kernel: str = "mma") -> tuple[list[dict], bool]:
     rows, ok_all = [], True
+    print(f"\nsplit kernel: {kernel}")
     print(f"{'case':<44} {'dtype':<9} {'splits':>6} {'err':>9} {'base':>9} {'tol':>9}  ok")
     for lens, t, h, ps, splits, dtypes in CASES:
         for dtype in dtypes:
             name = f"L={lens} T={t} H={h} ps={ps}"
-            rec = {"lens": lens, "T": t, "H": h, "page_size": ps, "dtype": str(dtype)[6:]}
+            rec = {"lens": lens, "T": t, "H": h, "page_size": ps, "dtype": str(dtype)[6:],
+                   "kernel": kernel}  # fmt: skip
             try:
                 qn, qp, kv, (pt,), plen, mask = _inputs(lens, t, h, ps, dtype, gen)
                 s = splits or cuda_mla.choose_splits(
@@ -123,8 +153,9 @@ def check_correctness(gen) -> tuple[list[dict], bool]:
                 )
                 out = torch.full((len(lens), t, h, RANK), float("nan"), dtype=dtype, device="cuda")
                 cuda_mla.tree_attention_mla_cuda(
-                    qn, qp, kv, pt, plen, mask, sm_scale=SCALE, out=out, num_splits=s
-                )
+                    qn, qp, kv, pt, plen, mask, sm_scale=SCALE, out=out, num_splits=s,
+                    kernel=kernel,
+                )  # fmt: skip
                 torch.cuda.synchronize()
                 truth = _dense(qn, qp, kv, pt, lens, mask, torch.float64)
                 base = _dense(qn, qp, kv, pt, lens, mask, dtype).to(dtype)
@@ -172,8 +203,9 @@ def _graph_ms(fn, calls: int, reps: int = 5) -> float:
     return start.elapsed_time(end) / (reps * calls)
 
 
-def _time_one(L: int, t: int, h: int, gen, num_sms: int, l2: int) -> dict:
-    """Graph-replay timings of both kernels at one shape (bf16, B = 1, page size 16)."""
+def _time_one(L: int, t: int, h: int, gen, num_sms: int, l2: int, kernels=("mma",)) -> dict:
+    """Graph-replay timings of the CUDA split kernels ``kernels`` and the Triton kernel at one
+    shape (bf16, B = 1, page size 16); keys ``cuda_ms`` (the first kernel), ``<kernel>_ms``."""
     from kdtree.kernels import tree_attention_mla_triton
 
     pools = max(1, min(16, math.ceil(4 * l2 / (L * (RANK + ROPE) * 2))))
@@ -184,42 +216,44 @@ def _time_one(L: int, t: int, h: int, gen, num_sms: int, l2: int) -> dict:
     )
     out_c = torch.empty(1, t, h, RANK, dtype=torch.bfloat16, device="cuda")
     out_t = torch.empty_like(out_c)
+    outs = {k: torch.empty_like(out_c) for k in kernels}
     flops = 2.0 * h * t * L * (RANK + ROPE + RANK)
     rec = {"L": L, "T": t, "H": h, "pools": pools, "splits": splits}
 
-    def run_cuda():
+    def run_cuda(kernel):
         for pt in tables:
             cuda_mla.tree_attention_mla_cuda(
-                qn,
-                qp,
-                kv,
-                pt,
-                plen,
-                mask,
-                sm_scale=SCALE,
-                out=out_c,
-                num_splits=splits,
-                workspace=ws,
-            )
+                qn, qp, kv, pt, plen, mask, sm_scale=SCALE, out=outs[kernel],
+                num_splits=splits, workspace=ws, kernel=kernel,
+            )  # fmt: skip
 
     def run_triton():
         for pt in tables:
             tree_attention_mla_triton(qn, qp, kv, pt, plen, mask, sm_scale=SCALE, out=out_t)
 
-    for key, fn in (("cuda", run_cuda), ("triton", run_triton)):
+    runs = [(k, lambda k=k: run_cuda(k)) for k in kernels] + [("triton", run_triton)]
+    for key, fn in runs:
         try:
             ms = _graph_ms(fn, pools)
             rec[f"{key}_ms"] = ms
             rec[f"{key}_tflops"] = flops / (ms * 1e-3) / 1e12
         except Exception as exc:
             rec[f"{key}_error"] = repr(exc)
+    first = kernels[0]
+    for k in ("ms", "tflops", "error"):
+        if f"{first}_{k}" in rec:
+            rec[f"cuda_{k}"] = rec[f"{first}_{k}"]
+    out_c.copy_(outs[first])
     if "cuda_ms" in rec and "triton_ms" in rec:
         rec["max_abs_diff"] = (out_c.float() - out_t.float()).abs().max().item()
         rec["speedup"] = rec["triton_ms"] / rec["cuda_ms"]
+    for k in kernels[1:]:
+        if f"{k}_ms" in rec:
+            rec[f"{k}_max_abs_diff"] = (outs[k].float() - out_t.float()).abs().max().item()
     return rec
 
 
-def time_kernels(gen, t_start: float) -> list[dict]:
+def time_kernels(gen, t_start: float, kernels=("mma",), deadline_s=DEADLINE_S) -> list[dict]:
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 60 << 20)
     results = []
@@ -228,11 +262,11 @@ def time_kernels(gen, t_start: float) -> list[dict]:
         f"{'triton ms':>10} {'TF/s':>7} {'speedup':>8} {'max|diff|':>10}"
     )
     for L, t, h in TIMING:
-        if time.monotonic() - t_start > DEADLINE_S:
+        if time.monotonic() - t_start > deadline_s:
             results.append({"L": L, "T": t, "H": h, "skipped": "deadline"})
             print(f"{L:>7} {t:>3} {h:>3}  skipped (time budget)")
             continue
-        rec = _time_one(L, t, h, gen, props.multi_processor_count, l2)
+        rec = _time_one(L, t, h, gen, props.multi_processor_count, l2, kernels)
         torch.cuda.empty_cache()
 
         def f(k, fmt, rec=rec):
@@ -244,14 +278,32 @@ def time_kernels(gen, t_start: float) -> list[dict]:
             f"{f('triton_ms', '10.4f'):>10} {f('triton_tflops', '7.1f'):>7} "
             f"{f('speedup', '8.2f'):>8} {f('max_abs_diff', '10.2e'):>10}"
         )
-        for k in ("cuda_error", "triton_error"):
+        for k in kernels[1:]:
+            print(
+                f"{'':>21} {k:<10} {f(k + '_ms', '9.4f'):>9} {f(k + '_tflops', '7.1f'):>7} "
+                f"max|diff| vs triton {f(k + '_max_abs_diff', '9.2e')}"
+            )
+        for k in ("cuda_error", "triton_error", *(f"{k}_error" for k in kernels[1:])):
             if k in rec:
                 print(f"    {k}: {rec[k][:300]}")
         results.append(rec)
     return results
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", default="mma", help="split kernels, comma-separated: "
+                    + ",".join(cuda_mla.KERNELS))  # fmt: skip
+    ap.add_argument("--no-timing", action="store_true", help="correctness only")
+    ap.add_argument("--deadline-s", type=float, default=DEADLINE_S,
+                    help="skip the timings left after this many seconds")  # fmt: skip
+    args = ap.parse_args(argv)
+    kernels = tuple(k.strip() for k in args.kernels.split(",") if k.strip())
+    bad = [k for k in kernels if k not in cuda_mla.KERNELS]
+    if bad or not kernels:
+        ap.error(f"--kernels: unknown {bad}; expected names from {list(cuda_mla.KERNELS)}")
     t0 = time.monotonic()
     summary: dict = {"ok": False}
     if not torch.cuda.is_available():
@@ -278,10 +330,16 @@ def main() -> int:
     gen = torch.Generator()
     gen.manual_seed(1234)
     print()
-    correct, ok = check_correctness(gen)
-    summary["correct"] = correct
+    ok = True
+    if any(k.startswith("wgmma") for k in kernels):
+        summary["probe"], _ = check_probe()
+    summary["correct"] = []
+    for kernel in kernels:
+        rows, k_ok = check_correctness(gen, kernel)
+        summary["correct"] += rows
+        ok &= k_ok
     summary["correct_ok"] = ok
-    summary["timing"] = time_kernels(gen, t0)
+    summary["timing"] = [] if args.no_timing else time_kernels(gen, t0, kernels, args.deadline_s)
     summary["ok"] = ok
     summary["total_s"] = round(time.monotonic() - t0, 1)
     print(f"\ncorrectness: {'PASS' if ok else 'FAIL'}; total {summary['total_s']} s")

@@ -22,8 +22,13 @@ def test_compiles_for_sm90a_without_spills(tmp_path):
     assert res.path.is_file() and res.path.stat().st_size > 0
     kernels = cuda_mla.parse_ptxas(res.log)
     split = [k for k in kernels if "mla_split_kernel" in k]
+    wgmma = [k for k in kernels if "mla_split_wgmma_kernel" in k]
     merge = [k for k in kernels if "mla_merge_kernel" in k]
     assert len(split) == 2 and len(merge) == 2, f"expected bf16 + fp16 kernels, got {kernels}"
+    assert len(wgmma) == 2, f"expected bf16 + fp16 wgmma kernels, got {kernels}"
+    # ptxas serialises wgmma it cannot keep asynchronous and says so; that would be a silent
+    # several-fold slowdown, so the build log must not carry the warning
+    assert "serialized" not in res.log, res.log
     for name, info in kernels.items():
         assert name.endswith("@sm_90a"), name
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (name, info)
@@ -94,23 +99,29 @@ GPU_CASES = [
 ]
 
 
-def _run(case, dtype, gen, graph=False):
+def _run(case, dtype, gen, graph=False, kernel="mma"):
     lens, t, h, ps, splits = case
     cpu = mla_inputs(lens, t, h, 512, 64, ps, dtype, gen)
     dev = [x.cuda() for x in cpu]
     out = torch.full((len(lens), t, h, 512), float("nan"), dtype=dtype, device="cuda")
     if graph:
-        cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
+        cuda_mla.tree_attention_mla_cuda(
+            *dev, sm_scale=SCALE, out=out, num_splits=splits, kernel=kernel
+        )
         out.fill_(float("nan"))
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
+            cuda_mla.tree_attention_mla_cuda(
+                *dev, sm_scale=SCALE, out=out, num_splits=splits, kernel=kernel
+            )
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
         got = out
     else:
-        got = cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
+        got = cuda_mla.tree_attention_mla_cuda(
+            *dev, sm_scale=SCALE, out=out, num_splits=splits, kernel=kernel
+        )
         assert got is out
     truth = mla_dense(*dev, SCALE, torch.float64)
     base = mla_dense(*dev, SCALE, dtype)
@@ -123,15 +134,38 @@ def _run(case, dtype, gen, graph=False):
     "case", GPU_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}-ps{c[3]}-s{c[4]}"
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_matches_fp64(case, dtype, gen):
-    _run(case, dtype, gen)
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+def test_matches_fp64(case, dtype, kernel, gen):
+    _run(case, dtype, gen, kernel=kernel)
 
 
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("splits", [1, 4])
-def test_cuda_graph_replay(splits, gen):
-    _run(([3000, 17], 17, 16, 16, splits), torch.bfloat16, gen, graph=True)
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+def test_cuda_graph_replay(splits, kernel, gen):
+    _run(([3000, 17], 17, 16, 16, splits), torch.bfloat16, gen, graph=True, kernel=kernel)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_wgmma_probe_layouts(dtype):
+    """The swizzled layouts and descriptors of the wgmma kernel reproduce torch's products."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed(3)
+    a, bk, v = (torch.randn(*s, generator=g, device="cuda").to(dtype) for s in
+                ((64, 64), (32, 64), (64, 256)))  # fmt: skip
+    d1, d2 = cuda_mla.wgmma_probe(a, bk, v, v_offsets=(8192, 1024))
+    torch.testing.assert_close(d1.double(), a.double() @ bk.double().T, rtol=0, atol=1e-2)
+    torch.testing.assert_close(d2.double(), a.double() @ v.double(), rtol=0, atol=1e-2)
+
+
+def test_rejects_unknown_kernel(gen):
+    lens, t, h, ps, _ = GPU_CASES[0]
+    cpu = mla_inputs(lens, t, h, 512, 64, ps, torch.bfloat16, gen)
+    with pytest.raises(ValueError, match="kernel="):
+        cuda_mla.tree_attention_mla_cuda(*cpu, sm_scale=SCALE, kernel="tcgen05")
 
 
 @pytest.mark.gpu
