@@ -52,11 +52,34 @@ def main() -> None:
     ap.add_argument("--splits", type=int, default=None)
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--no-time", action="store_true", help="skip the graph timing")
+    ap.add_argument(
+        "--cuda-kernel",
+        default=None,
+        help="MLA only: profile the CUDA C++ kernel instead of Triton (mma or wgmma)",
+    )
     a = ap.parse_args()
     lay = LAYOUTS[a.layout]
     dev = torch.device("cuda")
     wl = Workload(lay, a.batch, a.length, a.tree, 16, torch.bfloat16, dev, seed=0)
     ti = make_tree_inputs(wl, a.tree, seed=0)
+    if a.cuda_kernel:
+        from kdtree.bench.verify_attention import _cuda_mla_fn
+
+        fn, splits = _cuda_mla_fn(wl, ti, kernel=a.cuda_kernel)
+        for _ in range(3):
+            fn(0)
+        torch.cuda.synchronize()
+        print(f"point {a.layout} L={a.length} T={a.tree} batch={a.batch}: CUDA kernel "
+              f"{a.cuda_kernel}, splits={splits}", flush=True)  # fmt: skip
+        if "CUDA_INJECTION64_PATH" not in os.environ and not a.no_time:
+            g, _ = graph_of(lambda: fn(0))
+            print(f"graph p50 {time_cuda(g.replay).p50 * 1e3:.1f} us", flush=True)
+        for i in range(a.calls):
+            torch.cuda.nvtx.range_push("prof")
+            fn(i % wl.n_rot)
+            torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+        return
     fn, plan = _ours_fn(wl, ti)
     if a.config or a.splits:
         from kdtree.kernels import tree_attention_mla_triton, tree_attention_triton
