@@ -36,6 +36,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace kdtree_mla {
 
@@ -86,6 +87,9 @@ struct Params {
   int num_splits;
   float qk_scale;               // sm_scale * log2(e)
   uint32_t v_lbo, v_sbo;        // wgmma kernel: V descriptor byte offsets (see launch)
+  int clocks;                   // wgmma kernel: accumulate phase clocks (KDTREE_MLA_CLOCKS=1)
+  int ablate;                   // wgmma kernel, measurement only (KDTREE_MLA_ABLATE): bit 0 no
+                                // KV loads past tile 1, bit 1 no S MMAs, bit 2 no P V MMAs
 };
 
 // ------------------------------------------------------------------ small PTX wrappers
@@ -693,6 +697,11 @@ __device__ __forceinline__ void Wgmma<__half>::ss_n256_tb(float (&d)[128], uint6
 
 // END GENERATED WGMMA
 
+// Phase clocks of the wgmma kernel, summed over CTAs by thread 0 of each warpgroup:
+// [warpgroup][0..5] cycles in: wait for the tile, S MMAs, mask + max exchange, softmax + P
+// store + barrier, P V MMAs, release + next loads; [6] tiles, [7] CTAs.
+__device__ unsigned long long g_wg_clocks[2][8];
+
 struct WgTiles {
   int L, start, end, n_pre, n_tiles, T;
 };
@@ -827,23 +836,41 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   const uint64_t dv = wg_desc(sKV + 4 * w * wg::REGION, p.v_lbo, p.v_sbo);
   constexpr uint64_t STAGE_STEP = wg::SMEM_STAGE >> 4;  // descriptor start-address units
 
+  const bool stamp = p.clocks && (tid & 127) == 0;
+  unsigned long long ck[6] = {0, 0, 0, 0, 0, 0};
+  long long t_prev = 0;
+#define WG_STAMP(i)                                 \
+  if (stamp) {                                      \
+    const long long t_now = clock64();              \
+    ck[i] += static_cast<unsigned long long>(t_now - t_prev); \
+    t_prev = t_now;                                 \
+  }
+  if (stamp) t_prev = clock64();
+
   for (int tile = 0; tile < ts.n_tiles; ++tile) {
     const int st = tile & 1;
     cp_async_wait<1>();  // this thread's copies of tile `tile` landed
     fence_async_smem();
     __syncthreads();      // everyone's copies landed
+    WG_STAMP(0)
 
     // ---- S = Q K^T over this warpgroup's 32 keys
     float s[16];
-    wg_fence();
+    if (p.ablate & 2) {
 #pragma unroll
-    for (int ks = 0; ks < DQK / 16; ++ks) {
-      const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
-      Wgmma<E>::ss_n32(s, dq + off, dk + st * STAGE_STEP + off, ks > 0);
+      for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    } else {
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < DQK / 16; ++ks) {
+        const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
+        Wgmma<E>::ss_n32(s, dq + off, dk + st * STAGE_STEP + off, ks > 0);
+      }
+      wg_commit();
+      wg_wait<0>();
     }
-    wg_commit();
-    wg_wait<0>();
     pin(s);
+    WG_STAMP(1)
 
     // ---- mask, scale (base 2), row max of this half
     const uint32_t bits0 = wg_bits(p, ts, b, tile, m0 + r0, w);
@@ -872,6 +899,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     __syncthreads();
     mx0 = fmaxf(mx0, mx_buf[(w ^ 1) * BLOCK_M + r0]);
     mx1 = fmaxf(mx1, mx_buf[(w ^ 1) * BLOCK_M + r1]);
+    WG_STAMP(2)
     const float mnew0 = fmaxf(m_run0, mx0);
     const float mnew1 = fmaxf(m_run1, mx1);
     const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
@@ -917,26 +945,38 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     }
     fence_async_smem();
     __syncthreads();
+    WG_STAMP(3)
 
     // ---- O[:, 256w : 256w + 256] += P V
-    wg_fence();
+    if (!(p.ablate & 4)) {
+      wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < wg::BN / 16; ++kk) {
-      Wgmma<E>::ss_n256_tb(o, dp + kk * 2, dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
+      for (int kk = 0; kk < wg::BN / 16; ++kk) {
+        Wgmma<E>::ss_n256_tb(o, dp + kk * 2, dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
+      }
+      wg_commit();
+      wg_wait<0>();
     }
-    wg_commit();
-    wg_wait<0>();
     pin(o);
+    WG_STAMP(4)
 
     // ---- both warpgroups are done with this stage and with P: refill the stage with tile + 2
     __syncthreads();
-    if (tile + 2 < ts.n_tiles)
+    if (tile + 2 < ts.n_tiles && !(p.ablate & 1))
       wg_load_tile<E>(sKV + st * wg::SMEM_STAGE, kv, next_a, next_b, p.s_slot, tid);
     cp_async_commit();
     next_a = wg_key_slot(p, pt_row, ts, tile + 3, lrow);
     next_b = wg_key_slot(p, pt_row, ts, tile + 3, lrow + 32);
+    WG_STAMP(5)
   }
+#undef WG_STAMP
   cp_async_wait<0>();
+  if (stamp) {
+#pragma unroll
+    for (int i = 0; i < 6; ++i) atomicAdd(&g_wg_clocks[w][i], ck[i]);
+    atomicAdd(&g_wg_clocks[w][6], static_cast<unsigned long long>(ts.n_tiles));
+    atomicAdd(&g_wg_clocks[w][7], 1ull);
+  }
 
   // ---- epilogue: row sums over the quad and both warpgroups
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
@@ -1101,6 +1141,14 @@ int kdtree_mla_smem_bytes() { return kdtree_mla::SMEM_TOTAL; }
 // Query rows per CTA (the M tile).
 int kdtree_mla_block_m() { return kdtree_mla::BLOCK_M; }
 
+// Copy the wgmma kernel's phase clocks (16 values, see g_wg_clocks) to `host` and zero them.
+int kdtree_mla_wgmma_clocks(unsigned long long* host) {
+  cudaError_t err = cudaMemcpyFromSymbol(host, kdtree_mla::g_wg_clocks, 16 * 8);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  static const unsigned long long zero[16] = {};
+  return static_cast<int>(cudaMemcpyToSymbol(kdtree_mla::g_wg_clocks, zero, 16 * 8));
+}
+
 // Shared memory (bytes) of one wgmma split CTA.
 int kdtree_mla_wgmma_smem_bytes() { return kdtree_mla::wg::SMEM_TOTAL; }
 
@@ -1212,6 +1260,10 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.v_lbo = kernel == 2 ? 1024u : static_cast<uint32_t>(wg::REGION);
   p.v_sbo = kernel == 2 ? static_cast<uint32_t>(wg::REGION) : 1024u;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  const char* env_clocks = getenv("KDTREE_MLA_CLOCKS");
+  const char* env_ablate = getenv("KDTREE_MLA_ABLATE");
+  p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
+  p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   const int k = kernel == 0 ? 0 : 1;
   return dtype == 0 ? launch<__nv_bfloat16>(p, B, k, s) : launch<__half>(p, B, k, s);
 }

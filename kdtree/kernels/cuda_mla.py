@@ -90,6 +90,8 @@ def _load() -> ctypes.CDLL:
             + [i32] * 8  # B T H rank rope page_size max_pages num_splits
             + [ctypes.c_float, i32, ctypes.c_size_t]  # sm_scale, kernel, stream
         )
+        lib.kdtree_mla_wgmma_clocks.restype = i32
+        lib.kdtree_mla_wgmma_clocks.argtypes = [ptr]
         lib.kdtree_mla_wgmma_probe.restype = i32
         lib.kdtree_mla_wgmma_probe.argtypes = [i32] + [ptr] * 5 + [i32, i32, ctypes.c_size_t]
         lib.kdtree_mla_error_string.restype = ctypes.c_char_p
@@ -354,6 +356,23 @@ def wgmma_probe(a, bk, v, *, v_offsets: tuple[int, int]) -> tuple[torch.Tensor, 
             f"wgmma probe failed ({rc}): {lib.kdtree_mla_error_string(rc).decode()}"
         )
     return d1, d2
+
+
+WGMMA_PHASES = ("wait_tile", "s_mma", "mask_max", "softmax_p", "pv_mma", "release_load")
+
+
+def wgmma_clocks() -> dict[str, float]:
+    """Phase clocks of the wgmma split kernel accumulated since the last read (launches made
+    with ``KDTREE_MLA_CLOCKS=1`` in the environment), then reset: mean cycles per KV tile of
+    each phase (:data:`WGMMA_PHASES`, thread 0 of warpgroup 0), ``tiles`` and ``ctas``."""
+    buf = (ctypes.c_ulonglong * 16)()
+    rc = _load().kdtree_mla_wgmma_clocks(ctypes.cast(buf, ctypes.c_void_p))
+    if rc != 0:
+        raise RuntimeError(f"reading the wgmma clocks failed ({rc})")
+    tiles = max(int(buf[6]), 1)
+    out = {name: buf[i] / tiles for i, name in enumerate(WGMMA_PHASES)}
+    out.update(tiles=int(buf[6]), ctas=int(buf[7]))
+    return out
 
 
 def _register() -> None:
