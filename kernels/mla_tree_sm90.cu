@@ -537,9 +537,10 @@ __global__ void __launch_bounds__(MERGE_THREADS) mla_merge_kernel(const Params p
 //   * Shared memory holds every operand in the 128-byte-swizzled K-major layout wgmma reads:
 //     a 64-dim slice of 64 rows is one 8 KB region, row r at r * 128 bytes with its eight
 //     16-byte chunks permuted by chunk ^ (r & 7). Q: 9 regions; each KV stage: 9 regions.
-//   * Two KV stages filled by cp.async from all threads (any page size); tile j + 2 is issued
-//     once both warpgroups are done with tile j, so a tile's load overlaps a whole tile's
-//     compute.
+//   * Two KV stages filled by cp.async from all threads (any page size). Tile j + 1's copies
+//     are issued right after tile j's S MMAs (asynchronous), into the stage tile j - 1 left,
+//     so issuing them (18 16-byte copies a thread) overlaps the tensor cores' work and their
+//     latency overlaps the rest of tile j.
 namespace wg {
 constexpr int BN = 64;                   // keys per tile
 constexpr int THREADS = 256;             // two warpgroups
@@ -698,8 +699,8 @@ __device__ __forceinline__ void Wgmma<__half>::ss_n256_tb(float (&d)[128], uint6
 // END GENERATED WGMMA
 
 // Phase clocks of the wgmma kernel, summed over CTAs by thread 0 of each warpgroup:
-// [warpgroup][0..5] cycles in: wait for the tile, S MMAs, mask + max exchange, softmax + P
-// store + barrier, P V MMAs, release + next loads; [6] tiles, [7] CTAs.
+// [warpgroup][0..5] cycles in: wait for the tile, S MMA issue + next tile's copies + masks,
+// S MMA wait, mask + max exchange, softmax + P store + barrier, P V MMAs; [6] tiles, [7] CTAs.
 __device__ unsigned long long g_wg_clocks[2][8];
 
 struct WgTiles {
@@ -816,12 +817,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     wg_load_tile<E>(sKV, kv, wg_key_slot(p, pt_row, ts, 0, lrow),
                     wg_key_slot(p, pt_row, ts, 0, lrow + 32), p.s_slot, tid);
   cp_async_commit();
-  if (ts.n_tiles > 1)
-    wg_load_tile<E>(sKV + wg::SMEM_STAGE, kv, wg_key_slot(p, pt_row, ts, 1, lrow),
-                    wg_key_slot(p, pt_row, ts, 1, lrow + 32), p.s_slot, tid);
-  cp_async_commit();
-  int64_t next_a = wg_key_slot(p, pt_row, ts, 2, lrow);
-  int64_t next_b = wg_key_slot(p, pt_row, ts, 2, lrow + 32);
+  int64_t next_a = wg_key_slot(p, pt_row, ts, 1, lrow);
+  int64_t next_b = wg_key_slot(p, pt_row, ts, 1, lrow + 32);
 
   float m_run0 = neg_inf(), m_run1 = neg_inf();
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys only (quad- and warpgroup-reduced at the end)
@@ -849,17 +846,14 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 
   for (int tile = 0; tile < ts.n_tiles; ++tile) {
     const int st = tile & 1;
-    cp_async_wait<1>();  // this thread's copies of tile `tile` landed
+    cp_async_wait<0>();  // this thread's copies of tile `tile` landed (the only group in flight)
     fence_async_smem();
-    __syncthreads();      // everyone's copies landed
+    __syncthreads();      // everyone's copies landed; both warpgroups are done with tile - 1
     WG_STAMP(0)
 
-    // ---- S = Q K^T over this warpgroup's 32 keys
+    // ---- S = Q K^T over this warpgroup's 32 keys, asynchronously ...
     float s[16];
-    if (p.ablate & 2) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    } else {
+    if (!(p.ablate & 2)) {
       wg_fence();
 #pragma unroll
       for (int ks = 0; ks < DQK / 16; ++ks) {
@@ -867,14 +861,27 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
         Wgmma<E>::ss_n32(s, dq + off, dk + st * STAGE_STEP + off, ks > 0);
       }
       wg_commit();
+    }
+    // ... while this thread issues its copies of tile + 1 into the other stage (freed by the
+    // barrier above: tile - 1's P V MMAs are complete in both warpgroups) and reads the masks
+    if (tile + 1 < ts.n_tiles && !(tile >= 1 && (p.ablate & 1)))
+      wg_load_tile<E>(sKV + (st ^ 1) * wg::SMEM_STAGE, kv, next_a, next_b, p.s_slot, tid);
+    cp_async_commit();
+    next_a = wg_key_slot(p, pt_row, ts, tile + 2, lrow);
+    next_b = wg_key_slot(p, pt_row, ts, tile + 2, lrow + 32);
+    const uint32_t bits0 = wg_bits(p, ts, b, tile, m0 + r0, w);
+    const uint32_t bits1 = wg_bits(p, ts, b, tile, m0 + r1, w);
+    WG_STAMP(1)
+    if (p.ablate & 2) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    } else {
       wg_wait<0>();
     }
     pin(s);
-    WG_STAMP(1)
+    WG_STAMP(2)
 
     // ---- mask, scale (base 2), row max of this half
-    const uint32_t bits0 = wg_bits(p, ts, b, tile, m0 + r0, w);
-    const uint32_t bits1 = wg_bits(p, ts, b, tile, m0 + r1, w);
     float mx0 = neg_inf(), mx1 = neg_inf();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -899,7 +906,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     __syncthreads();
     mx0 = fmaxf(mx0, mx_buf[(w ^ 1) * BLOCK_M + r0]);
     mx1 = fmaxf(mx1, mx_buf[(w ^ 1) * BLOCK_M + r1]);
-    WG_STAMP(2)
+    WG_STAMP(3)
     const float mnew0 = fmaxf(m_run0, mx0);
     const float mnew1 = fmaxf(m_run1, mx1);
     const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
@@ -945,7 +952,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     }
     fence_async_smem();
     __syncthreads();
-    WG_STAMP(3)
+    WG_STAMP(4)
 
     // ---- O[:, 256w : 256w + 256] += P V
     if (!(p.ablate & 4)) {
@@ -958,15 +965,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       wg_wait<0>();
     }
     pin(o);
-    WG_STAMP(4)
-
-    // ---- both warpgroups are done with this stage and with P: refill the stage with tile + 2
-    __syncthreads();
-    if (tile + 2 < ts.n_tiles && !(p.ablate & 1))
-      wg_load_tile<E>(sKV + st * wg::SMEM_STAGE, kv, next_a, next_b, p.s_slot, tid);
-    cp_async_commit();
-    next_a = wg_key_slot(p, pt_row, ts, tile + 3, lrow);
-    next_b = wg_key_slot(p, pt_row, ts, tile + 3, lrow + 32);
     WG_STAMP(5)
   }
 #undef WG_STAMP
