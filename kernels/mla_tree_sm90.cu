@@ -527,7 +527,8 @@ __global__ void __launch_bounds__(MERGE_THREADS) mla_merge_kernel(const Params p
 //
 // The same split/merge contract as mla_split_kernel, on Hopper's asynchronous warpgroup MMA
 // (wgmma) with both operands read from shared memory, so no ldmatrix and no per-warp MMA issue:
-//   * 256 threads = two warpgroups; BLOCK_M = 64 query rows; KV tiles of WG_BN = 64 keys.
+//   * 384 threads = two consumer warpgroups + a producer; BLOCK_M = 64 query rows; KV tiles
+//     of wg::BN = 64 keys.
 //   * S = Q K^T: warpgroup w computes keys [32w, 32w + 32) of the tile over all 576 dims
 //     (36 x m64n32k16). The row maxima of the two halves are exchanged through shared memory,
 //     so both warpgroups use the same running max; each keeps the row sums of its own keys.
@@ -537,13 +538,18 @@ __global__ void __launch_bounds__(MERGE_THREADS) mla_merge_kernel(const Params p
 //   * Shared memory holds every operand in the 128-byte-swizzled K-major layout wgmma reads:
 //     a 64-dim slice of 64 rows is one 8 KB region, row r at r * 128 bytes with its eight
 //     16-byte chunks permuted by chunk ^ (r & 7). Q: 9 regions; each KV stage: 9 regions.
-//   * Two KV stages filled by cp.async from all threads (any page size). Tile j + 1's copies
-//     are issued right after tile j's S MMAs (asynchronous), into the stage tile j - 1 left,
-//     so issuing them (18 16-byte copies a thread) overlaps the tensor cores' work and their
-//     latency overlaps the rest of tile j.
+//   * Two KV stages filled by a third, producer warpgroup with cp.async (any page size; 36
+//     16-byte copies a thread a tile) while the two consumer warpgroups compute: named
+//     barriers FULL (tile landed) / EMPTY (stage free) per stage; setmaxnreg gives the
+//     producer 56 registers and the consumers 224. Issuing the copies from the consumers
+//     cost 1.2k of 5.5k cycles a tile (session 9, call c), and interleaving them with the
+//     asynchronous S MMAs made it worse (call d): the MMA issue blocks the warp.
 namespace wg {
 constexpr int BN = 64;                   // keys per tile
-constexpr int THREADS = 256;             // two warpgroups
+constexpr int CONSUMERS = 256;           // two consumer warpgroups (the MMAs and softmax)
+constexpr int THREADS = CONSUMERS + 128;  // + one producer warpgroup (the cp.async copies)
+constexpr int PRODUCER_REGS = 56;        // setmaxnreg: 128 x 56 + 256 x 224 <= 64K registers
+constexpr int CONSUMER_REGS = 224;
 constexpr int REGION = 64 * 128;         // one swizzled 64-row x 64-dim slice (bytes)
 constexpr int KBLOCKS = DQK / 64;        // 9 slices per latent row
 constexpr int SMEM_Q = KBLOCKS * REGION;
@@ -555,7 +561,8 @@ constexpr int SMEM_L = 2 * BLOCK_M * 4;        // [warpgroup][row]
 constexpr int ALIGN = 1024;              // swizzle atoms need 1024-byte aligned regions
 constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_P + SMEM_MAX + SMEM_L;
 static_assert(SMEM_TOTAL <= 227 * 1024, "wgmma kernel shared memory above the sm_90 limit");
-static_assert(BLOCK_M == 64 && THREADS == 4 * BLOCK_M, "two warpgroups over 64 rows");
+static_assert(BLOCK_M == 64 && CONSUMERS == 4 * BLOCK_M, "two warpgroups over 64 rows");
+static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 }  // namespace wg
 
 // Byte offset of 16-byte chunk `c` (0..7) of row `r` inside a 128B-swizzled region.
@@ -698,9 +705,9 @@ __device__ __forceinline__ void Wgmma<__half>::ss_n256_tb(float (&d)[128], uint6
 
 // END GENERATED WGMMA
 
-// Phase clocks of the wgmma kernel, summed over CTAs by thread 0 of each warpgroup:
-// [warpgroup][0..5] cycles in: wait for the tile, S MMA issue + next tile's copies + masks,
-// S MMA wait, mask + max exchange, softmax + P store + barrier, P V MMAs; [6] tiles, [7] CTAs.
+// Phase clocks of the wgmma kernel, summed over CTAs by thread 0 of each consumer warpgroup:
+// [warpgroup][0..5] cycles in: wait for the tile, S MMAs, mask + max exchange, softmax + P
+// store + barrier, P V MMAs, stage release; [6] tiles, [7] CTAs.
 __device__ unsigned long long g_wg_clocks[2][8];
 
 struct WgTiles {
@@ -757,6 +764,38 @@ __device__ __forceinline__ uint32_t wg_bits(const Params& p, const WgTiles& ts, 
   return static_cast<uint32_t>(word >> (32 * w)) & low_bits(ts.T - j0 - 32 * w);
 }
 
+__device__ __forceinline__ void named_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// Named barriers of the wgmma kernel (0 is __syncthreads, unused there).
+constexpr int BAR_CONSUMERS = 1;  // the two consumer warpgroups (256 threads)
+constexpr int BAR_FULL = 2;       // + stage: the producer arrives when the tile landed (384)
+constexpr int BAR_EMPTY = 4;      // + stage: the consumers arrive when the stage is free (384)
+constexpr int BAR_PAIR = 6;       // + warp: warp wi of both consumer warpgroups (64)
+
+// The producer warpgroup's share of one KV tile: rows (pt >> 3) + 16 k (k < 4), slice i, chunk
+// pt & 7 (8 adjacent threads read one row's 128 contiguous bytes of a slice).
+template <typename E>
+__device__ __forceinline__ void wg_produce_tile(uint32_t stage, const E* kv, const Params& p,
+                                                const int32_t* pt_row, const WgTiles& ts,
+                                                int tile, int pt) {
+  const int sub = pt & 7;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int r = (pt >> 3) + 16 * k;
+    const int64_t slot = wg_key_slot(p, pt_row, ts, tile, r);
+    const E* src = slot >= 0 ? kv + slot * p.s_slot : kv;
+    const int bytes = slot >= 0 ? 16 : 0;
+    const uint32_t dst = stage + swz(r, sub);
+#pragma unroll
+    for (int i = 0; i < wg::KBLOCKS; ++i) cp_async16(dst + i * wg::REGION, src + (sub + 8 * i) * 8, bytes);
+  }
+}
+
 template <typename E>
 __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -770,13 +809,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   float* sL = sMax + 2 * 2 * BLOCK_M;
 
   const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int w = tid >> 7;            // warpgroup: keys [32w, 32w + 32) of S, O columns [256w, +256)
-  const int wi = (tid >> 5) & 3;     // warp within the warpgroup: rows [16 wi, 16 wi + 16)
-  const int g = lane >> 2;
-  const int q4 = lane & 3;
-  const int r0 = wi * 16 + g;        // CTA rows of this thread's accumulator fragments
-  const int r1 = r0 + 8;
   const int m0 = blockIdx.x * BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z;
@@ -796,29 +828,54 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   const int32_t* pt_row = p.page_table + b * p.spt_b;
   const E* kv = static_cast<const E*>(p.kv);
 
-  // ---- Q (rows beyond H*T zero-filled) and tile 0: group 0; tile 1: group 1
-  {
-    const E* qn = static_cast<const E*>(p.q_nope) + b * p.sqn_b;
-    const E* qp = static_cast<const E*>(p.q_pe) + b * p.sqp_b;
-    for (int idx = tid; idx < BLOCK_M * CHUNKS; idx += wg::THREADS) {
-      const int r = idx / CHUNKS;
-      const int c = idx % CHUNKS;
-      const int row = m0 + r;
-      const bool valid = row < p.rows;
-      const int t = valid ? row / p.H : 0;
-      const int h = valid ? row % p.H : 0;
-      const E* src = c < Q_CHUNKS_NOPE ? qn + t * p.sqn_t + h * p.sqn_h + c * 8
-                                       : qp + t * p.sqp_t + h * p.sqp_h + (c - Q_CHUNKS_NOPE) * 8;
-      cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
+  if (tid >= wg::CONSUMERS) {
+    // ================= producer warpgroup: cp.async copies of Q and every KV tile =========
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(wg::PRODUCER_REGS));
+    const int pt = tid - wg::CONSUMERS;
+    {
+      const E* qn = static_cast<const E*>(p.q_nope) + b * p.sqn_b;
+      const E* qp = static_cast<const E*>(p.q_pe) + b * p.sqp_b;
+      for (int idx = pt; idx < BLOCK_M * CHUNKS; idx += 128) {
+        const int r = idx / CHUNKS;
+        const int c = idx % CHUNKS;
+        const int row = m0 + r;
+        const bool valid = row < p.rows;
+        const int t = valid ? row / p.H : 0;
+        const int h = valid ? row % p.H : 0;
+        const E* src = c < Q_CHUNKS_NOPE ? qn + t * p.sqn_t + h * p.sqn_h + c * 8
+                                         : qp + t * p.sqp_t + h * p.sqp_h + (c - Q_CHUNKS_NOPE) * 8;
+        cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
+      }
     }
+    // one cp.async group per tile, empty ones included, so "all but the newest" is tile t
+    if (ts.n_tiles > 0) wg_produce_tile<E>(sKV, kv, p, pt_row, ts, 0, pt);
+    cp_async_commit();
+    if (ts.n_tiles > 1) wg_produce_tile<E>(sKV + wg::SMEM_STAGE, kv, p, pt_row, ts, 1, pt);
+    cp_async_commit();
+    for (int tile = 0; tile < ts.n_tiles; ++tile) {
+      const int st = tile & 1;
+      cp_async_wait<1>();
+      fence_async_smem();
+      named_arrive(BAR_FULL + st, wg::THREADS);  // tile `tile` is in stage st
+      if (tile + 2 < ts.n_tiles) {
+        named_sync(BAR_EMPTY + st, wg::THREADS);  // the consumers are done with tile `tile`
+        if (!(p.ablate & 1)) wg_produce_tile<E>(sKV + st * wg::SMEM_STAGE, kv, p, pt_row, ts, tile + 2, pt);
+      }
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    return;
   }
-  const int lrow = tid >> 3;
-  if (ts.n_tiles > 0)
-    wg_load_tile<E>(sKV, kv, wg_key_slot(p, pt_row, ts, 0, lrow),
-                    wg_key_slot(p, pt_row, ts, 0, lrow + 32), p.s_slot, tid);
-  cp_async_commit();
-  int64_t next_a = wg_key_slot(p, pt_row, ts, 1, lrow);
-  int64_t next_b = wg_key_slot(p, pt_row, ts, 1, lrow + 32);
+
+  // ================= consumer warpgroups =================================================
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
+  const int lane = tid & 31;
+  const int w = tid >> 7;            // warpgroup: keys [32w, 32w + 32) of S, O columns [256w, +256)
+  const int wi = (tid >> 5) & 3;     // warp within the warpgroup: rows [16 wi, 16 wi + 16)
+  const int g = lane >> 2;
+  const int q4 = lane & 3;
+  const int r0 = wi * 16 + g;        // CTA rows of this thread's accumulator fragments
+  const int r1 = r0 + 8;
 
   float m_run0 = neg_inf(), m_run1 = neg_inf();
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys only (quad- and warpgroup-reduced at the end)
@@ -846,14 +903,19 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 
   for (int tile = 0; tile < ts.n_tiles; ++tile) {
     const int st = tile & 1;
-    cp_async_wait<0>();  // this thread's copies of tile `tile` landed (the only group in flight)
-    fence_async_smem();
-    __syncthreads();      // everyone's copies landed; both warpgroups are done with tile - 1
+    const uint32_t bits0 = wg_bits(p, ts, b, tile, m0 + r0, w);
+    const uint32_t bits1 = wg_bits(p, ts, b, tile, m0 + r1, w);
+    // the tile landed; also every consumer thread is here, so tile - 1's P V MMAs (which read
+    // P) are complete in both warpgroups
+    named_sync(BAR_FULL + st, wg::THREADS);
     WG_STAMP(0)
 
-    // ---- S = Q K^T over this warpgroup's 32 keys, asynchronously ...
+    // ---- S = Q K^T over this warpgroup's 32 keys
     float s[16];
-    if (!(p.ablate & 2)) {
+    if (p.ablate & 2) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    } else {
       wg_fence();
 #pragma unroll
       for (int ks = 0; ks < DQK / 16; ++ks) {
@@ -861,27 +923,12 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
         Wgmma<E>::ss_n32(s, dq + off, dk + st * STAGE_STEP + off, ks > 0);
       }
       wg_commit();
-    }
-    // ... while this thread issues its copies of tile + 1 into the other stage (freed by the
-    // barrier above: tile - 1's P V MMAs are complete in both warpgroups) and reads the masks
-    if (tile + 1 < ts.n_tiles && !(tile >= 1 && (p.ablate & 1)))
-      wg_load_tile<E>(sKV + (st ^ 1) * wg::SMEM_STAGE, kv, next_a, next_b, p.s_slot, tid);
-    cp_async_commit();
-    next_a = wg_key_slot(p, pt_row, ts, tile + 2, lrow);
-    next_b = wg_key_slot(p, pt_row, ts, tile + 2, lrow + 32);
-    const uint32_t bits0 = wg_bits(p, ts, b, tile, m0 + r0, w);
-    const uint32_t bits1 = wg_bits(p, ts, b, tile, m0 + r1, w);
-    WG_STAMP(1)
-    if (p.ablate & 2) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    } else {
       wg_wait<0>();
     }
     pin(s);
-    WG_STAMP(2)
+    WG_STAMP(1)
 
-    // ---- mask, scale (base 2), row max of this half
+    // ---- mask, scale (base 2), row max of this half; exchange with the other warpgroup
     float mx0 = neg_inf(), mx1 = neg_inf();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -903,10 +950,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       mx_buf[w * BLOCK_M + r0] = mx0;
       mx_buf[w * BLOCK_M + r1] = mx1;
     }
-    __syncthreads();
+    // only warp wi of the other warpgroup shares these rows: a 64-thread barrier per pair
+    named_sync(BAR_PAIR + wi, 64);
     mx0 = fmaxf(mx0, mx_buf[(w ^ 1) * BLOCK_M + r0]);
     mx1 = fmaxf(mx1, mx_buf[(w ^ 1) * BLOCK_M + r1]);
-    WG_STAMP(3)
+    WG_STAMP(2)
     const float mnew0 = fmaxf(m_run0, mx0);
     const float mnew1 = fmaxf(m_run1, mx1);
     const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
@@ -951,8 +999,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       }
     }
     fence_async_smem();
-    __syncthreads();
-    WG_STAMP(4)
+    named_sync(BAR_CONSUMERS, wg::CONSUMERS);  // all of P written (each warpgroup reads all rows)
+    WG_STAMP(3)
 
     // ---- O[:, 256w : 256w + 256] += P V
     if (!(p.ablate & 4)) {
@@ -965,10 +1013,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       wg_wait<0>();
     }
     pin(o);
+    WG_STAMP(4)
+    if (tile + 2 < ts.n_tiles) named_arrive(BAR_EMPTY + st, wg::THREADS);  // stage st is free
     WG_STAMP(5)
   }
 #undef WG_STAMP
-  cp_async_wait<0>();
   if (stamp) {
 #pragma unroll
     for (int i = 0; i < 6; ++i) atomicAdd(&g_wg_clocks[w][i], ck[i]);
@@ -985,7 +1034,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     sL[w * BLOCK_M + r0] = l_run0;
     sL[w * BLOCK_M + r1] = l_run1;
   }
-  __syncthreads();
+  named_sync(BAR_CONSUMERS, wg::CONSUMERS);
   l_run0 += sL[(w ^ 1) * BLOCK_M + r0];
   l_run1 += sL[(w ^ 1) * BLOCK_M + r1];
   const float inv0 = l_run0 > 0.f ? 1.f / l_run0 : 0.f;

@@ -358,7 +358,7 @@ def wgmma_probe(a, bk, v, *, v_offsets: tuple[int, int]) -> tuple[torch.Tensor, 
     return d1, d2
 
 
-WGMMA_PHASES = ("wait_tile", "s_issue_loads", "s_wait", "mask_max", "softmax_p", "pv_mma")
+WGMMA_PHASES = ("wait_tile", "s_mma", "mask_max", "softmax_p", "pv_mma", "release")
 
 
 def wgmma_clocks() -> dict[str, float]:
