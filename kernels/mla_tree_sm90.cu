@@ -526,30 +526,32 @@ __global__ void __launch_bounds__(MERGE_THREADS) mla_merge_kernel(const Params p
 // ------------------------------------------------------------------ wgmma split kernel
 //
 // The same split/merge contract as mla_split_kernel, on Hopper's asynchronous warpgroup MMA
-// (wgmma) with both operands read from shared memory, so no ldmatrix and no per-warp MMA issue:
-//   * 384 threads = two consumer warpgroups + a producer; BLOCK_M = 64 query rows; KV tiles
-//     of wg::BN = 64 keys.
-//   * S = Q K^T: warpgroup w computes keys [32w, 32w + 32) of the tile over all 576 dims
-//     (36 x m64n32k16). The row maxima of the two halves are exchanged through shared memory,
-//     so both warpgroups use the same running max; each keeps the row sums of its own keys.
-//   * P (bf16/fp16) goes to shared memory (64 x 64); O[:, 256w : 256w + 256] += P V with
-//     4 x m64n256k16, V being the first 512 dims of the same tile read through a transposed
-//     (MN-major) descriptor: a 64 x 256 fp32 accumulator = 128 registers a thread.
-//   * Shared memory holds every operand in the 128-byte-swizzled K-major layout wgmma reads:
-//     a 64-dim slice of 64 rows is one 8 KB region, row r at r * 128 bytes with its eight
-//     16-byte chunks permuted by chunk ^ (r & 7). Q: 9 regions; each KV stage: 9 regions.
-//   * Two KV stages filled by a third, producer warpgroup with cp.async (any page size; 36
-//     16-byte copies a thread a tile) while the two consumer warpgroups compute: named
-//     barriers FULL (tile landed) / EMPTY (stage free) per stage; setmaxnreg gives the
-//     producer 56 registers and the consumers 224. Issuing the copies from the consumers
-//     cost 1.2k of 5.5k cycles a tile (session 9, call c), and interleaving them with the
-//     asynchronous S MMAs made it worse (call d): the MMA issue blocks the warp.
+// (wgmma): no ldmatrix, no per-warp MMA issue. 384 threads, BLOCK_M = 64 query rows, KV tiles
+// of wg::BN = 64 keys, three warpgroups:
+//   * producer (warpgroup 2): cp.async copies of Q and of every KV tile into two stages (any
+//     page size; 36 16-byte copies a thread a tile); named barriers FULL (tile landed) and
+//     EMPTY (stage free) per stage. setmaxnreg: producer 40 registers, consumers 232.
+//   * warpgroup 0: S_j = Q K_j^T over all 64 keys (36 x m64n64k16, both operands in shared
+//     memory), the online softmax (row max, sums, alpha), P_j as register A fragments for
+//     O[:, 0:256] += P_j V_j (4 x m64n256k16, A from registers), and P_j + alpha_j through
+//     shared memory for warpgroup 1. S_{j+1} is issued before P_j V_j, so the softmax of tile
+//     j + 1 runs while the tensor cores do both warpgroups' P V.
+//   * warpgroup 1: O[:, 256:512] *= alpha_j; += P_j V_j (A = P from shared memory).
+//   V is the first 512 dims of the same tile, read through a transposed (MN-major)
+//   descriptor; each consumer's 64 x 256 fp32 accumulator is 128 registers a thread.
+// Shared memory holds every operand in the 128-byte-swizzled K-major layout wgmma reads: a
+// 64-dim slice of 64 rows is one 8 KB region, row r at r * 128 bytes with its eight 16-byte
+// chunks permuted by chunk ^ (r & 7). Q: 9 regions; each KV stage: 9 regions; P: 1.
+// History (session 9, tools/gpu/mla_phases.py): the first version split S by keys between
+// the warpgroups (2 x m64n32k16 a k-step, Q read twice: shared-memory bound, 1.9k of 5.5k
+// cycles a tile) and issued the copies from the consumers (1.2k cycles); the producer
+// warpgroup alone gained 4 %, since its copies then competed with S for shared memory.
 namespace wg {
 constexpr int BN = 64;                   // keys per tile
 constexpr int CONSUMERS = 256;           // two consumer warpgroups (the MMAs and softmax)
 constexpr int THREADS = CONSUMERS + 128;  // + one producer warpgroup (the cp.async copies)
-constexpr int PRODUCER_REGS = 56;        // setmaxnreg: 128 x 56 + 256 x 224 <= 64K registers
-constexpr int CONSUMER_REGS = 224;
+constexpr int PRODUCER_REGS = 40;        // setmaxnreg: 128 x 40 + 256 x 232 <= 64K registers (at 56 / 224
+constexpr int CONSUMER_REGS = 232;       // warpgroup 0 spilled 4 bytes)
 constexpr int REGION = 64 * 128;         // one swizzled 64-row x 64-dim slice (bytes)
 constexpr int KBLOCKS = DQK / 64;        // 9 slices per latent row
 constexpr int SMEM_Q = KBLOCKS * REGION;
@@ -603,8 +605,15 @@ struct Wgmma {
   // d (64 x 32) = / += A (64 x 16, K-major smem) * B (32 x 16, K-major smem)^T
   static __device__ __forceinline__ void ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
                                                 int scale_d);
+  // d (64 x 64) = / += A (64 x 16, K-major smem) * B (64 x 16, K-major smem)^T
+  static __device__ __forceinline__ void ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                int scale_d);
   // d (64 x 256) = / += A (64 x 16, K-major smem) * B (16 x 256, MN-major smem)
   static __device__ __forceinline__ void ss_n256_tb(float (&d)[128], uint64_t desc_a,
+                                                    uint64_t desc_b, int scale_d);
+  // d (64 x 256) = / += A (64 x 16, registers: the mma.m16n8k16 A fragment of this warp's 16
+  // rows) * B (16 x 256, MN-major smem)
+  static __device__ __forceinline__ void rs_n256_tb(float (&d)[128], const uint32_t (&a)[4],
                                                     uint64_t desc_b, int scale_d);
 };
 
@@ -619,6 +628,22 @@ __device__ __forceinline__ void Wgmma<__nv_bfloat16>::ss_n32(float (&d)[16], uin
       "%16, %17, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<__nv_bfloat16>::ss_n64(float (&d)[32], uint64_t desc_a,
+                                                       uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -657,6 +682,40 @@ __device__ __forceinline__ void Wgmma<__nv_bfloat16>::ss_n256_tb(float (&d)[128]
 }
 
 template <>
+__device__ __forceinline__ void Wgmma<__nv_bfloat16>::rs_n256_tb(float (&d)[128], const uint32_t (&a)[4],
+                                                       uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
 __device__ __forceinline__ void Wgmma<__half>::ss_n32(float (&d)[16], uint64_t desc_a,
                                                        uint64_t desc_b, int scale_d) {
   asm volatile(
@@ -666,6 +725,22 @@ __device__ __forceinline__ void Wgmma<__half>::ss_n32(float (&d)[16], uint64_t d
       "%16, %17, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<__half>::ss_n64(float (&d)[32], uint64_t desc_a,
+                                                       uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -701,6 +776,40 @@ __device__ __forceinline__ void Wgmma<__half>::ss_n256_tb(float (&d)[128], uint6
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<__half>::rs_n256_tb(float (&d)[128], const uint32_t (&a)[4],
+                                                       uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
 // END GENERATED WGMMA
@@ -775,7 +884,8 @@ __device__ __forceinline__ void named_arrive(int id, int n) {
 constexpr int BAR_CONSUMERS = 1;  // the two consumer warpgroups (256 threads)
 constexpr int BAR_FULL = 2;       // + stage: the producer arrives when the tile landed (384)
 constexpr int BAR_EMPTY = 4;      // + stage: the consumers arrive when the stage is free (384)
-constexpr int BAR_PAIR = 6;       // + warp: warp wi of both consumer warpgroups (64)
+constexpr int BAR_P_READY = 6;    // warpgroup 0 handed P_j and alpha_j to warpgroup 1 (256)
+constexpr int BAR_P_FREE = 7;     // warpgroup 1 is done reading them (256)
 
 // The producer warpgroup's share of one KV tile: rows (pt >> 3) + 16 k (k < 4), slice i, chunk
 // pt & 7 (8 adjacent threads read one row's 128 contiguous bytes of a slice).
@@ -794,6 +904,20 @@ __device__ __forceinline__ void wg_produce_tile(uint32_t stage, const E* kv, con
 #pragma unroll
     for (int i = 0; i < wg::KBLOCKS; ++i) cp_async16(dst + i * wg::REGION, src + (sub + 8 * i) * 8, bytes);
   }
+}
+
+// Visibility bits of the 64 keys of tile `tile` for query row `row`.
+__device__ __forceinline__ uint64_t wg_bits64(const Params& p, const WgTiles& ts, int b, int tile,
+                                              int row) {
+  const auto low64 = [](int k) {
+    return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
+  };
+  if (tile < ts.n_pre) return low64(ts.end - (ts.start + tile * wg::BN));
+  if (row >= p.rows) return 0ull;
+  const int j0 = (tile - ts.n_pre) * wg::BN;  // multiple of 64: one mask word per tile
+  const int t = row / p.H;
+  const uint64_t word = static_cast<uint64_t>(__ldg(p.tree_mask + b * p.sm_b + t * p.sm_t + (j0 >> 6)));
+  return word & low64(ts.T - j0);
 }
 
 template <typename E>
@@ -847,21 +971,27 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
         cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
       }
     }
-    // one cp.async group per tile, empty ones included, so "all but the newest" is tile t
+    // one cp.async group per tile. FULL for tile t + 1 is signalled before waiting on EMPTY
+    // for tile t: warpgroup 0 needs tile t + 1 (its S) before it issues P_t V_t.
     if (ts.n_tiles > 0) wg_produce_tile<E>(sKV, kv, p, pt_row, ts, 0, pt);
     cp_async_commit();
     if (ts.n_tiles > 1) wg_produce_tile<E>(sKV + wg::SMEM_STAGE, kv, p, pt_row, ts, 1, pt);
     cp_async_commit();
+    cp_async_wait<1>();
+    fence_async_smem();
+    if (ts.n_tiles > 0) named_arrive(BAR_FULL, 256);  // tile 0 (and Q) in stage 0
     for (int tile = 0; tile < ts.n_tiles; ++tile) {
       const int st = tile & 1;
-      cp_async_wait<1>();
-      fence_async_smem();
-      named_arrive(BAR_FULL + st, wg::THREADS);  // tile `tile` is in stage st
-      if (tile + 2 < ts.n_tiles) {
-        named_sync(BAR_EMPTY + st, wg::THREADS);  // the consumers are done with tile `tile`
-        if (!(p.ablate & 1)) wg_produce_tile<E>(sKV + st * wg::SMEM_STAGE, kv, p, pt_row, ts, tile + 2, pt);
+      if (tile + 1 < ts.n_tiles) {
+        cp_async_wait<0>();  // the groups committed so far end with tile + 1
+        fence_async_smem();
+        named_arrive(BAR_FULL + (st ^ 1), 256);  // tile + 1 is in stage st ^ 1
       }
-      cp_async_commit();
+      if (tile + 2 < ts.n_tiles) {
+        named_sync(BAR_EMPTY + st, wg::THREADS);  // both consumers are done with tile `tile`
+        if (!(p.ablate & 1)) wg_produce_tile<E>(sKV + st * wg::SMEM_STAGE, kv, p, pt_row, ts, tile + 2, pt);
+        cp_async_commit();
+      }
     }
     cp_async_wait<0>();
     return;
@@ -870,25 +1000,28 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   // ================= consumer warpgroups =================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
   const int lane = tid & 31;
-  const int w = tid >> 7;            // warpgroup: keys [32w, 32w + 32) of S, O columns [256w, +256)
+  const int w = tid >> 7;            // 0: S, softmax and O[:, 0:256]; 1: O[:, 256:512]
   const int wi = (tid >> 5) & 3;     // warp within the warpgroup: rows [16 wi, 16 wi + 16)
   const int g = lane >> 2;
   const int q4 = lane & 3;
   const int r0 = wi * 16 + g;        // CTA rows of this thread's accumulator fragments
   const int r1 = r0 + 8;
+  unsigned char* pbase = smem + (sP - base);
+  float* sAlpha = sMax;              // [64]: tile j's rescale factor per row, handed over with P_j
 
   float m_run0 = neg_inf(), m_run1 = neg_inf();
-  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys only (quad- and warpgroup-reduced at the end)
+  float l_run0 = 0.f, l_run1 = 0.f;  // warpgroup 0: this thread's 16 keys a row (quad-reduced at the end)
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
-  // descriptors: Q slice 0; K rows [32w, 32w + 32) of slice 0 of stage 0; P; V slice 4w of stage 0
+  // descriptors: Q slice 0; K slice 0 of stage 0 (all 64 keys); P; V slice 4w of stage 0
   const uint64_t dq = wg_desc(sQ, 16, 1024);
-  const uint64_t dk = wg_desc(sKV + w * 32 * 128, 16, 1024);
+  const uint64_t dk = wg_desc(sKV, 16, 1024);
   const uint64_t dp = wg_desc(sP, 16, 1024);
   const uint64_t dv = wg_desc(sKV + 4 * w * wg::REGION, p.v_lbo, p.v_sbo);
   constexpr uint64_t STAGE_STEP = wg::SMEM_STAGE >> 4;  // descriptor start-address units
+  const int n = ts.n_tiles;
 
   const bool stamp = p.clocks && (tid & 127) == 0;
   unsigned long long ck[6] = {0, 0, 0, 0, 0, 0};
@@ -901,142 +1034,214 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   }
   if (stamp) t_prev = clock64();
 
-  for (int tile = 0; tile < ts.n_tiles; ++tile) {
-    const int st = tile & 1;
-    const uint32_t bits0 = wg_bits(p, ts, b, tile, m0 + r0, w);
-    const uint32_t bits1 = wg_bits(p, ts, b, tile, m0 + r1, w);
-    // the tile landed; also every consumer thread is here, so tile - 1's P V MMAs (which read
-    // P) are complete in both warpgroups
-    named_sync(BAR_FULL + st, wg::THREADS);
-    WG_STAMP(0)
+  if (w == 0) {
+    // ---- warpgroup 0: S_j = Q K_j^T (64 x 64, 36 x m64n64k16), the online softmax, P_j as
+    // register A fragments for its own P V and through shared memory for warpgroup 1. S_{j+1}
+    // is issued before P_j V_j, so the softmax of tile j + 1 overlaps both warpgroups' P V.
+    float s[32];
+    uint32_t pc[4][4];               // P_j fragments, k-step kk = keys [16 kk, 16 kk + 16)
+    float alpha0 = 1.f, alpha1 = 1.f;  // tile j's rescale factors of rows r0, r1
 
-    // ---- S = Q K^T over this warpgroup's 32 keys
-    float s[16];
-    if (p.ablate & 2) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    } else {
-      wg_fence();
+    // S of tile `tile` into s (asynchronous; the caller waits)
+    auto issue_s = [&](int tile) {
+      const uint64_t stage = static_cast<uint64_t>(tile & 1) * STAGE_STEP;
 #pragma unroll
       for (int ks = 0; ks < DQK / 16; ++ks) {
         const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
-        Wgmma<E>::ss_n32(s, dq + off, dk + st * STAGE_STEP + off, ks > 0);
+        Wgmma<E>::ss_n64(s, dq + off, dk + stage + off, ks > 0);
       }
       wg_commit();
-      wg_wait<0>();
-    }
-    pin(s);
-    WG_STAMP(1)
-
-    // ---- mask, scale (base 2), row max of this half; exchange with the other warpgroup
-    float mx0 = neg_inf(), mx1 = neg_inf();
+    };
+    // mask, scale, online softmax of s (tile `tile`) -> P fragments `pf`, alpha, m, l
+    auto softmax = [&](int tile, uint32_t (&pf)[4][4]) {
+      const uint64_t bits0 = wg_bits64(p, ts, b, tile, m0 + r0);
+      const uint64_t bits1 = wg_bits64(p, ts, b, tile, m0 + r1);
+      if (p.ablate & 2) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * j + 2 * q4 + e;
-        s[4 * j + e] = ((bits0 >> col) & 1u) ? s[4 * j + e] * p.qk_scale : neg_inf();
-        s[4 * j + 2 + e] = ((bits1 >> col) & 1u) ? s[4 * j + 2 + e] * p.qk_scale : neg_inf();
-        mx0 = fmaxf(mx0, s[4 * j + e]);
-        mx1 = fmaxf(mx1, s[4 * j + 2 + e]);
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
       }
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    float* mx_buf = sMax + (tile & 1) * 2 * BLOCK_M;
-    if (q4 == 0) {
-      mx_buf[w * BLOCK_M + r0] = mx0;
-      mx_buf[w * BLOCK_M + r1] = mx1;
-    }
-    // only warp wi of the other warpgroup shares these rows: a 64-thread barrier per pair
-    named_sync(BAR_PAIR + wi, 64);
-    mx0 = fmaxf(mx0, mx_buf[(w ^ 1) * BLOCK_M + r0]);
-    mx1 = fmaxf(mx1, mx_buf[(w ^ 1) * BLOCK_M + r1]);
-    WG_STAMP(2)
-    const float mnew0 = fmaxf(m_run0, mx0);
-    const float mnew1 = fmaxf(m_run1, mx1);
-    const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
-    const float muse1 = mnew1 == neg_inf() ? 0.f : mnew1;
-    const float alpha0 = exp2f(m_run0 - muse0);
-    const float alpha1 = exp2f(m_run1 - muse1);
-    m_run0 = mnew0;
-    m_run1 = mnew1;
-    float sum0 = 0.f, sum1 = 0.f;
+      float mx0 = neg_inf(), mx1 = neg_inf();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s[4 * j + 0] = exp2f(s[4 * j + 0] - muse0);
-      s[4 * j + 1] = exp2f(s[4 * j + 1] - muse0);
-      s[4 * j + 2] = exp2f(s[4 * j + 2] - muse1);
-      s[4 * j + 3] = exp2f(s[4 * j + 3] - muse1);
-      sum0 += s[4 * j + 0] + s[4 * j + 1];
-      sum1 += s[4 * j + 2] + s[4 * j + 3];
-    }
-    l_run0 = l_run0 * alpha0 + sum0;
-    l_run1 = l_run1 * alpha1 + sum1;
-    // the running max rarely moves once it has settled: skip the 128 multiplies when no row of
-    // this warp changed (alpha is bit-identical in both warpgroups, so they agree)
-    if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j + 0] *= alpha0;
-        o[4 * j + 1] *= alpha0;
-        o[4 * j + 2] *= alpha1;
-        o[4 * j + 3] *= alpha1;
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + 2 * q4 + e;
+          s[4 * j + e] = ((bits0 >> col) & 1u) ? s[4 * j + e] * p.qk_scale : neg_inf();
+          s[4 * j + 2 + e] = ((bits1 >> col) & 1u) ? s[4 * j + 2 + e] * p.qk_scale : neg_inf();
+          mx0 = fmaxf(mx0, s[4 * j + e]);
+          mx1 = fmaxf(mx1, s[4 * j + 2 + e]);
+        }
       }
-    }
-
-    // ---- P -> shared memory (keys [32w, 32w + 32) = chunks 4w .. 4w + 3 of each row)
-    {
-      unsigned char* pbase = smem + (sP - base);
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float mnew0 = fmaxf(m_run0, mx0);
+      const float mnew1 = fmaxf(m_run1, mx1);
+      // rows with no visible key so far keep weight 0 instead of producing NaN (-inf - -inf)
+      const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
+      const float muse1 = mnew1 == neg_inf() ? 0.f : mnew1;
+      alpha0 = exp2f(m_run0 - muse0);
+      alpha1 = exp2f(m_run1 - muse1);
+      m_run0 = mnew0;
+      m_run1 = mnew1;
+      float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 4 * w + j) + 4 * q4) =
-            Mma<E>::pack(s[4 * j + 0], s[4 * j + 1]);
-        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 4 * w + j) + 4 * q4) =
-            Mma<E>::pack(s[4 * j + 2], s[4 * j + 3]);
+      for (int j = 0; j < 8; ++j) {
+        s[4 * j + 0] = exp2f(s[4 * j + 0] - muse0);
+        s[4 * j + 1] = exp2f(s[4 * j + 1] - muse0);
+        s[4 * j + 2] = exp2f(s[4 * j + 2] - muse1);
+        s[4 * j + 3] = exp2f(s[4 * j + 3] - muse1);
+        sum0 += s[4 * j + 0] + s[4 * j + 1];
+        sum1 += s[4 * j + 2] + s[4 * j + 3];
       }
-    }
-    fence_async_smem();
-    named_sync(BAR_CONSUMERS, wg::CONSUMERS);  // all of P written (each warpgroup reads all rows)
-    WG_STAMP(3)
+      l_run0 = l_run0 * alpha0 + sum0;
+      l_run1 = l_run1 * alpha1 + sum1;
+      // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pf[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
+        pf[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
+        pf[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
+        pf[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
+      }
+    };
+    // P (64 x 64, 128B-swizzled K-major) and alpha into shared memory for warpgroup 1
+    auto hand_over = [&](const uint32_t (&pf)[4][4]) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk) + 4 * q4) = pf[kk][0];
+        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 2 * kk) + 4 * q4) = pf[kk][1];
+        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk + 1) + 4 * q4) = pf[kk][2];
+        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 2 * kk + 1) + 4 * q4) = pf[kk][3];
+      }
+      if (q4 == 0) {
+        sAlpha[r0] = alpha0;
+        sAlpha[r1] = alpha1;
+      }
+      fence_async_smem();
+      named_arrive(BAR_P_READY, wg::CONSUMERS);
+    };
 
-    // ---- O[:, 256w : 256w + 256] += P V
-    if (!(p.ablate & 4)) {
+    if (n > 0) {
+      named_sync(BAR_FULL, 256);
+      if (!(p.ablate & 2)) {
+        wg_fence();
+        issue_s(0);
+        wg_wait<0>();
+      }
+      pin(s);
+      softmax(0, pc);
+      hand_over(pc);
+    }
+    WG_STAMP(0)
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile & 1;
+      const bool more = tile + 1 < n;
+      // O *= alpha_j (this warpgroup's P_{j-1} V_{j-1} was waited for below)
+      if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j + 0] *= alpha0;
+          o[4 * j + 1] *= alpha0;
+          o[4 * j + 2] *= alpha1;
+          o[4 * j + 3] *= alpha1;
+        }
+      }
+      if (more) named_sync(BAR_FULL + (st ^ 1), 256);  // tile + 1 landed
+      WG_STAMP(1)
       wg_fence();
+      if (more && !(p.ablate & 2)) issue_s(tile + 1);
+      if (!(p.ablate & 4)) {
 #pragma unroll
-      for (int kk = 0; kk < wg::BN / 16; ++kk) {
-        Wgmma<E>::ss_n256_tb(o, dp + kk * 2, dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
+        for (int kk = 0; kk < wg::BN / 16; ++kk)
+          Wgmma<E>::rs_n256_tb(o, pc[kk], dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
       }
       wg_commit();
+      WG_STAMP(2)
+      uint32_t pn[4][4];
+      if (more) {
+        wg_wait<1>();  // S_{j+1} (committed before P_j V_j) is complete
+        pin(s);
+        softmax(tile + 1, pn);
+      }
+      WG_STAMP(3)
       wg_wait<0>();
+      pin(o);
+      WG_STAMP(4)
+      if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);  // done with stage st
+      if (more) {
+        named_sync(BAR_P_FREE, wg::CONSUMERS);  // warpgroup 1 is done with P_j and alpha_j
+        hand_over(pn);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pc[kk][i] = pn[kk][i];
+      }
+      WG_STAMP(5)
     }
-    pin(o);
-    WG_STAMP(4)
-    if (tile + 2 < ts.n_tiles) named_arrive(BAR_EMPTY + st, wg::THREADS);  // stage st is free
-    WG_STAMP(5)
+  } else {
+    // ---- warpgroup 1: O[:, 256:512] += P_j V_j with P_j from shared memory
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile & 1;
+      named_sync(BAR_P_READY, wg::CONSUMERS);  // P_j and alpha_j written (tile j landed before)
+      WG_STAMP(0)
+      const float alpha0 = sAlpha[r0];
+      const float alpha1 = sAlpha[r1];
+      if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j + 0] *= alpha0;
+          o[4 * j + 1] *= alpha0;
+          o[4 * j + 2] *= alpha1;
+          o[4 * j + 3] *= alpha1;
+        }
+      }
+      WG_STAMP(1)
+      if (!(p.ablate & 4)) {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < wg::BN / 16; ++kk)
+          Wgmma<E>::ss_n256_tb(o, dp + kk * 2, dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
+        wg_commit();
+        wg_wait<0>();
+      }
+      pin(o);
+      WG_STAMP(2)
+      if (tile + 1 < n) named_arrive(BAR_P_FREE, wg::CONSUMERS);
+      if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);
+      WG_STAMP(3)
+    }
   }
 #undef WG_STAMP
   if (stamp) {
 #pragma unroll
     for (int i = 0; i < 6; ++i) atomicAdd(&g_wg_clocks[w][i], ck[i]);
-    atomicAdd(&g_wg_clocks[w][6], static_cast<unsigned long long>(ts.n_tiles));
+    atomicAdd(&g_wg_clocks[w][6], static_cast<unsigned long long>(n));
     atomicAdd(&g_wg_clocks[w][7], 1ull);
   }
 
-  // ---- epilogue: row sums over the quad and both warpgroups
-  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
-  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
-  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
-  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
-  if (q4 == 0) {
-    sL[w * BLOCK_M + r0] = l_run0;
-    sL[w * BLOCK_M + r1] = l_run1;
+  // ---- epilogue: warpgroup 0 holds the row statistics; full row sums over the quad
+  float* sStat = sL;  // [0][row] = m, [1][row] = l
+  if (w == 0) {
+    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
+    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
+    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
+    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+    if (q4 == 0) {
+      sStat[r0] = m_run0;
+      sStat[r1] = m_run1;
+      sStat[BLOCK_M + r0] = l_run0;
+      sStat[BLOCK_M + r1] = l_run1;
+    }
   }
   named_sync(BAR_CONSUMERS, wg::CONSUMERS);
-  l_run0 += sL[(w ^ 1) * BLOCK_M + r0];
-  l_run1 += sL[(w ^ 1) * BLOCK_M + r1];
+  if (w == 1) {
+    m_run0 = sStat[r0];
+    m_run1 = sStat[r1];
+    l_run0 = sStat[BLOCK_M + r0];
+    l_run1 = sStat[BLOCK_M + r1];
+  }
   const float inv0 = l_run0 > 0.f ? 1.f / l_run0 : 0.f;
   const float inv1 = l_run1 > 0.f ? 1.f / l_run1 : 0.f;
   const int row0 = m0 + r0;

@@ -358,19 +358,29 @@ def wgmma_probe(a, bk, v, *, v_offsets: tuple[int, int]) -> tuple[torch.Tensor, 
     return d1, d2
 
 
-WGMMA_PHASES = ("wait_tile", "s_mma", "mask_max", "softmax_p", "pv_mma", "release")
+#: Phase boundaries of the wgmma kernel's clocks (``kernels/mla_tree_sm90.cu``), per
+#: consumer warpgroup: 0 (S, softmax, its half of P V) and 1 (the other half of P V).
+WGMMA_PHASES = (
+    ("prologue", "rescale_wait_tile", "issue", "softmax_next", "pv_wait", "hand_over"),
+    ("wait_p", "rescale", "pv_mma", "release", "-", "-"),
+)
 
 
 def wgmma_clocks() -> dict[str, float]:
     """Phase clocks of the wgmma split kernel accumulated since the last read (launches made
     with ``KDTREE_MLA_CLOCKS=1`` in the environment), then reset: mean cycles per KV tile of
-    each phase (:data:`WGMMA_PHASES`, thread 0 of warpgroup 0), ``tiles`` and ``ctas``."""
+    each phase of thread 0 of each consumer warpgroup (keys ``wg0.<phase>``, ``wg1.<phase>``
+    from :data:`WGMMA_PHASES`), ``tiles`` and ``ctas``."""
     buf = (ctypes.c_ulonglong * 16)()
     rc = _load().kdtree_mla_wgmma_clocks(ctypes.cast(buf, ctypes.c_void_p))
     if rc != 0:
         raise RuntimeError(f"reading the wgmma clocks failed ({rc})")
     tiles = max(int(buf[6]), 1)
-    out = {name: buf[i] / tiles for i, name in enumerate(WGMMA_PHASES)}
+    out: dict[str, float] = {}
+    for w, names in enumerate(WGMMA_PHASES):
+        for i, name in enumerate(names):
+            if name != "-":
+                out[f"wg{w}.{name}"] = buf[8 * w + i] / tiles
     out.update(tiles=int(buf[6]), ctas=int(buf[7]))
     return out
 

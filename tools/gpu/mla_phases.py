@@ -54,10 +54,10 @@ def main() -> None:
         torch.cuda.synchronize()
         ck = cuda_mla.wgmma_clocks()
         os.environ["KDTREE_MLA_CLOCKS"] = "0"
-        total = sum(ck[k] for k in cuda_mla.WGMMA_PHASES)
+        total = sum(v for k, v in ck.items() if k.startswith("wg0."))
         print(f"{spec} splits={splits} tiles/CTA={ck['tiles'] / max(ck['ctas'], 1):.1f} "
               f"cycles/tile={total:.0f}: " + ", ".join(
-                  f"{k} {ck[k]:.0f}" for k in cuda_mla.WGMMA_PHASES), flush=True)  # fmt: skip
+                  f"{k} {v:.0f}" for k, v in ck.items() if k.startswith("wg")), flush=True)  # fmt: skip
         rec = {"point": spec, "splits": splits, "cycles_per_tile": total, **ck}
         for ab in ABLATIONS:
             os.environ["KDTREE_MLA_ABLATE"] = str(ab)
