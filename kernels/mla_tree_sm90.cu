@@ -532,11 +532,15 @@ __global__ void __launch_bounds__(MERGE_THREADS) mla_merge_kernel(const Params p
 //     page size; 36 16-byte copies a thread a tile); named barriers FULL (tile landed) and
 //     EMPTY (stage free) per stage. setmaxnreg: producer 40 registers, consumers 232.
 //   * warpgroup 0: S_j = Q K_j^T over all 64 keys (36 x m64n64k16, both operands in shared
-//     memory), the online softmax (row max, sums, alpha), P_j as register A fragments for
-//     O[:, 0:256] += P_j V_j (4 x m64n256k16, A from registers), and P_j + alpha_j through
-//     shared memory for warpgroup 1. S_{j+1} is issued before P_j V_j, so the softmax of tile
-//     j + 1 runs while the tensor cores do both warpgroups' P V.
-//   * warpgroup 1: O[:, 256:512] *= alpha_j; += P_j V_j (A = P from shared memory).
+//     memory, two accumulation chains), the online softmax (row max, sums, alpha), P_j as
+//     register A fragments for O[:, 0:256] += P_j V_j (4 x m64n256k16, A from registers), and
+//     P_j + alpha_j through shared memory for warpgroup 1.
+//   * warpgroup 1: O[:, 256:512] *= alpha_j; += P_j V_j (A = P from shared memory), at the
+//     same time as warpgroup 0's P V.
+//   Tile j + 2's copies start when both have finished P_j V_j, and tile j + 2 is needed one
+//   tile later. Issuing S_{j+1} before P_j V_j (so the softmax overlaps the P V MMAs) was
+//   measured in call f: with two stages it leaves the copies of tile j + 2 a few hundred
+//   cycles, and the kernel got 38 % slower.
 //   V is the first 512 dims of the same tile, read through a transposed (MN-major)
 //   descriptor; each consumer's 64 x 256 fp32 accumulator is 128 registers a thread.
 // Shared memory holds every operand in the 128-byte-swizzled K-major layout wgmma reads: a
@@ -884,8 +888,8 @@ __device__ __forceinline__ void named_arrive(int id, int n) {
 constexpr int BAR_CONSUMERS = 1;  // the two consumer warpgroups (256 threads)
 constexpr int BAR_FULL = 2;       // + stage: the producer arrives when the tile landed (384)
 constexpr int BAR_EMPTY = 4;      // + stage: the consumers arrive when the stage is free (384)
-constexpr int BAR_P_READY = 6;    // warpgroup 0 handed P_j and alpha_j to warpgroup 1 (256)
-constexpr int BAR_P_FREE = 7;     // warpgroup 1 is done reading them (256)
+constexpr int BAR_P_READY = 6;    // warpgroup 0 wrote P_j and alpha_j for warpgroup 1 (256)
+constexpr int BAR_P_FREE = 7;     // warpgroup 1 is done reading P_{j-1} (256)
 
 // The producer warpgroup's share of one KV tile: rows (pt >> 3) + 16 k (k < 4), slice i, chunk
 // pt & 7 (8 adjacent threads read one row's 128 contiguous bytes of a slice).
@@ -971,27 +975,21 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
         cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
       }
     }
-    // one cp.async group per tile. FULL for tile t + 1 is signalled before waiting on EMPTY
-    // for tile t: warpgroup 0 needs tile t + 1 (its S) before it issues P_t V_t.
+    // one cp.async group per tile, empty ones included, so "all but the newest" is tile t
     if (ts.n_tiles > 0) wg_produce_tile<E>(sKV, kv, p, pt_row, ts, 0, pt);
     cp_async_commit();
     if (ts.n_tiles > 1) wg_produce_tile<E>(sKV + wg::SMEM_STAGE, kv, p, pt_row, ts, 1, pt);
     cp_async_commit();
-    cp_async_wait<1>();
-    fence_async_smem();
-    if (ts.n_tiles > 0) named_arrive(BAR_FULL, 256);  // tile 0 (and Q) in stage 0
     for (int tile = 0; tile < ts.n_tiles; ++tile) {
       const int st = tile & 1;
-      if (tile + 1 < ts.n_tiles) {
-        cp_async_wait<0>();  // the groups committed so far end with tile + 1
-        fence_async_smem();
-        named_arrive(BAR_FULL + (st ^ 1), 256);  // tile + 1 is in stage st ^ 1
-      }
+      cp_async_wait<1>();
+      fence_async_smem();
+      named_arrive(BAR_FULL + st, 256);  // tile `tile` is in stage st (warpgroup 0 waits)
       if (tile + 2 < ts.n_tiles) {
         named_sync(BAR_EMPTY + st, wg::THREADS);  // both consumers are done with tile `tile`
         if (!(p.ablate & 1)) wg_produce_tile<E>(sKV + st * wg::SMEM_STAGE, kv, p, pt_row, ts, tile + 2, pt);
-        cp_async_commit();
       }
+      cp_async_commit();
     }
     cp_async_wait<0>();
     return;
@@ -1035,31 +1033,44 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   if (stamp) t_prev = clock64();
 
   if (w == 0) {
-    // ---- warpgroup 0: S_j = Q K_j^T (64 x 64, 36 x m64n64k16), the online softmax, P_j as
-    // register A fragments for its own P V and through shared memory for warpgroup 1. S_{j+1}
-    // is issued before P_j V_j, so the softmax of tile j + 1 overlaps both warpgroups' P V.
-    float s[32];
+    // ---- warpgroup 0: S_j = Q K_j^T (64 x 64) as two independent accumulation chains (even
+    // and odd k-steps: one chain of dependent m64n64k16 ran at ~80 cycles an instruction,
+    // 40 % of the tensor rate, session 9 call f), the online softmax, P_j as register A
+    // fragments for its own P V and through shared memory for warpgroup 1.
+    float s[32], s_odd[32];
     uint32_t pc[4][4];               // P_j fragments, k-step kk = keys [16 kk, 16 kk + 16)
     float alpha0 = 1.f, alpha1 = 1.f;  // tile j's rescale factors of rows r0, r1
 
-    // S of tile `tile` into s (asynchronous; the caller waits)
-    auto issue_s = [&](int tile) {
-      const uint64_t stage = static_cast<uint64_t>(tile & 1) * STAGE_STEP;
-#pragma unroll
-      for (int ks = 0; ks < DQK / 16; ++ks) {
-        const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
-        Wgmma<E>::ss_n64(s, dq + off, dk + stage + off, ks > 0);
-      }
-      wg_commit();
-    };
-    // mask, scale, online softmax of s (tile `tile`) -> P fragments `pf`, alpha, m, l
-    auto softmax = [&](int tile, uint32_t (&pf)[4][4]) {
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile & 1;
       const uint64_t bits0 = wg_bits64(p, ts, b, tile, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, tile, m0 + r1);
+      named_sync(BAR_FULL + st, 256);  // tile `tile` landed
+      WG_STAMP(0)
       if (p.ablate & 2) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = 0.f;
+      } else {
+        wg_fence();
+        const uint64_t stage = static_cast<uint64_t>(st) * STAGE_STEP;
+#pragma unroll
+        for (int ks = 0; ks < DQK / 16; ++ks) {
+          const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
+          if (ks & 1)
+            Wgmma<E>::ss_n64(s_odd, dq + off, dk + stage + off, ks > 1);
+          else
+            Wgmma<E>::ss_n64(s, dq + off, dk + stage + off, ks > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        pin(s);
+        pin(s_odd);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] += s_odd[i];
       }
+      WG_STAMP(1)
+
+      // ---- mask, scale (base 2), online softmax
       float mx0 = neg_inf(), mx1 = neg_inf();
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -1100,45 +1111,31 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        pf[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
-        pf[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
-        pf[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
-        pf[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
+        pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
+        pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
+        pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
+        pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
       }
-    };
-    // P (64 x 64, 128B-swizzled K-major) and alpha into shared memory for warpgroup 1
-    auto hand_over = [&](const uint32_t (&pf)[4][4]) {
+      WG_STAMP(2)
+
+      // ---- hand P_j and alpha_j to warpgroup 1 (128B-swizzled K-major P, as wgmma reads it)
+      if (tile > 0) named_sync(BAR_P_FREE, wg::CONSUMERS);  // it is done with P_{j-1}
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk) + 4 * q4) = pf[kk][0];
-        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 2 * kk) + 4 * q4) = pf[kk][1];
-        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk + 1) + 4 * q4) = pf[kk][2];
-        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 2 * kk + 1) + 4 * q4) = pf[kk][3];
+        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk) + 4 * q4) = pc[kk][0];
+        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 2 * kk) + 4 * q4) = pc[kk][1];
+        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk + 1) + 4 * q4) = pc[kk][2];
+        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 2 * kk + 1) + 4 * q4) = pc[kk][3];
       }
       if (q4 == 0) {
         sAlpha[r0] = alpha0;
         sAlpha[r1] = alpha1;
       }
       fence_async_smem();
-      named_arrive(BAR_P_READY, wg::CONSUMERS);
-    };
+      named_sync(BAR_P_READY, wg::CONSUMERS);
+      WG_STAMP(3)
 
-    if (n > 0) {
-      named_sync(BAR_FULL, 256);
-      if (!(p.ablate & 2)) {
-        wg_fence();
-        issue_s(0);
-        wg_wait<0>();
-      }
-      pin(s);
-      softmax(0, pc);
-      hand_over(pc);
-    }
-    WG_STAMP(0)
-    for (int tile = 0; tile < n; ++tile) {
-      const int st = tile & 1;
-      const bool more = tile + 1 < n;
-      // O *= alpha_j (this warpgroup's P_{j-1} V_{j-1} was waited for below)
+      // ---- O[:, 0:256] *= alpha_j; += P_j V_j (A from registers)
       if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
@@ -1148,40 +1145,21 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
           o[4 * j + 3] *= alpha1;
         }
       }
-      if (more) named_sync(BAR_FULL + (st ^ 1), 256);  // tile + 1 landed
-      WG_STAMP(1)
-      wg_fence();
-      if (more && !(p.ablate & 2)) issue_s(tile + 1);
       if (!(p.ablate & 4)) {
+        wg_fence();
 #pragma unroll
         for (int kk = 0; kk < wg::BN / 16; ++kk)
           Wgmma<E>::rs_n256_tb(o, pc[kk], dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
+        wg_commit();
+        wg_wait<0>();
       }
-      wg_commit();
-      WG_STAMP(2)
-      uint32_t pn[4][4];
-      if (more) {
-        wg_wait<1>();  // S_{j+1} (committed before P_j V_j) is complete
-        pin(s);
-        softmax(tile + 1, pn);
-      }
-      WG_STAMP(3)
-      wg_wait<0>();
       pin(o);
       WG_STAMP(4)
       if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);  // done with stage st
-      if (more) {
-        named_sync(BAR_P_FREE, wg::CONSUMERS);  // warpgroup 1 is done with P_j and alpha_j
-        hand_over(pn);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) pc[kk][i] = pn[kk][i];
-      }
       WG_STAMP(5)
     }
   } else {
-    // ---- warpgroup 1: O[:, 256:512] += P_j V_j with P_j from shared memory
+    // ---- warpgroup 1: O[:, 256:512] *= alpha_j; += P_j V_j with P_j from shared memory
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile & 1;
       named_sync(BAR_P_READY, wg::CONSUMERS);  // P_j and alpha_j written (tile j landed before)
@@ -1208,8 +1186,9 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       }
       pin(o);
       WG_STAMP(2)
-      if (tile + 1 < n) named_arrive(BAR_P_FREE, wg::CONSUMERS);
+      // release the stage first: the producer's next copies must not wait for P_FREE
       if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);
+      if (tile + 1 < n) named_sync(BAR_P_FREE, wg::CONSUMERS);
       WG_STAMP(3)
     }
   }

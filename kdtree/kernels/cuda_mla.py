@@ -361,8 +361,8 @@ def wgmma_probe(a, bk, v, *, v_offsets: tuple[int, int]) -> tuple[torch.Tensor, 
 #: Phase boundaries of the wgmma kernel's clocks (``kernels/mla_tree_sm90.cu``), per
 #: consumer warpgroup: 0 (S, softmax, its half of P V) and 1 (the other half of P V).
 WGMMA_PHASES = (
-    ("prologue", "rescale_wait_tile", "issue", "softmax_next", "pv_wait", "hand_over"),
-    ("wait_p", "rescale", "pv_mma", "release", "-", "-"),
+    ("wait_tile", "s_mma", "softmax", "hand_over", "pv_mma", "release"),
+    ("wait_p", "rescale", "pv_mma", "release_p_free", "-", "-"),
 )
 
 
