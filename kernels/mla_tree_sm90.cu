@@ -877,11 +877,14 @@ __device__ __forceinline__ uint32_t wg_bits(const Params& p, const WgTiles& ts, 
   return static_cast<uint32_t>(word >> (32 * w)) & low_bits(ts.T - j0 - 32 * w);
 }
 
+// Named barriers of the warp-specialised kernel. The non-.aligned forms: the warpgroups reach
+// a barrier from different code (bar.sync is barrier.sync.aligned, which PTX defines only when
+// every participating thread executes the same instruction).
 __device__ __forceinline__ void named_sync(int id, int n) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 // Named barriers of the wgmma kernel (0 is __syncthreads, unused there).
@@ -1070,25 +1073,44 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       }
       WG_STAMP(1)
 
-      // ---- mask, scale (base 2), online softmax
-      float mx0 = neg_inf(), mx1 = neg_inf();
+      // ---- mask (partial tiles only), online softmax in base 2 with the scale folded into
+      // the exponent's multiply-add: p = 2^(s * scale - m), m the running max of s * scale
+      const bool full = tile < ts.n_pre && ts.end - (ts.start + tile * wg::BN) >= wg::BN;
+      if (!full) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 8; ++j) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * j + 2 * q4 + e;
-          s[4 * j + e] = ((bits0 >> col) & 1u) ? s[4 * j + e] * p.qk_scale : neg_inf();
-          s[4 * j + 2 + e] = ((bits1 >> col) & 1u) ? s[4 * j + 2 + e] * p.qk_scale : neg_inf();
-          mx0 = fmaxf(mx0, s[4 * j + e]);
-          mx1 = fmaxf(mx1, s[4 * j + 2 + e]);
+          for (int e = 0; e < 2; ++e) {
+            const int col = 8 * j + 2 * q4 + e;
+            if (!((bits0 >> col) & 1u)) s[4 * j + e] = neg_inf();
+            if (!((bits1 >> col) & 1u)) s[4 * j + 2 + e] = neg_inf();
+          }
         }
+      }
+      float mx0, mx1;
+      {
+        float a[8], c[8];  // pairwise trees: 3 dependent steps instead of 16
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          a[j] = fmaxf(s[4 * j + 0], s[4 * j + 1]);
+          c[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
+        }
+#pragma unroll
+        for (int w2 = 4; w2 >= 1; w2 >>= 1)
+#pragma unroll
+          for (int j = 0; j < w2; ++j) {
+            a[j] = fmaxf(a[j], a[j + w2]);
+            c[j] = fmaxf(c[j], c[j + w2]);
+          }
+        mx0 = a[0];
+        mx1 = c[0];
       }
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float mnew0 = fmaxf(m_run0, mx0);
-      const float mnew1 = fmaxf(m_run1, mx1);
+      const float mnew0 = fmaxf(m_run0, mx0 * p.qk_scale);  // qk_scale > 0: order kept
+      const float mnew1 = fmaxf(m_run1, mx1 * p.qk_scale);
       // rows with no visible key so far keep weight 0 instead of producing NaN (-inf - -inf)
       const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
       const float muse1 = mnew1 == neg_inf() ? 0.f : mnew1;
@@ -1096,18 +1118,27 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       alpha1 = exp2f(m_run1 - muse1);
       m_run0 = mnew0;
       m_run1 = mnew1;
-      float sum0 = 0.f, sum1 = 0.f;
+      {
+        float a[8], c[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        s[4 * j + 0] = exp2f(s[4 * j + 0] - muse0);
-        s[4 * j + 1] = exp2f(s[4 * j + 1] - muse0);
-        s[4 * j + 2] = exp2f(s[4 * j + 2] - muse1);
-        s[4 * j + 3] = exp2f(s[4 * j + 3] - muse1);
-        sum0 += s[4 * j + 0] + s[4 * j + 1];
-        sum1 += s[4 * j + 2] + s[4 * j + 3];
+        for (int j = 0; j < 8; ++j) {
+          s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], p.qk_scale, -muse0));
+          s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], p.qk_scale, -muse0));
+          s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], p.qk_scale, -muse1));
+          s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], p.qk_scale, -muse1));
+          a[j] = s[4 * j + 0] + s[4 * j + 1];
+          c[j] = s[4 * j + 2] + s[4 * j + 3];
+        }
+#pragma unroll
+        for (int w2 = 4; w2 >= 1; w2 >>= 1)
+#pragma unroll
+          for (int j = 0; j < w2; ++j) {
+            a[j] += a[j + w2];
+            c[j] += c[j + w2];
+          }
+        l_run0 = l_run0 * alpha0 + a[0];
+        l_run1 = l_run1 * alpha1 + c[0];
       }
-      l_run0 = l_run0 * alpha0 + sum0;
-      l_run1 = l_run1 * alpha1 + sum1;
       // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
