@@ -819,9 +819,10 @@ __device__ __forceinline__ void Wgmma<__half>::rs_n256_tb(float (&d)[128], const
 // END GENERATED WGMMA
 
 // Phase clocks of the wgmma kernel, summed over CTAs by thread 0 of each consumer warpgroup:
-// [warpgroup][0..5] cycles in: wait for the tile, S MMAs, mask + max exchange, softmax + P
-// store + barrier, P V MMAs, stage release; [6] tiles, [7] CTAs.
-__device__ unsigned long long g_wg_clocks[2][8];
+// [warpgroup][0..7] cycles in: wait for the tile, S MMAs, softmax (those three warpgroup 0
+// only), wait at P_FREE, P hand-over + wait at P_READY, O rescale, P V MMAs, stage release;
+// [8] tiles, [9] CTAs.
+__device__ unsigned long long g_wg_clocks[2][10];
 
 struct WgTiles {
   int L, start, end, n_pre, n_tiles, T;
@@ -1025,7 +1026,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   const int n = ts.n_tiles;
 
   const bool stamp = p.clocks && (tid & 127) == 0;
-  unsigned long long ck[6] = {0, 0, 0, 0, 0, 0};
+  unsigned long long ck[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   long long t_prev = 0;
 #define WG_STAMP(i)                                 \
   if (stamp) {                                      \
@@ -1035,17 +1036,19 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   }
   if (stamp) t_prev = clock64();
 
-  if (w == 0) {
-    // ---- warpgroup 0: S_j = Q K_j^T (64 x 64) as two independent accumulation chains (even
-    // and odd k-steps: one chain of dependent m64n64k16 ran at ~80 cycles an instruction,
-    // 40 % of the tensor rate, session 9 call f), the online softmax, P_j as register A
-    // fragments for its own P V and through shared memory for warpgroup 1.
-    float s[32], s_odd[32];
-    uint32_t pc[4][4];               // P_j fragments, k-step kk = keys [16 kk, 16 kk + 16)
-    float alpha0 = 1.f, alpha1 = 1.f;  // tile j's rescale factors of rows r0, r1
-
-    for (int tile = 0; tile < n; ++tile) {
-      const int st = tile & 1;
+  // One loop for both consumer warpgroups, so that the barriers they share (P_FREE, P_READY,
+  // the epilogue's) are the same instructions in both (compute-sanitizer's racecheck pairs
+  // barrier instances by instruction).
+  // Warpgroup 0: S_j = Q K_j^T (64 x 64) as two independent accumulation chains (even and odd
+  // k-steps: one chain of dependent m64n64k16 ran at ~80 cycles an instruction, session 9
+  // call f), the online softmax, P_j as register A fragments for O[:, 0:256] += P_j V_j and
+  // through shared memory (with alpha_j) for warpgroup 1's O[:, 256:512] += P_j V_j.
+  float s[32], s_odd[32];
+  uint32_t pc[4][4];                 // warpgroup 0: P_j fragments, k-step kk = keys [16 kk, +16)
+  float alpha0 = 1.f, alpha1 = 1.f;  // tile j's rescale factors of rows r0, r1
+  for (int tile = 0; tile < n; ++tile) {
+    const int st = tile & 1;
+    if (w == 0) {
       const uint64_t bits0 = wg_bits64(p, ts, b, tile, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, tile, m0 + r1);
       named_sync(BAR_FULL + st, 256);  // tile `tile` landed
@@ -1147,10 +1150,21 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
         pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
         pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
       }
+      // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
+        pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
+        pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
+        pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
+      }
       WG_STAMP(2)
-
-      // ---- hand P_j and alpha_j to warpgroup 1 (128B-swizzled K-major P, as wgmma reads it)
-      if (tile > 0) named_sync(BAR_P_FREE, wg::CONSUMERS);  // it is done with P_{j-1}
+    }
+    // ---- P_{j-1} and alpha_{j-1} are no longer read (warpgroup 1 waited for its P V)
+    named_sync(BAR_P_FREE, wg::CONSUMERS);
+    WG_STAMP(3)
+    if (w == 0) {
+      // P_j (128B-swizzled K-major, as wgmma reads it) and alpha_j for warpgroup 1
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk) + 4 * q4) = pc[kk][0];
@@ -1163,72 +1177,56 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
         sAlpha[r1] = alpha1;
       }
       fence_async_smem();
-      named_sync(BAR_P_READY, wg::CONSUMERS);
-      WG_STAMP(3)
-
-      // ---- O[:, 0:256] *= alpha_j; += P_j V_j (A from registers)
-      if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j + 0] *= alpha0;
-          o[4 * j + 1] *= alpha0;
-          o[4 * j + 2] *= alpha1;
-          o[4 * j + 3] *= alpha1;
-        }
-      }
-      if (!(p.ablate & 4)) {
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < wg::BN / 16; ++kk)
-          Wgmma<E>::rs_n256_tb(o, pc[kk], dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
-        wg_commit();
-        wg_wait<0>();
-      }
-      pin(o);
-      WG_STAMP(4)
-      if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);  // done with stage st
-      WG_STAMP(5)
     }
-  } else {
-    // ---- warpgroup 1: O[:, 256:512] *= alpha_j; += P_j V_j with P_j from shared memory
-    for (int tile = 0; tile < n; ++tile) {
-      const int st = tile & 1;
-      named_sync(BAR_P_READY, wg::CONSUMERS);  // P_j and alpha_j written (tile j landed before)
-      WG_STAMP(0)
-      const float alpha0 = sAlpha[r0];
-      const float alpha1 = sAlpha[r1];
-      if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j + 0] *= alpha0;
-          o[4 * j + 1] *= alpha0;
-          o[4 * j + 2] *= alpha1;
-          o[4 * j + 3] *= alpha1;
-        }
-      }
-      WG_STAMP(1)
-      if (!(p.ablate & 4)) {
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < wg::BN / 16; ++kk)
-          Wgmma<E>::ss_n256_tb(o, dp + kk * 2, dv + st * STAGE_STEP + kk * (16 * 128 >> 4), 1);
-        wg_commit();
-        wg_wait<0>();
-      }
-      pin(o);
-      WG_STAMP(2)
-      // release the stage first: the producer's next copies must not wait for P_FREE
-      if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);
-      if (tile + 1 < n) named_sync(BAR_P_FREE, wg::CONSUMERS);
-      WG_STAMP(3)
+    named_sync(BAR_P_READY, wg::CONSUMERS);
+    WG_STAMP(4)
+    if (w == 1) {
+      alpha0 = sAlpha[r0];
+      alpha1 = sAlpha[r1];
     }
+    // ---- O[:, 256w : 256w + 256] *= alpha_j (the running max rarely moves once settled: skip
+    // the 128 multiplies when no row of this warp changed)
+    if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 0] *= alpha0;
+        o[4 * j + 1] *= alpha0;
+        o[4 * j + 2] *= alpha1;
+        o[4 * j + 3] *= alpha1;
+      }
+    }
+    WG_STAMP(5)
+    // ---- += P_j V_j: A from registers (warpgroup 0) or from shared memory (warpgroup 1)
+    // (each branch holds its whole fence / MMA / commit / wait sequence: with the MMAs alone in
+    // divergent branches ptxas serialises them, warning C7520)
+    const uint64_t v = dv + st * STAGE_STEP;
+    if (p.ablate & 4) {
+    } else if (w == 0) {
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < wg::BN / 16; ++kk)
+        Wgmma<E>::rs_n256_tb(o, pc[kk], v + kk * (16 * 128 >> 4), 1);
+      wg_commit();
+      wg_wait<0>();
+    } else {
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < wg::BN / 16; ++kk)
+        Wgmma<E>::ss_n256_tb(o, dp + kk * 2, v + kk * (16 * 128 >> 4), 1);
+      wg_commit();
+      wg_wait<0>();
+    }
+    pin(o);
+    WG_STAMP(6)
+    if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);  // done with stage st
+    WG_STAMP(7)
   }
 #undef WG_STAMP
   if (stamp) {
 #pragma unroll
-    for (int i = 0; i < 6; ++i) atomicAdd(&g_wg_clocks[w][i], ck[i]);
-    atomicAdd(&g_wg_clocks[w][6], static_cast<unsigned long long>(n));
-    atomicAdd(&g_wg_clocks[w][7], 1ull);
+    for (int i = 0; i < 8; ++i) atomicAdd(&g_wg_clocks[w][i], ck[i]);
+    atomicAdd(&g_wg_clocks[w][8], static_cast<unsigned long long>(n));
+    atomicAdd(&g_wg_clocks[w][9], 1ull);
   }
 
   // ---- epilogue: warpgroup 0 holds the row statistics; full row sums over the quad
@@ -1403,12 +1401,12 @@ int kdtree_mla_smem_bytes() { return kdtree_mla::SMEM_TOTAL; }
 // Query rows per CTA (the M tile).
 int kdtree_mla_block_m() { return kdtree_mla::BLOCK_M; }
 
-// Copy the wgmma kernel's phase clocks (16 values, see g_wg_clocks) to `host` and zero them.
+// Copy the wgmma kernel's phase clocks (20 values, see g_wg_clocks) to `host` and zero them.
 int kdtree_mla_wgmma_clocks(unsigned long long* host) {
-  cudaError_t err = cudaMemcpyFromSymbol(host, kdtree_mla::g_wg_clocks, 16 * 8);
+  cudaError_t err = cudaMemcpyFromSymbol(host, kdtree_mla::g_wg_clocks, 20 * 8);
   if (err != cudaSuccess) return static_cast<int>(err);
-  static const unsigned long long zero[16] = {};
-  return static_cast<int>(cudaMemcpyToSymbol(kdtree_mla::g_wg_clocks, zero, 16 * 8));
+  static const unsigned long long zero[20] = {};
+  return static_cast<int>(cudaMemcpyToSymbol(kdtree_mla::g_wg_clocks, zero, 20 * 8));
 }
 
 // Shared memory (bytes) of one wgmma split CTA.

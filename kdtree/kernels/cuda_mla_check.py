@@ -1,6 +1,6 @@
 """GPU check of the CUDA (sm_90) MLA tree-verify kernel: build, correctness, timing.
 
-Run on an H100/H200: ``python -m kdtree.kernels.cuda_mla_check [--kernels mma,wgmma]``. It
+Run on an H100/H200: ``python -m kdtree.kernels.cuda_mla_check [--kernels wgmma,mma]``. It
 
 1. builds the shared object with nvcc (cached under ``~/.cache/kdtree/cuda``) and prints the
    ptxas register / spill report;
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", default="mma", help="split kernels, comma-separated: "
+    ap.add_argument("--kernels", default="wgmma,mma", help="split kernels, comma-separated: "
                     + ",".join(cuda_mla.KERNELS))  # fmt: skip
     ap.add_argument("--no-timing", action="store_true", help="correctness only")
     ap.add_argument("--deadline-s", type=float, default=DEADLINE_S,
