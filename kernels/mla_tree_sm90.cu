@@ -1452,7 +1452,7 @@ const char* kdtree_mla_error_string(int code) {
     case -7: return "pointer or stride not 16-byte aligned";
     case -8: return "grid dimension too large";
     case -9: return "device ordinal out of range";
-    case -10: return "unknown kernel code (expected 0 = mma.sync, 1 or 2 = wgmma)";
+    case -10: return "unknown kernel code (expected 0 = mma.sync, 1 = wgmma)";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -1470,7 +1470,7 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
                            int num_splits, float sm_scale, int kernel, uintptr_t stream) {
   using namespace kdtree_mla;
   if (dtype != 0 && dtype != 1) return -1;
-  if (kernel < 0 || kernel > 2) return -10;
+  if (kernel < 0 || kernel > 1) return -10;
   if (rank != RANK || rope != ROPE) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
   if (B < 1 || T < 1 || H < 1 || max_pages < 1) return -4;
@@ -1514,18 +1514,17 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.page_shift = shift;
   p.num_splits = num_splits;
   p.qk_scale = sm_scale * 1.4426950408889634f;
-  // V operand of the wgmma kernel (MN-major, 128B swizzle): one offset steps between 64-dim
-  // slices (8 KB apart), the other between 8-key groups (1 KB apart); kernel 1 and 2 are the
-  // two assignments of these to the descriptor's leading / stride fields.
-  p.v_lbo = kernel == 2 ? 1024u : static_cast<uint32_t>(wg::REGION);
-  p.v_sbo = kernel == 2 ? static_cast<uint32_t>(wg::REGION) : 1024u;
+  // V operand of the wgmma kernel (MN-major, 128B swizzle): the leading byte offset steps
+  // between 64-dim slices (8 KB apart), the stride byte offset between 8-key groups (1 KB).
+  // The other assignment gives wrong products (kdtree.kernels.cuda_mla.wgmma_probe, session 9).
+  p.v_lbo = static_cast<uint32_t>(wg::REGION);
+  p.v_sbo = 1024u;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   const char* env_clocks = getenv("KDTREE_MLA_CLOCKS");
   const char* env_ablate = getenv("KDTREE_MLA_ABLATE");
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
-  const int k = kernel == 0 ? 0 : 1;
-  return dtype == 0 ? launch<__nv_bfloat16>(p, B, k, s) : launch<__half>(p, B, k, s);
+  return dtype == 0 ? launch<__nv_bfloat16>(p, B, kernel, s) : launch<__half>(p, B, kernel, s);
 }
 
 }  // extern "C"

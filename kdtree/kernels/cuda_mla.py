@@ -50,10 +50,8 @@ ROPE = 64
 BLOCK_M = 64  # query rows per CTA (kernels/mla_tree_sm90.cu)
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 # Split kernels of kernels/mla_tree_sm90.cu: "mma" (mma.sync + ldmatrix, 32-key tiles) and
-# "wgmma" (warpgroup MMA from swizzled shared memory, 64-key tiles). "wgmma_alt" is the wgmma
-# kernel with the V descriptor's two byte offsets swapped: kept only so a device run can tell
-# which assignment the hardware reads (the wrong one gives wrong results, never a fault).
-KERNELS = {"mma": 0, "wgmma": 1, "wgmma_alt": 2}
+# "wgmma" (warpgroup MMA from swizzled shared memory, 64-key tiles, a producer warpgroup).
+KERNELS = {"mma": 0, "wgmma": 1}
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_WAVES = 2
 

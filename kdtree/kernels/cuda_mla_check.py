@@ -109,9 +109,10 @@ def _dense(qn, qp, kv, pt, lens, mask, dtype):
 
 
 def check_probe() -> tuple[list[dict], bool]:
-    """The wgmma layout probe in bf16 and fp16 with both V-descriptor offset assignments of
-    ``cuda_mla.KERNELS`` ("wgmma": leading = 8192, "wgmma_alt": leading = 1024). The S product
-    must match in every run; the P V product tells which assignment the hardware reads."""
+    """The wgmma layout probe in bf16 and fp16 with both assignments of the V descriptor's
+    byte offsets ("wgmma", the kernel's: leading = 8192, stride = 1024; "swapped": the other).
+    The S product must match in every run; the P V product tells which assignment the
+    hardware reads (session 9: the kernel's; the swapped one is off by ~50)."""
     rows, ok_s = [], True
     g = torch.Generator(device="cuda")
     g.manual_seed(7)
@@ -121,7 +122,7 @@ def check_probe() -> tuple[list[dict], bool]:
         v = torch.randn(64, 256, generator=g, device="cuda").to(dtype)
         want1 = a.double() @ bk.double().T
         want2 = a.double() @ v.double()
-        for name, offs in (("wgmma", (8192, 1024)), ("wgmma_alt", (1024, 8192))):
+        for name, offs in (("wgmma", (8192, 1024)), ("swapped", (1024, 8192))):
             d1, d2 = cuda_mla.wgmma_probe(a, bk, v, v_offsets=offs)
             torch.cuda.synchronize()
             e1 = (d1.double() - want1).abs().max().item()
