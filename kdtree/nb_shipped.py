@@ -592,6 +592,75 @@ def hypothesis_findings(hvg: pd.DataFrame, gap_ms: float) -> list[str]:
     return out
 
 
+#: What each session-9 device call measured of the wgmma MLA split kernel
+#: (``data/bench/logs/mla_phases_session9.csv``, ``tools/gpu/stages_s9<call>.txt``).
+MLA_WGMMA_VERSIONS = {
+    "c": "S split by keys (2 x m64n32); the consumers issue the copies",
+    "d": "the copies issued under the S MMAs",
+    "e": "a producer warpgroup issues the copies",
+    "f": "S in warpgroup 0 (m64n64, Q read once); S_{j+1} before P_j V_j",
+    "g": "S as two accumulation chains; S after P V again",
+    "h": "softmax trimmed; non-aligned named barriers",
+    "i": "one loop for both consumer warpgroups (committed)",
+}
+
+
+# the kernel's order of the phase names the calls used (the CSV's column order is their union's)
+_WGMMA_PHASE_ORDER = (
+    "prologue", "wait_tile", "rescale_wait_tile", "issue", "s_mma", "softmax", "softmax_next",
+    "p_free", "hand_over", "p_ready", "wait_p", "rescale", "pv_mma", "pv_wait", "release",
+    "release_p_free",
+)  # fmt: skip
+
+
+def mla_wgmma_history(df: pd.DataFrame, point: str = "h16:131072:65") -> pd.DataFrame:
+    """One row per session-9 call at ``point`` (``heads:L:T``): the graph-replayed time, warpgroup
+    0's cycles per KV tile, and what the measurement-only ablations took out (``KDTREE_MLA_ABLATE``:
+    the time without the KV copies, without the S MMAs, without the P V MMAs; ``rest_us`` = with
+    none of the three)."""
+    need = {"call", "point", "cycles_per_tile", "ms_ablate0", "ms_ablate1", "ms_ablate2",
+            "ms_ablate4", "ms_ablate7"}  # fmt: skip
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"MLA phase rows: missing columns {sorted(missing)}")
+    d = df[df["point"] == point]
+    if d.empty:
+        raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
+    out = pd.DataFrame({
+        "call": d["call"].to_numpy(),
+        "version": [MLA_WGMMA_VERSIONS.get(c, "") for c in d["call"]],
+        "us": d["ms_ablate0"].to_numpy() * 1e3,
+        "cycles_per_tile": d["cycles_per_tile"].to_numpy(),
+        "copies_us": (d["ms_ablate0"] - d["ms_ablate1"]).to_numpy() * 1e3,
+        "s_mma_us": (d["ms_ablate0"] - d["ms_ablate2"]).to_numpy() * 1e3,
+        "pv_mma_us": (d["ms_ablate0"] - d["ms_ablate4"]).to_numpy() * 1e3,
+        "rest_us": d["ms_ablate7"].to_numpy() * 1e3,
+    })  # fmt: skip
+    return out.set_index("call")
+
+
+def mla_wgmma_phases(
+    df: pd.DataFrame, call: str = "i", point: str = "h16:131072:65"
+) -> pd.DataFrame:
+    """Cycles per KV tile by phase (columns) for each consumer warpgroup (rows ``wg0``, ``wg1``)
+    of one call (calls f-i stamp both warpgroups; columns ``wg<k>.<phase>``)."""
+    d = df[(df["call"] == call) & (df["point"] == point)]
+    if d.empty:
+        raise ValueError(f"no rows for call {call!r} at {point!r}")
+    row = d.iloc[-1]
+    cols = [c for c in df.columns if c.startswith("wg0.") and pd.notna(row[c])]
+    if not cols:
+        raise ValueError(f"call {call!r} has no per-warpgroup phase columns (calls f-i do)")
+    phases = sorted((c[4:] for c in cols), key=lambda ph: _WGMMA_PHASE_ORDER.index(ph)
+                    if ph in _WGMMA_PHASE_ORDER else len(_WGMMA_PHASE_ORDER))  # fmt: skip
+    table = pd.DataFrame(
+        [[row.get(f"wg{k}.{ph}", np.nan) for ph in phases] for k in (0, 1)],
+        index=["wg0", "wg1"],
+        columns=phases,
+    )
+    return table.fillna(0.0)
+
+
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     """Heap vs every device builder of ``tree_build.csv``: ms per step by (batch, budget) and
     provider, plus the fastest device provider and its speed-up over the heap."""

@@ -143,6 +143,49 @@ else:
     nb.note("The Nsight Compute reports are not shipped (data/bench/logs/ncu_session6/).")
 
 # %% [markdown]
+# ### The warp-specialised wgmma MLA kernel (session 9)
+# `kernels/mla_tree_sm90.cu` gained a second split kernel (`kernel="wgmma"`, the `cuda` MLA
+# backend's default): a producer warpgroup fills two 64-key stages with cp.async; warpgroup 0
+# computes S = QK^T with `wgmma` (m64n64k16, both operands in 128-byte-swizzled shared memory,
+# two accumulation chains) and the softmax, then O[:, :256] += PV with P from registers;
+# warpgroup 1 gets P through shared memory for O[:, 256:]. Each row below is one device call's
+# version at MLA h=16, L=128k, T=65 (`python3 tools/gpu/mla_phases.py`, stage files
+# `tools/gpu/stages_s9c.txt` ... `stages_s9i.txt`): the graph-replayed time, warpgroup 0's
+# cycles per KV tile (thread 0's `clock64()` stamps, `KDTREE_MLA_CLOCKS=1`), and what the
+# measurement-only ablations (`KDTREE_MLA_ABLATE`) take out. The mma.sync kernel it replaces
+# took 1.59 ms at this point in the same bench run as call i.
+
+# %%
+phases_csv = nb.data_path("bench", "logs", "mla_phases_session9.csv")
+if phases_csv.exists():
+    mla_phases = pd.read_csv(phases_csv)
+    history = ns.mla_wgmma_history(mla_phases)
+    nb.show(
+        nf.make_bar_compare_fig(
+            history.reset_index().assign(kernel="wgmma"),
+            "call",
+            "us",
+            "kernel",
+            "wgmma MLA kernel by version, h=16, L=128k, T=65 (H200, graph replay)",
+            "µs",
+        ),  # fmt: skip
+        "mla_wgmma_history",
+    )
+    display(history.round(1))
+    nb.show(
+        nf.make_stacked_phase_fig(
+            ns.mla_wgmma_phases(mla_phases, call="i"),
+            "Cycles per 64-key tile by phase, call i (warpgroup 1 waits while 0 runs S)",
+            "cycles per tile",
+        ),
+        "mla_wgmma_phases",
+    )
+else:
+    nb.note(
+        "The wgmma kernel's phase rows are not shipped (data/bench/logs/mla_phases_session9.csv)."
+    )
+
+# %% [markdown]
 # ### Live timing on this machine
 # Host timer around one call per backend (device synchronised). On a CPU these are the torch
 # paths only and say nothing about GPU speed; they never share a chart with the GPU rows.

@@ -320,3 +320,38 @@ def test_tree_cuda_counters_pick_one_call():
     assert ns.tree_cuda_counters(df, call="e").iloc[0]["dp_steps"] == 8
     hist = ns.tree_cuda_history(df.assign(p50_us=[20.0, 18.0]))
     assert list(hist.columns) == ["e", "f"]
+
+
+def test_mla_wgmma_history_and_phases():
+    base = dict(point="h16:131072:65", cycles_per_tile=5000.0, ms_ablate0=0.8, ms_ablate1=0.6,
+                ms_ablate2=0.6, ms_ablate4=0.65, ms_ablate7=0.2)  # fmt: skip
+    df = pd.DataFrame(
+        [
+            {"call": "c", **base, "s_mma": 1900.0},
+            {
+                "call": "i",
+                **base,
+                "ms_ablate0": 0.75,
+                "wg0.s_mma": 2800.0,
+                "wg0.wait_tile": 300.0,
+                "wg1.p_ready": 3300.0,
+                "wg0.p_ready": 200.0,
+            },  # fmt: skip
+            {"call": "i", **base, "point": "h8:131072:65"},
+        ]
+    )
+    h = ns.mla_wgmma_history(df)
+    assert list(h.index) == ["c", "i"] and h.loc["i", "us"] == pytest.approx(750.0)
+    assert h.loc["c", "copies_us"] == pytest.approx(200.0)
+    assert h.loc["c", "pv_mma_us"] == pytest.approx(150.0) and h.loc["i", "rest_us"] == 200.0
+    assert "producer" not in h.loc["c", "version"] and h.loc["i", "version"]
+    t = ns.mla_wgmma_phases(df, call="i")
+    # the kernel's phase order, not the CSV's; a warpgroup without a phase reads 0
+    assert list(t.columns) == ["wait_tile", "s_mma", "p_ready"]
+    assert t.loc["wg1", "p_ready"] == 3300.0 and t.loc["wg1", "s_mma"] == 0.0
+    with pytest.raises(ValueError, match="per-warpgroup"):
+        ns.mla_wgmma_phases(df, call="c")
+    with pytest.raises(ValueError, match="no rows"):
+        ns.mla_wgmma_history(df, point="h16:1:1")
+    with pytest.raises(ValueError, match="missing"):
+        ns.mla_wgmma_history(df.drop(columns=["ms_ablate7"]))
