@@ -642,17 +642,18 @@ def mla_wgmma_history(df: pd.DataFrame, point: str = "h16:131072:65") -> pd.Data
 def mla_wgmma_phases(
     df: pd.DataFrame, call: str = "i", point: str = "h16:131072:65"
 ) -> pd.DataFrame:
-    """Cycles per KV tile by phase (columns) for each consumer warpgroup (rows ``wg0``, ``wg1``)
-    of one call (calls f-i stamp both warpgroups; columns ``wg<k>.<phase>``)."""
+    """Cycles per KV tile by phase (columns: the union of both warpgroups' phases, in the kernel's
+    order) for each consumer warpgroup (rows ``wg0``, ``wg1``; 0 where a warpgroup has no such
+    phase) of one call (calls f-i stamp both warpgroups; columns ``wg<k>.<phase>``)."""
     d = df[(df["call"] == call) & (df["point"] == point)]
     if d.empty:
         raise ValueError(f"no rows for call {call!r} at {point!r}")
     row = d.iloc[-1]
-    cols = [c for c in df.columns if c.startswith("wg0.") and pd.notna(row[c])]
+    cols = [c for c in df.columns if c[:4] in ("wg0.", "wg1.") and pd.notna(row[c])]
     if not cols:
         raise ValueError(f"call {call!r} has no per-warpgroup phase columns (calls f-i do)")
-    phases = sorted((c[4:] for c in cols), key=lambda ph: _WGMMA_PHASE_ORDER.index(ph)
-                    if ph in _WGMMA_PHASE_ORDER else len(_WGMMA_PHASE_ORDER))  # fmt: skip
+    phases = sorted({c[4:] for c in cols}, key=lambda ph: (_WGMMA_PHASE_ORDER.index(ph)
+                    if ph in _WGMMA_PHASE_ORDER else len(_WGMMA_PHASE_ORDER), ph))  # fmt: skip
     table = pd.DataFrame(
         [[row.get(f"wg{k}.{ph}", np.nan) for ph in phases] for k in (0, 1)],
         index=["wg0", "wg1"],

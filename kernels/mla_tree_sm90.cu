@@ -562,8 +562,9 @@ constexpr int SMEM_Q = KBLOCKS * REGION;
 constexpr int SMEM_STAGE = KBLOCKS * REGION;
 constexpr int STAGES = 2;
 constexpr int SMEM_P = REGION;           // P: 64 rows x 64 keys
-constexpr int SMEM_MAX = 2 * 2 * BLOCK_M * 4;  // [tile parity][warpgroup][row]
-constexpr int SMEM_L = 2 * BLOCK_M * 4;        // [warpgroup][row]
+constexpr int SMEM_MAX = 2 * 2 * BLOCK_M * 4;  // sAlpha: 64 floats (the rest is spare; an
+                                               // earlier version exchanged row maxima here)
+constexpr int SMEM_L = 2 * BLOCK_M * 4;        // sStat: [m | l][row], the epilogue's hand-over
 constexpr int ALIGN = 1024;              // swizzle atoms need 1024-byte aligned regions
 constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_P + SMEM_MAX + SMEM_L;
 static_assert(SMEM_TOTAL <= 227 * 1024, "wgmma kernel shared memory above the sm_90 limit");
@@ -848,39 +849,9 @@ __device__ __forceinline__ int64_t wg_key_slot(const Params& p, const int32_t* p
   return (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
-// Rows (tid >> 3) and (tid >> 3) + 32 of a tile, chunks (tid & 7) + 8 i: slice i, chunk tid & 7
-// (8 adjacent threads read one row's 128 contiguous bytes of a slice).
-template <typename E>
-__device__ __forceinline__ void wg_load_tile(uint32_t stage, const E* kv, int64_t slot_a,
-                                             int64_t slot_b, int64_t s_slot, int tid) {
-  const int sub = tid & 7;
-  const int ra = tid >> 3;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t slot = half ? slot_b : slot_a;
-    const int r = ra + 32 * half;
-    const E* src = slot >= 0 ? kv + slot * s_slot : kv;
-    const int bytes = slot >= 0 ? 16 : 0;
-    const uint32_t dst = stage + swz(r, sub);
-#pragma unroll
-    for (int i = 0; i < wg::KBLOCKS; ++i) cp_async16(dst + i * wg::REGION, src + (sub + 8 * i) * 8, bytes);
-  }
-}
-
-// Visibility bits of this warpgroup's 32 keys of tile `tile` for query row `row`.
-__device__ __forceinline__ uint32_t wg_bits(const Params& p, const WgTiles& ts, int b, int tile,
-                                            int row, int w) {
-  if (tile < ts.n_pre) return low_bits(ts.end - (ts.start + tile * wg::BN) - 32 * w);
-  if (row >= p.rows) return 0u;
-  const int j0 = (tile - ts.n_pre) * wg::BN;  // multiple of 64: one mask word per tile
-  const int t = row / p.H;
-  const uint64_t word = static_cast<uint64_t>(__ldg(p.tree_mask + b * p.sm_b + t * p.sm_t + (j0 >> 6)));
-  return static_cast<uint32_t>(word >> (32 * w)) & low_bits(ts.T - j0 - 32 * w);
-}
-
-// Named barriers of the warp-specialised kernel. The non-.aligned forms: the warpgroups reach
-// a barrier from different code (bar.sync is barrier.sync.aligned, which PTX defines only when
-// every participating thread executes the same instruction).
+// Named barriers of the warp-specialised kernel. The non-.aligned forms: the producer and
+// warpgroup 0 meet at FULL / EMPTY from different code (bar.sync is barrier.sync.aligned, which
+// PTX defines only when every participating thread executes the same instruction).
 __device__ __forceinline__ void named_sync(int id, int n) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
@@ -890,7 +861,7 @@ __device__ __forceinline__ void named_arrive(int id, int n) {
 
 // Named barriers of the wgmma kernel (0 is __syncthreads, unused there).
 constexpr int BAR_CONSUMERS = 1;  // the two consumer warpgroups (256 threads)
-constexpr int BAR_FULL = 2;       // + stage: the producer arrives when the tile landed (384)
+constexpr int BAR_FULL = 2;       // + stage: the producer arrives when the tile landed, warpgroup 0 syncs (256)
 constexpr int BAR_EMPTY = 4;      // + stage: the consumers arrive when the stage is free (384)
 constexpr int BAR_P_READY = 6;    // warpgroup 0 wrote P_j and alpha_j for warpgroup 1 (256)
 constexpr int BAR_P_FREE = 7;     // warpgroup 1 is done reading P_{j-1} (256)
@@ -1150,14 +1121,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
         pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
         pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
       }
-      // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
-        pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
-        pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
-        pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
-      }
       WG_STAMP(2)
     }
     // ---- P_{j-1} and alpha_{j-1} are no longer read (warpgroup 1 waited for its P V)
@@ -1292,7 +1255,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   }
 }
 
-// One warpgroup checks the operand layouts of the wgmma kernel on given data:
+// One warpgroup checks the operand layouts of the wgmma kernel on given data (S with m64n32: the
+// kernel's m64n64 reads the same K-major layout over twice the rows):
 //   d1 (64 x 32)  = a (64 x 64) * bk (32 x 64)^T   (both K-major, as Q and K)
 //   d2 (64 x 256) = a (64 x 64) * v (64 x 256)     (v read as the V slices of a KV tile)
 // a, bk, v row-major E in global memory; d1, d2 fp32 row-major.

@@ -5,8 +5,9 @@ on the same paged cache; KV buffers rotate through ``n_rot`` disjoint page sets 
 set exceeds L2. Providers:
 
 * ``ours`` / ``ours_graph``: the Triton kernels (eager, and replayed from a CUDA graph);
-  ``ours_cuda_graph``: the sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``), replayed;
-  ``ours_wgmma_graph``: its warpgroup-MMA (wgmma) split kernel, replayed;
+  ``ours_cuda_graph``: the sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``) with its
+  mma.sync split kernel (``kernel="mma"``), replayed; ``ours_wgmma_graph``: the same with the
+  warp-specialised wgmma split kernel (``kernel="wgmma"``, the backend's default), replayed;
 * ``ref``: the torch reference backend (correctness anchor, small points only);
 * ``sdpa_dense``: SDPA over contiguous K/V with a prebuilt dense additive mask;
 * ``flex``: FlexAttention (compiled) with a tree ``mask_mod`` and a BlockMask built directly
@@ -394,7 +395,7 @@ def setup_ours(wl, ti, opts):
     return fn, 1, {"workspace_MiB": round(plan.nbytes / 2**20, 1)}
 
 
-def _cuda_mla_fn(wl: Workload, ti: TreeInputs, kernel: str = "mma"):
+def _cuda_mla_fn(wl: Workload, ti: TreeInputs, kernel: str):
     """The sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``; ``kernel`` picks its split
     kernel) with its workspace and split count fixed up front, as the engine would hold them."""
     if wl.layout.kind != "mla":
@@ -429,8 +430,8 @@ def _cuda_mla_fn(wl: Workload, ti: TreeInputs, kernel: str = "mma"):
 def setup_ours_cuda_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
-    fn, splits = _cuda_mla_fn(wl, ti)
-    return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits})
+    fn, splits = _cuda_mla_fn(wl, ti, kernel="mma")
+    return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits, "kernel": "mma"})
 
 
 def setup_ours_wgmma_graph(wl, ti, opts):

@@ -52,6 +52,8 @@ _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 # Split kernels of kernels/mla_tree_sm90.cu: "mma" (mma.sync + ldmatrix, 32-key tiles) and
 # "wgmma" (warpgroup MMA from swizzled shared memory, 64-key tiles, a producer warpgroup).
 KERNELS = {"mma": 0, "wgmma": 1}
+#: The split kernel used when none is named (session 9: 1.7-2.0x "mma" at every MLA bench point).
+DEFAULT_KERNEL = "wgmma"
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_WAVES = 2
 
@@ -141,6 +143,28 @@ def workspace_numel(batch: int, tree: int, heads: int, num_splits: int) -> int:
 # ----------------------------------------------------------------------------- entry point
 
 
+_ABLATE_WARNED = False
+
+
+def _warn_if_ablating() -> None:
+    """``KDTREE_MLA_ABLATE`` makes the wgmma kernel skip work (a measurement knob whose results
+    are wrong by design; the launcher reads it at every launch, a CUDA graph keeps the value
+    captured): say so once per process."""
+    global _ABLATE_WARNED
+    import os
+    import warnings
+
+    value = os.environ.get("KDTREE_MLA_ABLATE", "0").strip()
+    if value not in ("", "0") and not _ABLATE_WARNED:
+        _ABLATE_WARNED = True
+        warnings.warn(
+            f"KDTREE_MLA_ABLATE={value}: the wgmma MLA kernel skips work and its results are "
+            "wrong (a measurement setting of tools/gpu/mla_phases.py)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def _aligned16(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
 
@@ -211,7 +235,7 @@ def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> N
 
 def launch_args(
     q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-    num_splits: int, sm_scale: float, stream: int, kernel: str = "mma",
+    num_splits: int, sm_scale: float, stream: int, kernel: str = DEFAULT_KERNEL,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_mla_tree_launch`` (one entry per C parameter, in the
     order of the signature in ``kernels/mla_tree_sm90.cu``)."""
@@ -262,7 +286,7 @@ def tree_attention_mla_cuda(
     workspace: torch.Tensor | None = None,
     check_values: bool = False,
     dense_mask=None,
-    kernel: str = "wgmma",
+    kernel: str = DEFAULT_KERNEL,
 ) -> torch.Tensor:
     """Absorbed-MLA tree-verify attention on sm_90 (see
     :func:`kdtree.attention.tree_attention_mla`); returns ``[B, T, H, 512]`` in ``q_nope``'s
@@ -271,9 +295,9 @@ def tree_attention_mla_cuda(
     :func:`workspace_numel` elements (else one is allocated per call when splitting).
     ``check_values`` checks ``prefix_lens + T`` against the page table on the host (a sync);
     the kernel never reads past the page table either way. ``dense_mask`` is ignored.
-    ``kernel`` picks the split kernel (:data:`KERNELS`; "wgmma", the default, measured
-    1.6-1.9x faster than "mma" at every verify-bench MLA point in session 9)."""
+    ``kernel`` picks the split kernel (:data:`KERNELS`, default :data:`DEFAULT_KERNEL`)."""
     del dense_mask
+    _warn_if_ablating()
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r}: expected one of {sorted(KERNELS)}")
     _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out)
@@ -359,7 +383,9 @@ def wgmma_probe(a, bk, v, *, v_offsets: tuple[int, int]) -> tuple[torch.Tensor, 
 
 #: Phases of the wgmma kernel's clocks (``kernels/mla_tree_sm90.cu``, ``g_wg_clocks``), the
 #: same slots for both consumer warpgroups; the first three are warpgroup 0's alone (S and the
-#: softmax), so warpgroup 1 spends that time in ``p_free``.
+#: softmax), during which warpgroup 1 waits at P_FREE by the protocol. Its stamps put that wait
+#: at P_READY instead (session 9, call i): a stamp taken right after a barrier is not
+#: necessarily taken after the warp resumed, so read the phases after a barrier as a sum.
 WGMMA_PHASES = (
     "wait_tile", "s_mma", "softmax", "p_free", "p_ready", "rescale", "pv_mma", "release",
 )  # fmt: skip

@@ -161,6 +161,20 @@ def test_wgmma_probe_layouts(dtype):
     torch.testing.assert_close(d2.double(), a.double() @ v.double(), rtol=0, atol=1e-2)
 
 
+def test_ablation_setting_warns(gen, monkeypatch):
+    monkeypatch.setattr(cuda_mla, "_ABLATE_WARNED", False)
+    monkeypatch.setenv("KDTREE_MLA_ABLATE", "2")
+    with pytest.warns(RuntimeWarning, match="wrong"):
+        cuda_mla._warn_if_ablating()
+    monkeypatch.setattr(cuda_mla, "_ABLATE_WARNED", False)
+    monkeypatch.setenv("KDTREE_MLA_ABLATE", "0")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cuda_mla._warn_if_ablating()
+
+
 def test_rejects_unknown_kernel(gen):
     lens, t, h, ps, _ = GPU_CASES[0]
     cpu = mla_inputs(lens, t, h, 512, 64, ps, torch.bfloat16, gen)
@@ -206,3 +220,10 @@ def test_ctypes_call_matches_the_c_signature(gen):
     assert len(args) == n_c
     assert lib.kdtree_mla_tree_launch(*args) == -1
     assert b"dtype" in lib.kdtree_mla_error_string(-1)
+    # bf16 passes the dtype check; an unknown kernel code is rejected before the GPU is touched
+    bf = [x.to(torch.bfloat16) for x in (q_nope, q_pe, kv, out)]
+    args = cuda_mla.launch_args(bf[0], bf[1], bf[2], pt, pl, mask, bf[3], None, None, 1, 0.1, 0,
+                                kernel="tcgen05")  # fmt: skip
+    assert args[-2] == -1
+    assert lib.kdtree_mla_tree_launch(*args) == -10
+    assert b"kernel code" in lib.kdtree_mla_error_string(-10)

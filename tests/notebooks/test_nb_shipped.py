@@ -336,7 +336,8 @@ def test_mla_wgmma_history_and_phases():
                 "wg0.wait_tile": 300.0,
                 "wg1.p_ready": 3300.0,
                 "wg0.p_ready": 200.0,
-            },  # fmt: skip
+                "wg1.wait_p": 50.0,
+            },
             {"call": "i", **base, "point": "h8:131072:65"},
         ]
     )
@@ -347,8 +348,9 @@ def test_mla_wgmma_history_and_phases():
     assert "producer" not in h.loc["c", "version"] and h.loc["i", "version"]
     t = ns.mla_wgmma_phases(df, call="i")
     # the kernel's phase order, not the CSV's; a warpgroup without a phase reads 0
-    assert list(t.columns) == ["wait_tile", "s_mma", "p_ready"]
+    assert list(t.columns) == ["wait_tile", "s_mma", "p_ready", "wait_p"]
     assert t.loc["wg1", "p_ready"] == 3300.0 and t.loc["wg1", "s_mma"] == 0.0
+    assert t.loc["wg1", "wait_p"] == 50.0 and t.loc["wg0", "wait_p"] == 0.0  # warpgroup 1 only
     with pytest.raises(ValueError, match="per-warpgroup"):
         ns.mla_wgmma_phases(df, call="c")
     with pytest.raises(ValueError, match="no rows"):

@@ -1,7 +1,8 @@
 """Where the wgmma MLA split kernel's time goes, at the verify bench's MLA points.
 
-1. Phase clocks (``KDTREE_MLA_CLOCKS=1``): thread 0 of warpgroup 0 stamps ``clock64()`` at each
-   phase boundary of every KV tile; mean cycles per tile per phase (``cuda_mla.WGMMA_PHASES``).
+1. Phase clocks (``KDTREE_MLA_CLOCKS=1``): thread 0 of each consumer warpgroup stamps
+   ``clock64()`` at each phase boundary of every KV tile; mean cycles per tile per phase
+   (``cuda_mla.WGMMA_PHASES``).
 2. Ablations (``KDTREE_MLA_ABLATE``, wrong results, timing only): graph-replayed p50 with the KV
    loads past tile 1 dropped (1), the S MMAs dropped (2), the P V MMAs dropped (4), and sums.
 
