@@ -1,4 +1,6 @@
-// Absorbed-MLA tree-verify attention for sm_90 (H100/H200): split-KV, mma.sync tensor cores.
+// Absorbed-MLA tree-verify attention for sm_90 (H100/H200): split-KV. Two split kernels share
+// the launcher and the merge: mla_split_kernel (mma.sync tensor cores, described first, below)
+// and mla_split_wgmma_kernel (warp-specialised wgmma; its own comment block further down).
 //
 // Semantics (identical to kdtree.kernels.tree_attention_mla_triton):
 //   q_nope [B,T,H,R=512], q_pe [B,T,H,P=64], kv_cache [num_pages, page_size, R+P] (one latent
@@ -1007,9 +1009,10 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   }
   if (stamp) t_prev = clock64();
 
-  // One loop for both consumer warpgroups, so that the barriers they share (P_FREE, P_READY,
-  // the epilogue's) are the same instructions in both (compute-sanitizer's racecheck pairs
-  // barrier instances by instruction).
+  // One loop for both consumer warpgroups: the barriers they share (P_FREE, P_READY, the
+  // epilogue's) are the same instructions in both. (Session 9 made it so to test whether
+  // racecheck's reports on the hand-over came from two call sites; they stayed, and the
+  // two-branch form of call h was 5 % faster: docs/kernels_notes.md.)
   // Warpgroup 0: S_j = Q K_j^T (64 x 64) as two independent accumulation chains (even and odd
   // k-steps: one chain of dependent m64n64k16 ran at ~80 cycles an instruction, session 9
   // call f), the online softmax, P_j as register A fragments for O[:, 0:256] += P_j V_j and

@@ -6,7 +6,9 @@
 int32 [B]``, ``tree_mask int64 [B, T, W]``; returns ``[B, T, H, 512]``. bf16 and fp16 only.
 
 The kernel source is ``kernels/mla_tree_sm90.cu`` at the repository root (plain CUDA, no torch
-headers). On first use it is built with ``nvcc`` (``CUDA_HOME``/``CUDA_PATH``, then ``PATH``, then
+headers). It holds two split kernels, picked by ``kernel=`` (:data:`KERNELS`): ``"wgmma"`` (the
+default: warp-specialised, a producer warpgroup of cp.async copies, ``wgmma`` from 128-byte-
+swizzled shared memory) and ``"mma"`` (``mma.sync`` + ``ldmatrix``, session 3's). On first use it is built with ``nvcc`` (``CUDA_HOME``/``CUDA_PATH``, then ``PATH``, then
 ``/usr/local/cuda``) into ``~/.cache/kdtree/cuda/<hash of source, flags, nvcc version>/``
 (``KDTREE_CUDA_CACHE`` overrides the root) and loaded with :mod:`ctypes`. The launch goes on
 ``torch.cuda.current_stream()``; nothing synchronises with the device and the split count is a
