@@ -227,3 +227,25 @@ def test_ctypes_call_matches_the_c_signature(gen):
     assert args[-2] == -1
     assert lib.kdtree_mla_tree_launch(*args) == -10
     assert b"kernel code" in lib.kdtree_mla_error_string(-10)
+
+
+def test_generated_wgmma_wrappers_match_the_generator():
+    """The inline-PTX wgmma wrappers in the kernel source are exactly what tools/gen_wgmma.py
+    prints (edit the generator, not the pasted block)."""
+    import contextlib
+    import importlib.util
+    import io
+    from pathlib import Path
+
+    root = Path(cuda_mla.SOURCE).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gen_wgmma", root / "tools" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        gen.main()
+    src = Path(cuda_mla.SOURCE).read_text()
+    start = src.index("// BEGIN GENERATED WGMMA")
+    end = src.index("// END GENERATED WGMMA") + len("// END GENERATED WGMMA\n")
+    assert src[start:end] == buf.getvalue()
+    assert "m64n64k16" in buf.getvalue() and "{%128, %129, %130, %131}" in buf.getvalue()
