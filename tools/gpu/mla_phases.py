@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import torch
 
+from kdtree.bench.schema import run_env
 from kdtree.bench.timing import time_cuda
 from kdtree.bench.verify_attention import (
     LAYOUTS,
@@ -37,6 +40,7 @@ def main() -> None:
     ap.add_argument("--kernel", default="wgmma")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    env = run_env(shlex.join(["python3", *sys.argv]))  # device, versions, sha, time, command
     rows = []
     for spec in a.points.split(","):
         h, length, t = spec.split(":")
@@ -68,7 +72,7 @@ def main() -> None:
             rec[f"ms_ablate{ab}"] = ms
             print(f"  ablate {ab}: {ms * 1e3:8.1f} us", flush=True)
         os.environ["KDTREE_MLA_ABLATE"] = "0"
-        rows.append(rec)
+        rows.append({**rec, **env})
         del wl, ti
         torch.cuda.empty_cache()
     if a.out:

@@ -66,43 +66,35 @@ def main() -> None:
         from kdtree.bench.verify_attention import _cuda_mla_fn
 
         fn, splits = _cuda_mla_fn(wl, ti, kernel=a.cuda_kernel)
-        for _ in range(3):
-            fn(0)
-        torch.cuda.synchronize()
-        print(f"point {a.layout} L={a.length} T={a.tree} batch={a.batch}: CUDA kernel "
-              f"{a.cuda_kernel}, splits={splits}", flush=True)  # fmt: skip
-        if "CUDA_INJECTION64_PATH" not in os.environ and not a.no_time:
-            g, _ = graph_of(lambda: fn(0))
-            print(f"graph p50 {time_cuda(g.replay).p50 * 1e3:.1f} us", flush=True)
-        for i in range(a.calls):
-            torch.cuda.nvtx.range_push("prof")
-            fn(i % wl.n_rot)
-            torch.cuda.nvtx.range_pop()
-        torch.cuda.synchronize()
-        return
-    fn, plan = _ours_fn(wl, ti)
-    if a.config or a.splits:
-        from kdtree.kernels import tree_attention_mla_triton, tree_attention_triton
 
-        cfg = parse_config(a.config) if a.config else None
-        attend = tree_attention_triton if lay.kind == "gqa" else tree_attention_mla_triton
-        head = _head_tensors(wl, ti)
-        out = torch.empty_like(head[0])
+        def describe():
+            return f"CUDA kernel {a.cuda_kernel}, splits={splits}"
+    else:
+        fn, plan = _ours_fn(wl, ti)
+        if a.config or a.splits:
+            from kdtree.kernels import tree_attention_mla_triton, tree_attention_triton
 
-        def fn(r):  # noqa: F811 - the forced variant of the same call
-            return attend(
-                *head, wl.tables[r], wl.prefix_lens, ti.tree_mask, sm_scale=ti.scale,
-                plan=plan, out=out, num_splits=a.splits, config=cfg, check_values=False,
-            )  # fmt: skip
+            cfg = parse_config(a.config) if a.config else None
+            attend = tree_attention_triton if lay.kind == "gqa" else tree_attention_mla_triton
+            head = _head_tensors(wl, ti)
+            out = torch.empty_like(head[0])
+
+            def fn(r):  # noqa: F811 - the forced variant of the same call
+                return attend(
+                    *head, wl.tables[r], wl.prefix_lens, ti.tree_mask, sm_scale=ti.scale,
+                    plan=plan, out=out, num_splits=a.splits, config=cfg, check_values=False,
+                )  # fmt: skip
+
+        def describe():
+            from kdtree.kernels import tree_attention as ta
+
+            launch = next(reversed(ta._LAUNCHES.values()))
+            return f"cfg={launch.cfg} splits={launch.num_splits} grid={launch.grid}"
 
     for _ in range(3):
         fn(0)
     torch.cuda.synchronize()
-    from kdtree.kernels import tree_attention as ta
-
-    launch = next(reversed(ta._LAUNCHES.values()))
-    print(f"point {a.layout} L={a.length} T={a.tree} batch={a.batch}: cfg={launch.cfg} "
-          f"splits={launch.num_splits} grid={launch.grid}", flush=True)  # fmt: skip
+    print(f"point {a.layout} L={a.length} T={a.tree} batch={a.batch}: {describe()}", flush=True)
     if "CUDA_INJECTION64_PATH" in os.environ:
         print("graph p50 not taken: a profiler is attached", flush=True)
     elif not a.no_time:
