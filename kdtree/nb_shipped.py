@@ -26,7 +26,7 @@ FLASHINFER_MLA_NOTES = {
 #: The GQA target of issue 4: ≥ 60 % of the floor for L ≥ 32k at T ∈ {17, 65}, batch 1.
 FLOOR_TARGET = 0.60
 #: providers that are our kernels (the Triton ones eager and graphed, the CUDA C++ MLA one)
-OURS = ("ours", "ours_graph", "ours_cuda_graph", "ours_wgmma_graph")
+OURS = ("ours", "ours_graph", "ours_cuda_graph", "ours_wgmma_graph", "ours_seesaw_graph")
 FLOOR_TARGET_MIN_L = 32_768
 
 _CASE = re.compile(r"^(?P<layout>[^/]+)/B(?P<B>\d+)/L(?P<L>\d+)/T(?P<T>\d+)$")
@@ -82,7 +82,7 @@ def verify_rows(df: pd.DataFrame, include_tune: bool = False) -> pd.DataFrame:
 
 
 def ours_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
-    """Per case: our best time (``ours``, ``ours_graph``, ``ours_cuda_graph`` or ``ours_wgmma_graph``), its fraction of the floor, the
+    """Per case: our best time (``ours``, ``ours_graph``, ``ours_cuda_graph``, ``ours_wgmma_graph`` or ``ours_seesaw_graph``), its fraction of the floor, the
     fastest measured peer and the speed-up over it, and whether the floor target is met."""
     ok = tidy[tidy["status"] == "ok"].dropna(subset=["time_ms"])
     rows = []

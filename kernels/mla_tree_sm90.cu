@@ -90,8 +90,9 @@ struct Params {
   float qk_scale;               // sm_scale * log2(e)
   uint32_t v_lbo, v_sbo;        // wgmma kernel: V descriptor byte offsets (see launch)
   int clocks;                   // wgmma kernel: accumulate phase clocks (KDTREE_MLA_CLOCKS=1)
-  int ablate;                   // wgmma kernel, measurement only (KDTREE_MLA_ABLATE): bit 0 no
-                                // KV loads past tile 1, bit 1 no S MMAs, bit 2 no P V MMAs
+  int ablate;                   // wgmma / seesaw kernels, measurement only (KDTREE_MLA_ABLATE):
+                                // bit 0 no KV loads past tile 1, bit 1 no S MMAs, bit 2 no P V
+                                // MMAs (wgmma only)
 };
 
 // ------------------------------------------------------------------ small PTX wrappers
@@ -901,6 +902,56 @@ __device__ __forceinline__ uint64_t wg_bits64(const Params& p, const WgTiles& ts
   return word & low64(ts.T - j0);
 }
 
+// Writes this consumer warpgroup's O columns [256 w, 256 w + 256) of rows r0, r1 (normalised by
+// the row sums l0, l1), and with splits the log-sum-exp (base 2: m + log2 l) from warpgroup 0.
+template <typename E>
+__device__ __forceinline__ void wg_store_out(const Params& p, const float (&o)[128], int b,
+                                             int split, int m0, int r0, int r1, int q4, int w,
+                                             float m_run0, float m_run1, float l_run0,
+                                             float l_run1) {
+  const int S = p.num_splits;
+  const float inv0 = l_run0 > 0.f ? 1.f / l_run0 : 0.f;
+  const float inv1 = l_run1 > 0.f ? 1.f / l_run1 : 0.f;
+  const int row0 = m0 + r0;
+  const int row1 = m0 + r1;
+  const bool ok0 = row0 < p.rows;
+  const bool ok1 = row1 < p.rows;
+  const int col0 = 256 * w + 2 * q4;  // + 8 j
+  if (S == 1) {
+    E* out = static_cast<E*>(p.out) + b * p.so_b;
+    if (ok0) {
+      E* dst = out + (row0 / p.H) * p.so_t + (row0 % p.H) * p.so_h + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) Mma<E>::store2(dst + 8 * j, o[4 * j] * inv0, o[4 * j + 1] * inv0);
+    }
+    if (ok1) {
+      E* dst = out + (row1 / p.H) * p.so_t + (row1 % p.H) * p.so_h + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        Mma<E>::store2(dst + 8 * j, o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+  } else {
+    const int64_t rbase = (static_cast<int64_t>(b) * S + split) * p.rows;
+    if (ok0) {
+      float* dst = p.part + (rbase + row0) * RANK + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+    }
+    if (ok1) {
+      float* dst = p.part + (rbase + row1) * RANK + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+    if (w == 0 && q4 == 0) {
+      if (ok0) p.lse[rbase + row0] = l_run0 > 0.f ? m_run0 + __log2f(l_run0) : neg_inf();
+      if (ok1) p.lse[rbase + row1] = l_run1 > 0.f ? m_run1 + __log2f(l_run1) : neg_inf();
+    }
+  }
+}
+
 template <typename E>
 __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1216,46 +1267,514 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     l_run0 = sStat[BLOCK_M + r0];
     l_run1 = sStat[BLOCK_M + r1];
   }
-  const float inv0 = l_run0 > 0.f ? 1.f / l_run0 : 0.f;
-  const float inv1 = l_run1 > 0.f ? 1.f / l_run1 : 0.f;
-  const int row0 = m0 + r0;
-  const int row1 = m0 + r1;
-  const bool ok0 = row0 < p.rows;
-  const bool ok1 = row1 < p.rows;
-  const int col0 = 256 * w + 2 * q4;  // + 8 j
-  if (S == 1) {
-    E* out = static_cast<E*>(p.out) + b * p.so_b;
-    if (ok0) {
-      E* dst = out + (row0 / p.H) * p.so_t + (row0 % p.H) * p.so_h + col0;
+  wg_store_out<E>(p, o, b, split, m0, r0, r1, q4, w, m_run0, m_run1, l_run0, l_run1);
+}
+
+// ------------------------------------------------------------------ seesaw split kernel
+//
+// The wgmma kernel above gives warpgroup 0 all of S = Q K^T and the softmax, so warpgroup 1
+// idles ~3300 cycles a tile (session 9's phase clocks) and the tensor cores idle during the
+// softmax. The seesaw kernel (the schedule FlashMLA describes for its sm_90 kernel, written
+// here from that description) takes KV tiles in pairs (2i, 2i + 1) and gives each consumer
+// warpgroup one S of the pair, so both do the same MMA work and one's softmax overlaps the
+// other's MMAs. With m the running row max at the start of the pair (both warpgroups hold it):
+//   warpgroup 0: S_a = Q K_a^T; m_a = max(m, rowmax S_a); P_a = exp(S_a - m_a) -> shared
+//                memory (into the rope slice of its own stage: the rope keys are dead once S_a
+//                is done) with m_a; O_L = O_L exp(m - m_a) + P_a V_a[:, :256];
+//                then (P_b, m_b from warpgroup 1) O_L = O_L exp(m_a - m_b) + P_b V_b[:, :256]
+//   warpgroup 1: S_b = Q K_b^T; (m_a from warpgroup 0) m_b = max(m_a, rowmax S_b);
+//                P_b = exp(S_b - m_b) -> shared memory with m_b;
+//                O_R = O_R exp(m - m_b) + (P_a exp(m_a - m_b)) V_a[:, 256:] + P_b V_b[:, 256:]
+//                (P_a read into registers and rescaled there: one rescale of O_R a pair)
+// Each warpgroup keeps the row sums of its own P tiles, scaled along with its O half; the
+// epilogue adds the two. Tile 2i is always in stage 0, tile 2i + 1 in stage 1. The producer
+// warpgroup is split in two: warps 8-9 own stage 0, warps 10-11 stage 1, so a stage is
+// refilled as soon as its tile is released, independent of the other stage.
+// Named barriers (one-way: the writer arrives, the reader syncs):
+//   FULL + s   (192): producer half s arrives when its tile landed; the warpgroup that
+//                     computes S from stage s syncs. The other warpgroup reads stage s only
+//                     after the M_A / P_B hand-over, which orders it after that sync.
+//   EMPTY + s  (320): both consumers arrive when done with stage s; producer half s syncs.
+//   M_A        (256): warpgroup 0 wrote P_a and m_a; warpgroup 1 syncs.
+//   P_B        (256): warpgroup 1 wrote P_b and m_b; warpgroup 0 syncs.
+//   PRODUCER   (128): the two producer halves' shares of Q have landed.
+namespace sw {
+constexpr int SMEM_STATS = 4 * BLOCK_M * 4;  // m_a [64], m_b [64], row sums [2][64]
+constexpr int SMEM_TOTAL = wg::ALIGN + wg::SMEM_Q + wg::STAGES * wg::SMEM_STAGE + SMEM_STATS;
+static_assert(SMEM_TOTAL <= 227 * 1024, "seesaw kernel shared memory above the sm_90 limit");
+constexpr int ROPE_SLICE = (DQK / 64 - 1) * wg::REGION;  // byte offset of a stage's rope slice
+constexpr int BAR_M_A = 6;
+constexpr int BAR_P_B = 7;
+constexpr int BAR_PRODUCER = 8;
+constexpr int FULL_COUNT = 64 + 128;
+constexpr int EMPTY_COUNT = 256 + 64;
+}  // namespace sw
+
+// The 64 producer threads of one stage: rows (pt >> 3) + 8 k (k < 8), chunk pt & 7 of each of
+// the nine 64-dim slices.
+template <typename E>
+__device__ __forceinline__ void sw_produce_tile(uint32_t stage, const E* kv, const Params& p,
+                                                const int32_t* pt_row, const WgTiles& ts,
+                                                int tile, int pt) {
+  const int sub = pt & 7;
+#pragma unroll 2
+  for (int k = 0; k < 8; ++k) {  // (fully unrolled the 40-register producer spills)
+    const int r = (pt >> 3) + 8 * k;
+    const int64_t slot = wg_key_slot(p, pt_row, ts, tile, r);
+    const E* src = slot >= 0 ? kv + slot * p.s_slot : kv;
+    const int bytes = slot >= 0 ? 16 : 0;
+    const uint32_t dst = stage + swz(r, sub);
 #pragma unroll
-      for (int j = 0; j < 32; ++j) Mma<E>::store2(dst + 8 * j, o[4 * j] * inv0, o[4 * j + 1] * inv0);
-    }
-    if (ok1) {
-      E* dst = out + (row1 / p.H) * p.so_t + (row1 % p.H) * p.so_h + col0;
+    for (int i = 0; i < wg::KBLOCKS; ++i) cp_async16(dst + i * wg::REGION, src + (sub + 8 * i) * 8, bytes);
+  }
+}
+
+// S (64 x 64) = Q K^T from the swizzled slices: 36 m64n64k16 as two accumulation chains.
+template <typename E>
+__device__ __forceinline__ void sw_scores(float (&s)[32], float (&s_odd)[32], uint64_t dq,
+                                          uint64_t dk, int ablate) {
+  if (ablate & 2) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        Mma<E>::store2(dst + 8 * j, o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
-    }
-  } else {
-    const int64_t rbase = (static_cast<int64_t>(b) * S + split) * p.rows;
-    if (ok0) {
-      float* dst = p.part + (rbase + row0) * RANK + col0;
+    for (int i = 0; i < 32; ++i) s[i] = 0.f;
+    return;
+  }
+  wg_fence();
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-    }
-    if (ok1) {
-      float* dst = p.part + (rbase + row1) * RANK + col0;
+  for (int ks = 0; ks < DQK / 16; ++ks) {
+    const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
+    if (ks & 1)
+      Wgmma<E>::ss_n64(s_odd, dq + off, dk + off, ks > 1);
+    else
+      Wgmma<E>::ss_n64(s, dq + off, dk + off, ks > 0);
+  }
+  wg_commit();
+  wg_wait<0>();
+  pin(s);
+  pin(s_odd);
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
-    }
-    if (w == 0 && q4 == 0) {
-      if (ok0) p.lse[rbase + row0] = l_run0 > 0.f ? m_run0 + __log2f(l_run0) : neg_inf();
-      if (ok1) p.lse[rbase + row1] = l_run1 > 0.f ? m_run1 + __log2f(l_run1) : neg_inf();
+  for (int i = 0; i < 32; ++i) s[i] += s_odd[i];
+}
+
+// Masks the invisible keys of rows r0 (bits0) and r1 (bits1) to -inf; returns the quad-reduced
+// raw row maxima of rows r0, r1.
+__device__ __forceinline__ float2 sw_mask_max(float (&s)[32], bool full, uint64_t bits0,
+                                              uint64_t bits1, int q4) {
+  if (!full) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + 2 * q4 + e;
+        if (!((bits0 >> col) & 1u)) s[4 * j + e] = neg_inf();
+        if (!((bits1 >> col) & 1u)) s[4 * j + 2 + e] = neg_inf();
+      }
     }
   }
+  float a[8], c[8];  // pairwise trees: 3 dependent steps instead of 16
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    a[j] = fmaxf(s[4 * j + 0], s[4 * j + 1]);
+    c[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
+  }
+#pragma unroll
+  for (int w2 = 4; w2 >= 1; w2 >>= 1)
+#pragma unroll
+    for (int j = 0; j < w2; ++j) {
+      a[j] = fmaxf(a[j], a[j + w2]);
+      c[j] = fmaxf(c[j], c[j + w2]);
+    }
+  float mx0 = a[0], mx1 = c[0];
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  return make_float2(mx0, mx1);
+}
+
+// A row max that may still be -inf (no visible key yet) as the exponent's offset: 0 then, so
+// exp2(-inf - offset) = 0 instead of NaN.
+__device__ __forceinline__ float sw_offset(float m) { return m == neg_inf() ? 0.f : m; }
+
+// s := exp2(s * scale - off) per row (r0: off0, r1: off1), packed into the A fragments of the
+// P V k-steps; returns this thread's partial row sums (its 16 keys of each row).
+template <typename E>
+__device__ __forceinline__ float2 sw_exp_pack(float (&s)[32], uint32_t (&pc)[4][4], float scale,
+                                              float off0, float off1) {
+  float a[8], c[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], scale, -off0));
+    s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale, -off0));
+    s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale, -off1));
+    s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale, -off1));
+    a[j] = s[4 * j + 0] + s[4 * j + 1];
+    c[j] = s[4 * j + 2] + s[4 * j + 3];
+  }
+#pragma unroll
+  for (int w2 = 4; w2 >= 1; w2 >>= 1)
+#pragma unroll
+    for (int j = 0; j < w2; ++j) {
+      a[j] += a[j + w2];
+      c[j] += c[j + w2];
+    }
+  // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
+    pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
+    pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
+    pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
+  }
+  return make_float2(a[0], c[0]);
+}
+
+// P fragments <-> a 128B-swizzled K-major 64 x 64 slice (as wgmma reads it as the A operand).
+__device__ __forceinline__ void sw_store_p(unsigned char* slice, const uint32_t (&pc)[4][4],
+                                           int r0, int r1, int q4) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    *reinterpret_cast<uint32_t*>(slice + swz(r0, 2 * kk) + 4 * q4) = pc[kk][0];
+    *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk) + 4 * q4) = pc[kk][1];
+    *reinterpret_cast<uint32_t*>(slice + swz(r0, 2 * kk + 1) + 4 * q4) = pc[kk][2];
+    *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk + 1) + 4 * q4) = pc[kk][3];
+  }
+}
+__device__ __forceinline__ void sw_load_p(const unsigned char* slice, uint32_t (&pc)[4][4],
+                                          int r0, int r1, int q4) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pc[kk][0] = *reinterpret_cast<const uint32_t*>(slice + swz(r0, 2 * kk) + 4 * q4);
+    pc[kk][1] = *reinterpret_cast<const uint32_t*>(slice + swz(r1, 2 * kk) + 4 * q4);
+    pc[kk][2] = *reinterpret_cast<const uint32_t*>(slice + swz(r0, 2 * kk + 1) + 4 * q4);
+    pc[kk][3] = *reinterpret_cast<const uint32_t*>(slice + swz(r1, 2 * kk + 1) + 4 * q4);
+  }
+}
+
+template <typename E>
+__device__ __forceinline__ uint32_t sw_scale2(uint32_t v, float a);
+template <>
+__device__ __forceinline__ uint32_t sw_scale2<__nv_bfloat16>(uint32_t v, float a) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  return Mma<__nv_bfloat16>::pack(f.x * a, f.y * a);
+}
+template <>
+__device__ __forceinline__ uint32_t sw_scale2<__half>(uint32_t v, float a) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&v));
+  return Mma<__half>::pack(f.x * a, f.y * a);
+}
+
+// O (this warpgroup's 64 x 256 half) *= a0 (row r0), a1 (row r1); skipped when no row of the
+// warp changes (the running max rarely moves once settled).
+__device__ __forceinline__ void sw_rescale(float (&o)[128], float a0, float a1) {
+  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j + 0] *= a0;
+      o[4 * j + 1] *= a0;
+      o[4 * j + 2] *= a1;
+      o[4 * j + 3] *= a1;
+    }
+  }
+}
+
+template <typename E>
+__global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const Params p) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + wg::ALIGN - 1) & ~static_cast<uint32_t>(wg::ALIGN - 1);
+  unsigned char* smem = smem_raw + (base - raw);
+  const uint32_t sQ = base;
+  const uint32_t sKV = sQ + wg::SMEM_Q;
+  float* sMa = reinterpret_cast<float*>(smem + wg::SMEM_Q + wg::STAGES * wg::SMEM_STAGE);
+  float* sMb = sMa + BLOCK_M;
+  float* sSum = sMb + BLOCK_M;  // [warpgroup][row]: the epilogue's row sums
+
+  const int tid = threadIdx.x;
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int split = blockIdx.y;
+  const int b = blockIdx.z;
+  const int S = p.num_splits;
+
+  WgTiles ts;
+  ts.T = p.T;
+  ts.L = max(__ldg(p.prefix_lens + b), 0);
+  {
+    const int per = (ts.L + S - 1) / S;
+    const int chunk = (per + wg::BN - 1) / wg::BN * wg::BN;
+    ts.start = min(split * chunk, ts.L);
+    ts.end = min(ts.start + chunk, ts.L);
+    ts.n_pre = (ts.end - ts.start + wg::BN - 1) / wg::BN;
+    ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + wg::BN - 1) / wg::BN : 0);
+  }
+  const int32_t* pt_row = p.page_table + b * p.spt_b;
+  const E* kv = static_cast<const E*>(p.kv);
+  const int n = ts.n_tiles;
+
+  if (tid >= wg::CONSUMERS) {
+    // ================= producer: half s (64 threads) fills stage s with tiles s, s + 2, ... ==
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(wg::PRODUCER_REGS));
+    const int pt = tid - wg::CONSUMERS;
+    const int half = pt >> 6;
+    const int lt = pt & 63;
+    const uint32_t stage = sKV + half * wg::SMEM_STAGE;
+    {
+      const E* qn = static_cast<const E*>(p.q_nope) + b * p.sqn_b;
+      const E* qp = static_cast<const E*>(p.q_pe) + b * p.sqp_b;
+      for (int idx = pt; idx < BLOCK_M * CHUNKS; idx += 128) {
+        const int r = idx / CHUNKS;
+        const int c = idx % CHUNKS;
+        const int row = m0 + r;
+        const bool valid = row < p.rows;
+        const int t = valid ? row / p.H : 0;
+        const int h = valid ? row % p.H : 0;
+        const E* src = c < Q_CHUNKS_NOPE ? qn + t * p.sqn_t + h * p.sqn_h + c * 8
+                                         : qp + t * p.sqp_t + h * p.sqp_h + (c - Q_CHUNKS_NOPE) * 8;
+        cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
+      }
+    }
+    if (half < n) sw_produce_tile<E>(stage, kv, p, pt_row, ts, half, lt);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_async_smem();
+    named_sync(sw::BAR_PRODUCER, 128);  // both halves' shares of Q landed
+    if (half < n) named_arrive(BAR_FULL + half, sw::FULL_COUNT);
+    for (int tile = half + 2; tile < n; tile += 2) {
+      named_sync(BAR_EMPTY + half, sw::EMPTY_COUNT);  // tile - 2 released by both consumers
+      if (!(p.ablate & 1)) sw_produce_tile<E>(stage, kv, p, pt_row, ts, tile, lt);
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_async_smem();
+      named_arrive(BAR_FULL + half, sw::FULL_COUNT);
+    }
+    return;
+  }
+
+  // ================= consumer warpgroups =================================================
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
+  const int lane = tid & 31;
+  const int w = tid >> 7;            // 0: tiles 2i, O[:, 0:256]; 1: tiles 2i + 1, O[:, 256:512]
+  const int wi = (tid >> 5) & 3;     // warp within the warpgroup: rows [16 wi, 16 wi + 16)
+  const int g = lane >> 2;
+  const int q4 = lane & 3;
+  const int r0 = wi * 16 + g;        // CTA rows of this thread's accumulator fragments
+  const int r1 = r0 + 8;
+  unsigned char* rope0 = smem + wg::SMEM_Q + sw::ROPE_SLICE;  // P_a lives here (stage 0)
+  unsigned char* rope1 = rope0 + wg::SMEM_STAGE;               // P_b (stage 1)
+
+  float m_run0 = neg_inf(), m_run1 = neg_inf();
+  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's 16 keys a row of this warpgroup's P tiles
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+
+  constexpr uint64_t STAGE_STEP = wg::SMEM_STAGE >> 4;  // descriptor start-address units
+  constexpr uint64_t KSTEP_V = 16 * 128 >> 4;            // 16 keys of a V slice
+  const uint64_t dq = wg_desc(sQ, 16, 1024);
+  const uint64_t dk = wg_desc(sKV, 16, 1024) + w * STAGE_STEP;       // own stage's K
+  const uint64_t dv0 = wg_desc(sKV + 4 * w * wg::REGION, p.v_lbo, p.v_sbo);  // stage 0's V half
+  const uint64_t dv1 = dv0 + STAGE_STEP;                                    // stage 1's V half
+  const uint64_t dpb = wg_desc(sKV + wg::SMEM_STAGE + sw::ROPE_SLICE, 16, 1024);  // P_b
+
+  const bool stamp = p.clocks && (tid & 127) == 0;
+  unsigned long long ck[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  long long t_prev = 0;
+#define SW_STAMP(i)                                           \
+  if (stamp) {                                                \
+    const long long t_now = clock64();                        \
+    ck[i] += static_cast<unsigned long long>(t_now - t_prev); \
+    t_prev = t_now;                                           \
+  }
+  if (stamp) t_prev = clock64();
+
+  float s[32], s_odd[32];
+  uint32_t pc[4][4];
+  const float scale = p.qk_scale;
+  // Each role holds its whole MMA sequences in its own branch (ptxas serialises wgmma in
+  // divergent code otherwise, warning C7520), and the pairs loop has no per-pair condition
+  // around them: the last tile of an odd count is a tail after the loop.
+  if (w == 0) {
+    int ta = 0;
+    for (; ta + 1 < n; ta += 2) {
+      const int tb = ta + 1;
+      const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
+      const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
+      const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
+      named_sync(BAR_FULL + 0, sw::FULL_COUNT);
+      SW_STAMP(0)
+      sw_scores<E>(s, s_odd, dq, dk, p.ablate);
+      SW_STAMP(1)
+      const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
+      const float ma0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
+      const float ma1 = fmaxf(m_run1, mx.y * scale);
+      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
+      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
+      sw_store_p(rope0, pc, r0, r1, q4);
+      if (q4 == 0) {
+        sMa[r0] = ma0;
+        sMa[r1] = ma1;
+      }
+      named_arrive(sw::BAR_M_A, 256);
+      const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
+      l_run0 = l_run0 * a0 + sum.x;
+      l_run1 = l_run1 * a1 + sum.y;
+      SW_STAMP(2)
+      sw_rescale(o, a0, a1);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv0 + kk * KSTEP_V, 1);
+      wg_commit();
+      SW_STAMP(3)
+      named_sync(sw::BAR_P_B, 256);  // P_b and m_b written (tile tb landed: warpgroup 1 saw it)
+      SW_STAMP(4)
+      const float mb0 = sMb[r0], mb1 = sMb[r1];
+      const float b0 = exp2f(ma0 - sw_offset(mb0)), b1 = exp2f(ma1 - sw_offset(mb1));
+      l_run0 *= b0;
+      l_run1 *= b1;
+      wg_wait<0>();
+      pin(o);
+      if (ta + 2 < n) named_arrive(BAR_EMPTY + 0, sw::EMPTY_COUNT);  // S_a, V_a[:, :256] read
+      sw_rescale(o, b0, b1);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpb + kk * 2, dv1 + kk * KSTEP_V, 1);
+      wg_commit();
+      wg_wait<0>();
+      pin(o);
+      if (tb + 2 < n) named_arrive(BAR_EMPTY + 1, sw::EMPTY_COUNT);  // P_b, V_b[:, :256] read
+      m_run0 = mb0;
+      m_run1 = mb1;
+      SW_STAMP(5)
+    }
+    if (ta < n) {  // the last tile of an odd count (warpgroup 1 adds P_a V_a[:, 256:] only)
+      const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
+      const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
+      const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
+      named_sync(BAR_FULL + 0, sw::FULL_COUNT);
+      sw_scores<E>(s, s_odd, dq, dk, p.ablate);
+      const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
+      const float ma0 = fmaxf(m_run0, mx.x * scale);
+      const float ma1 = fmaxf(m_run1, mx.y * scale);
+      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
+      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
+      sw_store_p(rope0, pc, r0, r1, q4);
+      if (q4 == 0) {
+        sMa[r0] = ma0;
+        sMa[r1] = ma1;
+      }
+      named_arrive(sw::BAR_M_A, 256);
+      const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
+      l_run0 = l_run0 * a0 + sum.x;
+      l_run1 = l_run1 * a1 + sum.y;
+      sw_rescale(o, a0, a1);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv0 + kk * KSTEP_V, 1);
+      wg_commit();
+      wg_wait<0>();
+      pin(o);
+      m_run0 = ma0;
+      m_run1 = ma1;
+    }
+  } else {
+    uint32_t pa[4][4];
+    int ta = 0;
+    for (; ta + 1 < n; ta += 2) {
+      const int tb = ta + 1;
+      const uint64_t bits0 = wg_bits64(p, ts, b, tb, m0 + r0);
+      const uint64_t bits1 = wg_bits64(p, ts, b, tb, m0 + r1);
+      const bool full = tb < ts.n_pre && ts.end - (ts.start + tb * wg::BN) >= wg::BN;
+      named_sync(BAR_FULL + 1, sw::FULL_COUNT);
+      SW_STAMP(0)
+      sw_scores<E>(s, s_odd, dq, dk, p.ablate);
+      SW_STAMP(1)
+      const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
+      named_sync(sw::BAR_M_A, 256);  // P_a and m_a written (tile ta landed: warpgroup 0 saw it)
+      SW_STAMP(2)
+      const float ma0 = sMa[r0], ma1 = sMa[r1];
+      const float mb0 = fmaxf(ma0, mx.x * scale);
+      const float mb1 = fmaxf(ma1, mx.y * scale);
+      const float off0 = sw_offset(mb0), off1 = sw_offset(mb1);
+      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
+      sw_store_p(rope1, pc, r0, r1, q4);
+      if (q4 == 0) {
+        sMb[r0] = mb0;
+        sMb[r1] = mb1;
+      }
+      fence_async_smem();  // P_b is read by warpgroup 0's wgmma (the async proxy)
+      named_arrive(sw::BAR_P_B, 256);
+      const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
+      l_run0 = l_run0 * a0 + sum.x;
+      l_run1 = l_run1 * a1 + sum.y;
+      SW_STAMP(3)
+      // P_a exp(m_a - m_b), as register A fragments
+      sw_load_p(rope0, pa, r0, r1, q4);
+      const float c0 = exp2f(ma0 - off0), c1 = exp2f(ma1 - off1);
+      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          pa[kk][0] = sw_scale2<E>(pa[kk][0], c0);
+          pa[kk][1] = sw_scale2<E>(pa[kk][1], c1);
+          pa[kk][2] = sw_scale2<E>(pa[kk][2], c0);
+          pa[kk][3] = sw_scale2<E>(pa[kk][3], c1);
+        }
+      }
+      sw_rescale(o, a0, a1);
+      SW_STAMP(4)
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pa[kk], dv0 + kk * KSTEP_V, 1);
+      wg_commit();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv1 + kk * KSTEP_V, 1);
+      wg_commit();
+      wg_wait<1>();
+      if (ta + 2 < n) named_arrive(BAR_EMPTY + 0, sw::EMPTY_COUNT);  // P_a, V_a[:, 256:] read
+      wg_wait<0>();
+      pin(o);
+      if (tb + 2 < n) named_arrive(BAR_EMPTY + 1, sw::EMPTY_COUNT);  // S_b, V_b[:, 256:] read
+      m_run0 = mb0;
+      m_run1 = mb1;
+      SW_STAMP(5)
+    }
+    if (ta < n) {  // the last tile of an odd count: m_b = m_a, P_a needs no rescale
+      named_sync(sw::BAR_M_A, 256);
+      const float ma0 = sMa[r0], ma1 = sMa[r1];
+      const float a0 = exp2f(m_run0 - sw_offset(ma0)), a1 = exp2f(m_run1 - sw_offset(ma1));
+      l_run0 *= a0;
+      l_run1 *= a1;
+      sw_load_p(rope0, pa, r0, r1, q4);
+      sw_rescale(o, a0, a1);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pa[kk], dv0 + kk * KSTEP_V, 1);
+      wg_commit();
+      wg_wait<0>();
+      pin(o);
+      m_run0 = ma0;
+      m_run1 = ma1;
+    }
+  }
+#undef SW_STAMP
+  if (stamp) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) atomicAdd(&g_wg_clocks[w][i], ck[i]);
+    atomicAdd(&g_wg_clocks[w][8], static_cast<unsigned long long>(n));
+    atomicAdd(&g_wg_clocks[w][9], 1ull);
+  }
+
+  // ---- epilogue: the row sums of both warpgroups' P tiles (both hold the same running max)
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+  if (q4 == 0) {
+    sSum[w * BLOCK_M + r0] = l_run0;
+    sSum[w * BLOCK_M + r1] = l_run1;
+  }
+  named_sync(BAR_CONSUMERS, wg::CONSUMERS);
+  l_run0 = sSum[r0] + sSum[BLOCK_M + r0];
+  l_run1 = sSum[r1] + sSum[BLOCK_M + r1];
+  wg_store_out<E>(p, o, b, split, m0, r0, r1, q4, w, m_run0, m_run1, l_run0, l_run1);
 }
 
 // One warpgroup checks the operand layouts of the wgmma kernel on given data (S with m64n32: the
@@ -1338,13 +1857,18 @@ int launch(const Params& p, int B, int kernel, cudaStream_t stream) {
     err = cudaFuncSetAttribute(mla_split_wgmma_kernel<E>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, wg::SMEM_TOTAL);
     if (err != cudaSuccess) return static_cast<int>(err);
+    err = cudaFuncSetAttribute(mla_split_seesaw_kernel<E>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, sw::SMEM_TOTAL);
+    if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
   const dim3 grid((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B);
   if (kernel == 0) {
     mla_split_kernel<E><<<grid, NUM_THREADS, SMEM_TOTAL, stream>>>(p);
-  } else {
+  } else if (kernel == 1) {
     mla_split_wgmma_kernel<E><<<grid, wg::THREADS, wg::SMEM_TOTAL, stream>>>(p);
+  } else {
+    mla_split_seesaw_kernel<E><<<grid, wg::THREADS, sw::SMEM_TOTAL, stream>>>(p);
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -1419,7 +1943,8 @@ const char* kdtree_mla_error_string(int code) {
     case -7: return "pointer or stride not 16-byte aligned";
     case -8: return "grid dimension too large";
     case -9: return "device ordinal out of range";
-    case -10: return "unknown kernel code (expected 0 = mma.sync, 1 = wgmma)";
+    case -10: return "unknown kernel code (expected 0 = mma.sync, 1 = wgmma, 2 = seesaw)";
+    case -11: return "KDTREE_MLA_ABLATE bit 2 (no P V MMAs) is not implemented by the seesaw kernel";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -1437,7 +1962,7 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
                            int num_splits, float sm_scale, int kernel, uintptr_t stream) {
   using namespace kdtree_mla;
   if (dtype != 0 && dtype != 1) return -1;
-  if (kernel < 0 || kernel > 1) return -10;
+  if (kernel < 0 || kernel > 2) return -10;
   if (rank != RANK || rope != ROPE) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
   if (B < 1 || T < 1 || H < 1 || max_pages < 1) return -4;
@@ -1491,6 +2016,7 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   const char* env_ablate = getenv("KDTREE_MLA_ABLATE");
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
+  if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
   return dtype == 0 ? launch<__nv_bfloat16>(p, B, kernel, s) : launch<__half>(p, B, kernel, s);
 }
 

@@ -65,6 +65,7 @@ ALL_PROVIDERS = (
     "ours_graph",
     "ours_cuda_graph",
     "ours_wgmma_graph",
+    "ours_seesaw_graph",
     "ref",
     "sdpa_dense",
     "flex",
@@ -439,6 +440,13 @@ def setup_ours_wgmma_graph(wl, ti, opts):
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_mla_fn(wl, ti, kernel="wgmma")
     return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits, "kernel": "wgmma"})
+
+
+def setup_ours_seesaw_graph(wl, ti, opts):
+    if wl.device.type != "cuda":
+        raise Skip("CUDA graphs need a GPU")
+    fn, splits = _cuda_mla_fn(wl, ti, kernel="seesaw")
+    return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits, "kernel": "seesaw"})
 
 
 def setup_ours_graph(wl, ti, opts):
@@ -863,6 +871,7 @@ SETUPS: dict[str, Callable] = {
     "ours_graph": setup_ours_graph,
     "ours_cuda_graph": setup_ours_cuda_graph,
     "ours_wgmma_graph": setup_ours_wgmma_graph,
+    "ours_seesaw_graph": setup_ours_seesaw_graph,
     "ref": setup_ref,
     "sdpa_dense": setup_sdpa_dense,
     "flex": setup_flex,

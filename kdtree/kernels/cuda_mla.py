@@ -6,9 +6,12 @@
 int32 [B]``, ``tree_mask int64 [B, T, W]``; returns ``[B, T, H, 512]``. bf16 and fp16 only.
 
 The kernel source is ``kernels/mla_tree_sm90.cu`` at the repository root (plain CUDA, no torch
-headers). It holds two split kernels, picked by ``kernel=`` (:data:`KERNELS`): ``"wgmma"`` (the
-default: warp-specialised, a producer warpgroup of cp.async copies, ``wgmma`` from 128-byte-
-swizzled shared memory) and ``"mma"`` (``mma.sync`` + ``ldmatrix``, session 3's). On first use it is built with ``nvcc`` (``CUDA_HOME``/``CUDA_PATH``, then ``PATH``, then
+headers). It holds three split kernels, picked by ``kernel=`` (:data:`KERNELS`): ``"wgmma"``
+(warp-specialised, a producer warpgroup of cp.async copies, ``wgmma`` from 128-byte-swizzled
+shared memory; warpgroup 0 computes every S), ``"seesaw"`` (the same pieces with KV tiles in
+pairs, one S of each pair per consumer warpgroup, so one's softmax overlaps the other's MMAs)
+and ``"mma"`` (``mma.sync`` + ``ldmatrix``, session 3's); :data:`DEFAULT_KERNEL` is the one
+used when none is named. On first use it is built with ``nvcc`` (``CUDA_HOME``/``CUDA_PATH``, then ``PATH``, then
 ``/usr/local/cuda``) into ``~/.cache/kdtree/cuda/<hash of source, flags, nvcc version>/``
 (``KDTREE_CUDA_CACHE`` overrides the root) and loaded with :mod:`ctypes`. The launch goes on
 ``torch.cuda.current_stream()``; nothing synchronises with the device and the split count is a
@@ -51,9 +54,10 @@ RANK = 512
 ROPE = 64
 BLOCK_M = 64  # query rows per CTA (kernels/mla_tree_sm90.cu)
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
-# Split kernels of kernels/mla_tree_sm90.cu: "mma" (mma.sync + ldmatrix, 32-key tiles) and
-# "wgmma" (warpgroup MMA from swizzled shared memory, 64-key tiles, a producer warpgroup).
-KERNELS = {"mma": 0, "wgmma": 1}
+# Split kernels of kernels/mla_tree_sm90.cu: "mma" (mma.sync + ldmatrix, 32-key tiles),
+# "wgmma" (warpgroup MMA from swizzled shared memory, 64-key tiles, a producer warpgroup) and
+# "seesaw" (wgmma over pairs of 64-key tiles, each consumer warpgroup one S of a pair).
+KERNELS = {"mma": 0, "wgmma": 1, "seesaw": 2}
 #: The split kernel used when none is named (session 9: 1.7-2.0x "mma" at every MLA bench point).
 DEFAULT_KERNEL = "wgmma"
 _MIN_KEYS_PER_SPLIT = 256
@@ -149,7 +153,7 @@ _ABLATE_WARNED = False
 
 
 def _warn_if_ablating() -> None:
-    """``KDTREE_MLA_ABLATE`` makes the wgmma kernel skip work (a measurement knob whose results
+    """``KDTREE_MLA_ABLATE`` makes the wgmma / seesaw kernels skip work (a measurement knob whose results
     are wrong by design; the launcher reads it at every launch, a CUDA graph keeps the value
     captured): say so once per process."""
     global _ABLATE_WARNED
@@ -160,7 +164,7 @@ def _warn_if_ablating() -> None:
     if value not in ("", "0") and not _ABLATE_WARNED:
         _ABLATE_WARNED = True
         warnings.warn(
-            f"KDTREE_MLA_ABLATE={value}: the wgmma MLA kernel skips work and its results are "
+            f"KDTREE_MLA_ABLATE={value}: the wgmma / seesaw MLA kernels skip work and its results are "
             "wrong (a measurement setting of tools/gpu/mla_phases.py)",
             RuntimeWarning,
             stacklevel=3,
@@ -391,13 +395,25 @@ def wgmma_probe(a, bk, v, *, v_offsets: tuple[int, int]) -> tuple[torch.Tensor, 
 WGMMA_PHASES = (
     "wait_tile", "s_mma", "softmax", "p_free", "p_ready", "rescale", "pv_mma", "release",
 )  # fmt: skip
+#: Phases of the seesaw kernel's clocks, per consumer warpgroup (each loops over tile pairs;
+#: the sums are divided by the CTA's tiles, so a warpgroup's phases add up to its time a tile).
+#: Warpgroup 0: wait for tile a, S_a, softmax + P_a out, rescale + issue P_a V_a, wait for
+#: P_b, the rest (P_a V_a's wait, rescale, P_b V_b, releases). Warpgroup 1: wait for tile b,
+#: S_b (+ mask and row max), wait for m_a, softmax + P_b out, P_a in + rescales, P V MMAs.
+SEESAW_PHASES = {
+    0: ("wait_tile", "s_mma", "softmax", "pv_a_issue", "wait_p_b", "pv_b"),
+    1: ("wait_tile", "s_mma", "wait_m_a", "softmax", "p_a_rescale", "pv_mma"),
+}
 
 
-def wgmma_clocks() -> dict[str, float]:
-    """Phase clocks of the wgmma split kernel accumulated since the last read (launches made
-    with ``KDTREE_MLA_CLOCKS=1`` in the environment), then reset: mean cycles per KV tile of
-    each phase of thread 0 of each consumer warpgroup (keys ``wg0.<phase>``, ``wg1.<phase>``
-    from :data:`WGMMA_PHASES`), ``tiles`` and ``ctas``."""
+def wgmma_clocks(kernel: str = "wgmma") -> dict[str, float]:
+    """Phase clocks of the wgmma or seesaw split kernel accumulated since the last read
+    (launches made with ``KDTREE_MLA_CLOCKS=1`` in the environment), then reset: mean cycles
+    per KV tile of each phase of thread 0 of each consumer warpgroup (keys ``wg0.<phase>``,
+    ``wg1.<phase>`` from :data:`WGMMA_PHASES` or :data:`SEESAW_PHASES`), ``tiles`` and
+    ``ctas``."""
+    if kernel not in ("wgmma", "seesaw"):
+        raise ValueError(f"kernel={kernel!r}: only the wgmma and seesaw kernels keep clocks")
     buf = (ctypes.c_ulonglong * 20)()
     rc = _load().kdtree_mla_wgmma_clocks(ctypes.cast(buf, ctypes.c_void_p))
     if rc != 0:
@@ -405,7 +421,8 @@ def wgmma_clocks() -> dict[str, float]:
     tiles = max(int(buf[8]), 1)
     out: dict[str, float] = {}
     for w in range(2):
-        for i, name in enumerate(WGMMA_PHASES):
+        names = WGMMA_PHASES if kernel == "wgmma" else SEESAW_PHASES[w]
+        for i, name in enumerate(names):
             out[f"wg{w}.{name}"] = buf[10 * w + i] / tiles
     out.update(tiles=int(buf[8]), ctas=int(buf[9]))
     return out

@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", default="wgmma,mma", help="split kernels, comma-separated: "
+    ap.add_argument("--kernels", default="seesaw,wgmma,mma", help="split kernels, comma-separated: "
                     + ",".join(cuda_mla.KERNELS))  # fmt: skip
     ap.add_argument("--no-timing", action="store_true", help="correctness only")
     ap.add_argument("--deadline-s", type=float, default=DEADLINE_S,
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.manual_seed(1234)
     print()
     ok = True
-    if any(k.startswith("wgmma") for k in kernels):
+    if any(k in ("wgmma", "seesaw") for k in kernels):
         summary["probe"], probe_ok = check_probe()
         ok &= probe_ok
     summary["correct"] = []

@@ -23,9 +23,11 @@ def test_compiles_for_sm90a_without_spills(tmp_path):
     kernels = cuda_mla.parse_ptxas(res.log)
     split = [k for k in kernels if "mla_split_kernel" in k]
     wgmma = [k for k in kernels if "mla_split_wgmma_kernel" in k]
+    seesaw = [k for k in kernels if "mla_split_seesaw_kernel" in k]
     merge = [k for k in kernels if "mla_merge_kernel" in k]
     assert len(split) == 2 and len(merge) == 2, f"expected bf16 + fp16 kernels, got {kernels}"
     assert len(wgmma) == 2, f"expected bf16 + fp16 wgmma kernels, got {kernels}"
+    assert len(seesaw) == 2, f"expected bf16 + fp16 seesaw kernels, got {kernels}"
     # ptxas serialises wgmma it cannot keep asynchronous and says so; that would be a silent
     # several-fold slowdown, so the build log must not carry the warning
     assert "serialized" not in res.log, res.log
@@ -134,7 +136,7 @@ def _run(case, dtype, gen, graph=False, kernel="mma"):
     "case", GPU_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}-ps{c[3]}-s{c[4]}"
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "seesaw"])
 def test_matches_fp64(case, dtype, kernel, gen):
     _run(case, dtype, gen, kernel=kernel)
 
@@ -142,7 +144,7 @@ def test_matches_fp64(case, dtype, kernel, gen):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("splits", [1, 4])
-@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "seesaw"])
 def test_cuda_graph_replay(splits, kernel, gen):
     _run(([3000, 17], 17, 16, 16, splits), torch.bfloat16, gen, graph=True, kernel=kernel)
 

@@ -32,6 +32,7 @@ from kdtree.bench.verify_attention import (
 from kdtree.kernels import cuda_mla
 
 ABLATIONS = (0, 1, 2, 4, 6, 3, 5, 7)
+SEESAW_ABLATIONS = (0, 1, 2, 3)  # the seesaw kernel has no P V ablation (bit 2)
 
 
 def main() -> None:
@@ -54,17 +55,17 @@ def main() -> None:
         fn, splits = _cuda_mla_fn(wl, ti, kernel=a.kernel)
         fn(0)
         torch.cuda.synchronize()
-        cuda_mla.wgmma_clocks()  # drop the warm-up call's sums
+        cuda_mla.wgmma_clocks(a.kernel)  # drop the warm-up call's sums
         fn(0)
         torch.cuda.synchronize()
-        ck = cuda_mla.wgmma_clocks()
+        ck = cuda_mla.wgmma_clocks(a.kernel)
         os.environ["KDTREE_MLA_CLOCKS"] = "0"
         total = sum(v for k, v in ck.items() if k.startswith("wg0."))
         print(f"{spec} splits={splits} tiles/CTA={ck['tiles'] / max(ck['ctas'], 1):.1f} "
               f"cycles/tile={total:.0f}: " + ", ".join(
                   f"{k} {v:.0f}" for k, v in ck.items() if k.startswith("wg")), flush=True)  # fmt: skip
-        rec = {"point": spec, "splits": splits, "cycles_per_tile": total, **ck}
-        for ab in ABLATIONS:
+        rec = {"point": spec, "kernel": a.kernel, "splits": splits, "cycles_per_tile": total, **ck}
+        for ab in ABLATIONS if a.kernel == "wgmma" else SEESAW_ABLATIONS:
             os.environ["KDTREE_MLA_ABLATE"] = str(ab)
             fn, _ = _cuda_mla_fn(wl, ti, kernel=a.kernel)
             replay, per = _graphed(fn, wl.n_rot, wl.device)

@@ -1,5 +1,5 @@
 """A few CUDA MLA tree-verify calls for compute-sanitizer (memcheck / racecheck): both split
-kernels (mma, wgmma), forced and automatic splits, page sizes 1 / 16 / 64, T 1..257, an empty
+kernels (mma, wgmma, seesaw; or those named in argv[1], comma-separated), forced and automatic splits, page sizes 1 / 16 / 64, T 1..257, an empty
 prefix, batch 3; each checked against the fp64 dense reference (the pass rule of
 ``kdtree.kernels.cuda_mla_check``). Exits 1 on a mismatch."""
 
@@ -23,7 +23,8 @@ CASES = [  # prefix lengths, T, H, page size, splits
 def main() -> int:
     gen = torch.Generator().manual_seed(5)
     bad = 0
-    for kernel in ("mma", "wgmma"):
+    kernels = sys.argv[1].split(",") if len(sys.argv) > 1 else list(cuda_mla.KERNELS)
+    for kernel in kernels:
         for lens, t, h, ps, splits in CASES:
             qn, qp, kv, (pt,), plen, mask = _inputs(lens, t, h, ps, torch.bfloat16, gen)
             out = cuda_mla.tree_attention_mla_cuda(
