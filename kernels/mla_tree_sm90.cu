@@ -34,6 +34,8 @@
 //
 // Everything depends only on shapes and device pointers: graph-capturable.
 
+#include <cuda.h>  // CUtensorMap (the driver entry point is fetched at run time: no -lcuda)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -89,6 +91,9 @@ struct Params {
   int num_splits;
   float qk_scale;               // sm_scale * log2(e)
   uint32_t v_lbo, v_sbo;        // wgmma kernel: V descriptor byte offsets (see launch)
+  int tma_rows;                 // seesaw kernel: rows of one TMA box of kv_map (0: no TMA)
+  CUtensorMap kv_map;           // seesaw kernel: the KV pool [slots, 576], 64 x tma_rows boxes,
+                                // 128-byte swizzle (encoded on the host per launch)
   int clocks;                   // wgmma kernel: accumulate phase clocks (KDTREE_MLA_CLOCKS=1)
   int ablate;                   // wgmma / seesaw kernels, measurement only (KDTREE_MLA_ABLATE):
                                 // bit 0 no KV loads past tile 1, bit 1 no S MMAs, bit 2 no P V
@@ -1299,7 +1304,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 //   P_B        (256): warpgroup 1 wrote P_b and m_b; warpgroup 0 syncs.
 //   PRODUCER   (128): the two producer halves' shares of Q have landed.
 namespace sw {
-constexpr int SMEM_STATS = 4 * BLOCK_M * 4;  // m_a [64], m_b [64], row sums [2][64]
+constexpr int SMEM_STATS = 4 * BLOCK_M * 4 + 16;  // m_a [64], m_b [64], row sums [2][64],
+                                                  // one TMA mbarrier a stage
 constexpr int SMEM_TOTAL = wg::ALIGN + wg::SMEM_Q + wg::STAGES * wg::SMEM_STAGE + SMEM_STATS;
 static_assert(SMEM_TOTAL <= 227 * 1024, "seesaw kernel shared memory above the sm_90 limit");
 constexpr int ROPE_SLICE = (DQK / 64 - 1) * wg::REGION;  // byte offset of a stage's rope slice
@@ -1310,6 +1316,60 @@ constexpr int FULL_COUNT = 64 + 128;
 constexpr int EMPTY_COUNT = 256 + 64;
 }  // namespace sw
 
+// mbarrier and TMA (cp.async.bulk.tensor) wrappers of the seesaw producer.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int col, int row,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
+      : "memory");
+}
+
+// Whether tile `tile` goes through TMA: a whole prefix tile inside the page table (the partial
+// and tree tiles keep the zero-filling cp.async path: a TMA box would bring whatever the unused
+// slots of a page hold, and P = 0 times a NaN there is NaN).
+__device__ __forceinline__ bool sw_tma_tile(const Params& p, const WgTiles& ts, int tile) {
+  if (p.tma_rows == 0 || tile >= ts.n_pre) return false;
+  const int pos = ts.start + tile * wg::BN;
+  return ts.end - pos >= wg::BN && ((pos + wg::BN - 1) >> p.page_shift) < p.max_pages;
+}
+
+// One thread issues tile `tile`'s TMA boxes (9 slices x 64 / tma_rows page runs) on `bar`.
+__device__ __forceinline__ void sw_tma_tile_issue(uint32_t stage, const Params& p,
+                                                  const int32_t* pt_row, const WgTiles& ts,
+                                                  int tile, uint32_t bar) {
+  mbar_expect_tx(bar, wg::KBLOCKS * wg::REGION);
+  const int rows = p.tma_rows;
+  const int pos0 = ts.start + tile * wg::BN;
+  for (int r = 0; r < wg::BN; r += rows) {
+    const int pos = pos0 + r;
+    const int page = __ldg(pt_row + (pos >> p.page_shift));
+    const int slot = (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
+#pragma unroll
+    for (int i = 0; i < wg::KBLOCKS; ++i)
+      tma_load_2d(stage + i * wg::REGION + r * 128, &p.kv_map, 64 * i, slot, bar);
+  }
+}
+
 // The 64 producer threads of one stage: rows (pt >> 3) + 8 k (k < 8), chunk pt & 7 of each of
 // the nine 64-dim slices.
 template <typename E>
@@ -1317,8 +1377,8 @@ __device__ __forceinline__ void sw_produce_tile(uint32_t stage, const E* kv, con
                                                 const int32_t* pt_row, const WgTiles& ts,
                                                 int tile, int pt) {
   const int sub = pt & 7;
-#pragma unroll 2
-  for (int k = 0; k < 8; ++k) {  // (fully unrolled the 40-register producer spills)
+#pragma unroll 1
+  for (int k = 0; k < 8; ++k) {  // (unrolled, the 40-register producer spills)
     const int r = (pt >> 3) + 8 * k;
     const int64_t slot = wg_key_slot(p, pt_row, ts, tile, r);
     const E* src = slot >= 0 ? kv + slot * p.s_slot : kv;
@@ -1478,7 +1538,7 @@ __device__ __forceinline__ void sw_rescale(float (&o)[128], float a0, float a1) 
 }
 
 template <typename E>
-__global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const Params p) {
+__global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + wg::ALIGN - 1) & ~static_cast<uint32_t>(wg::ALIGN - 1);
@@ -1488,6 +1548,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   float* sMa = reinterpret_cast<float*>(smem + wg::SMEM_Q + wg::STAGES * wg::SMEM_STAGE);
   float* sMb = sMa + BLOCK_M;
   float* sSum = sMb + BLOCK_M;  // [warpgroup][row]: the epilogue's row sums
+  const uint32_t sBar = smem_u32(sSum + 2 * BLOCK_M);  // TMA mbarriers, one a stage
 
   const int tid = threadIdx.x;
   const int m0 = blockIdx.x * BLOCK_M;
@@ -1532,17 +1593,36 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
         cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
       }
     }
-    if (half < n) sw_produce_tile<E>(stage, kv, p, pt_row, ts, half, lt);
+    const uint32_t bar = sBar + 8 * half;
+    if (pt == 0) {
+      mbar_init(sBar, 1);
+      mbar_init(sBar + 8, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    named_sync(sw::BAR_PRODUCER, 128);  // the mbarriers are initialised
+    uint32_t parity = 0;
+    // Tile `tile` into this half's stage: TMA boxes on the stage's mbarrier (all 64 threads wait
+    // for its phase), or the cp.async copies (zero-filled rows past the keys).
+    const auto fill = [&](int tile) {
+      if (sw_tma_tile(p, ts, tile)) {
+        if (lt == 0) sw_tma_tile_issue(stage, p, pt_row, ts, tile, bar);
+        mbar_wait(bar, parity);
+        parity ^= 1u;
+      } else {
+        sw_produce_tile<E>(stage, kv, p, pt_row, ts, tile, lt);
+        cp_async_commit();
+        cp_async_wait<0>();
+      }
+    };
+    if (half < n) fill(half);
     cp_async_commit();
-    cp_async_wait<0>();
+    cp_async_wait<0>();  // this half's share of Q
     fence_async_smem();
     named_sync(sw::BAR_PRODUCER, 128);  // both halves' shares of Q landed
     if (half < n) named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     for (int tile = half + 2; tile < n; tile += 2) {
       named_sync(BAR_EMPTY + half, sw::EMPTY_COUNT);  // tile - 2 released by both consumers
-      if (!(p.ablate & 1)) sw_produce_tile<E>(stage, kv, p, pt_row, ts, tile, lt);
-      cp_async_commit();
-      cp_async_wait<0>();
+      if (!(p.ablate & 1)) fill(tile);
       fence_async_smem();
       named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     }
@@ -1882,6 +1962,35 @@ int launch(const Params& p, int B, int kernel, cudaStream_t stream) {
 
 }  // namespace kdtree_mla
 
+// The seesaw kernel's KV tensor map: the pool as a 2-D [num_slots, 576] tensor (row pitch
+// s_slot elements), boxes of 64 dims x `rows` slots, 128-byte swizzle (the layout its wgmma
+// operands use). cuTensorMapEncodeTiled is a host-only driver call (capture-safe), fetched
+// through the runtime so the library needs no -lcuda. Returns 0 or -12.
+static int encode_kv_map(CUtensorMap* map, const void* kv, int dtype, int64_t num_slots,
+                         int64_t s_slot, int rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || fn == nullptr)
+      return -12;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kdtree_mla::DQK),
+                              static_cast<cuuint64_t>(num_slots)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(s_slot) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = encode(
+      map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+      const_cast<void*>(kv), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? 0 : -12;
+}
+
 // ------------------------------------------------------------------ C ABI
 
 extern "C" {
@@ -1945,6 +2054,7 @@ const char* kdtree_mla_error_string(int code) {
     case -9: return "device ordinal out of range";
     case -10: return "unknown kernel code (expected 0 = mma.sync, 1 = wgmma, 2 = seesaw)";
     case -11: return "KDTREE_MLA_ABLATE bit 2 (no P V MMAs) is not implemented by the seesaw kernel";
+    case -12: return "encoding the KV tensor map for TMA failed (cuTensorMapEncodeTiled)";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -1959,7 +2069,8 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
                            int64_t sqp_t, int64_t sqp_h, int64_t s_slot, int64_t spt_b,
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int H, int rank, int rope, int page_size, int max_pages,
-                           int num_splits, float sm_scale, int kernel, uintptr_t stream) {
+                           int num_splits, float sm_scale, int kernel, int64_t num_slots,
+                           uintptr_t stream) {
   using namespace kdtree_mla;
   if (dtype != 0 && dtype != 1) return -1;
   if (kernel < 0 || kernel > 2) return -10;
@@ -2017,6 +2128,16 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
+  // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots (fewer
+  // would take 72+ boxes a tile from one thread); KDTREE_MLA_TMA=0 keeps them on cp.async.
+  p.tma_rows = 0;
+  const char* env_tma = getenv("KDTREE_MLA_TMA");
+  if (kernel == 2 && page_size >= 8 && !(env_tma != nullptr && env_tma[0] == '0')) {
+    if (num_slots < 1 || num_slots > (int64_t{1} << 31)) return -12;
+    p.tma_rows = page_size < wg::BN ? page_size : wg::BN;
+    const int rc = encode_kv_map(&p.kv_map, kv, dtype, num_slots, s_slot, p.tma_rows);
+    if (rc != 0) return rc;
+  }
   return dtype == 0 ? launch<__nv_bfloat16>(p, B, kernel, s) : launch<__half>(p, B, kernel, s);
 }
 

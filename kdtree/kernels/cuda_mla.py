@@ -94,7 +94,7 @@ def _load() -> ctypes.CDLL:
             + [ptr] * 9  # q_nope q_pe kv page_table prefix_lens tree_mask out part lse
             + [i64] * 13  # strides: q_nope 3, q_pe 3, kv slot, page table row, mask 2, out 3
             + [i32] * 8  # B T H rank rope page_size max_pages num_splits
-            + [ctypes.c_float, i32, ctypes.c_size_t]  # sm_scale, kernel, stream
+            + [ctypes.c_float, i32, i64, ctypes.c_size_t]  # sm_scale kernel num_slots stream
         )
         lib.kdtree_mla_wgmma_clocks.restype = i32
         lib.kdtree_mla_wgmma_clocks.argtypes = [ptr]
@@ -274,6 +274,7 @@ def launch_args(
         int(num_splits),
         float(sm_scale),
         KERNELS.get(kernel, -1),
+        kv_cache.shape[0] * kv_cache.shape[1],  # num_slots (the seesaw kernel's TMA map)
         stream,
     )
 

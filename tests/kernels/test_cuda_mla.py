@@ -143,6 +143,17 @@ def test_matches_fp64(case, dtype, kernel, gen):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("tma", ["0", "1"])
+@pytest.mark.parametrize("ps", [8, 16, 64, 256])
+def test_seesaw_tma_and_cp_async_paths(tma, ps, gen, monkeypatch):
+    """The seesaw kernel's whole prefix tiles go through TMA (page size >= 8) unless
+    KDTREE_MLA_TMA=0; both paths match fp64, with odd and even tile counts a split."""
+    monkeypatch.setenv("KDTREE_MLA_TMA", tma)
+    _run(([3 * 64 * 5 + 17, 640], 65, 16, ps, 3), torch.bfloat16, gen, kernel="seesaw")
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "seesaw"])
 def test_cuda_graph_replay(splits, kernel, gen):
@@ -226,7 +237,7 @@ def test_ctypes_call_matches_the_c_signature(gen):
     bf = [x.to(torch.bfloat16) for x in (q_nope, q_pe, kv, out)]
     args = cuda_mla.launch_args(bf[0], bf[1], bf[2], pt, pl, mask, bf[3], None, None, 1, 0.1, 0,
                                 kernel="tcgen05")  # fmt: skip
-    assert args[-2] == -1
+    assert args[-3] == -1
     assert lib.kdtree_mla_tree_launch(*args) == -10
     assert b"kernel code" in lib.kdtree_mla_error_string(-10)
 
