@@ -1353,39 +1353,54 @@ __device__ __forceinline__ bool sw_tma_tile(const Params& p, const WgTiles& ts, 
   return ts.end - pos >= wg::BN && ((pos + wg::BN - 1) >> p.page_shift) < p.max_pages;
 }
 
-// One thread issues tile `tile`'s TMA boxes (9 slices x 64 / tma_rows page runs) on `bar`.
-__device__ __forceinline__ void sw_tma_tile_issue(uint32_t stage, const Params& p,
-                                                  const int32_t* pt_row, const WgTiles& ts,
-                                                  int tile, uint32_t bar) {
-  mbar_expect_tx(bar, wg::KBLOCKS * wg::REGION);
-  const int rows = p.tma_rows;
-  const int pos0 = ts.start + tile * wg::BN;
-  for (int r = 0; r < wg::BN; r += rows) {
-    const int pos = pos0 + r;
-    const int page = __ldg(pt_row + (pos >> p.page_shift));
-    const int slot = (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
-#pragma unroll
-    for (int i = 0; i < wg::KBLOCKS; ++i)
-      tma_load_2d(stage + i * wg::REGION + r * 128, &p.kv_map, 64 * i, slot, bar);
-  }
+// A TMA tile's first slot of page run `lt` (lanes lt < 64 / tma_rows; one box per run and
+// slice), looked up before the producer waits for the stage so the page-table read overlaps
+// that wait instead of delaying the copies.
+__device__ __forceinline__ int sw_run_slot(const Params& p, const int32_t* pt_row,
+                                           const WgTiles& ts, int tile, int lt) {
+  if (lt * p.tma_rows >= wg::BN) return 0;
+  const int pos = ts.start + tile * wg::BN + lt * p.tma_rows;
+  return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
-// The 64 producer threads of one stage: rows (pt >> 3) + 8 k (k < 8), chunk pt & 7 of each of
-// the nine 64-dim slices.
+// Issue one tile's copies into `stage` and wait until they landed. TMA: lane 0 sets the
+// stage mbarrier's byte count, lanes < 64 / tma_rows each issue their run's nine boxes, all 64
+// threads wait for the phase. cp.async (partial and tree tiles, pages of < 8 slots): rows
+// (lt >> 3) + 8 k, k < 8, chunk lt & 7 of the nine slices, zero-filled past the keys (one row
+// at a time: the 40-register producer spills when the eight rows' slots are held at once).
 template <typename E>
-__device__ __forceinline__ void sw_produce_tile(uint32_t stage, const E* kv, const Params& p,
-                                                const int32_t* pt_row, const WgTiles& ts,
-                                                int tile, int pt) {
-  const int sub = pt & 7;
-#pragma unroll 1
-  for (int k = 0; k < 8; ++k) {  // (unrolled, the 40-register producer spills)
-    const int r = (pt >> 3) + 8 * k;
-    const int64_t slot = wg_key_slot(p, pt_row, ts, tile, r);
-    const E* src = slot >= 0 ? kv + slot * p.s_slot : kv;
-    const int bytes = slot >= 0 ? 16 : 0;
-    const uint32_t dst = stage + swz(r, sub);
+__device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, const E* kv,
+                                        const Params& p, const int32_t* pt_row,
+                                        const WgTiles& ts, int tile, int lt, uint32_t bar,
+                                        uint32_t& parity) {
+  if (tma) {
+    if (lt < 32) {
+      if (lt == 0) mbar_expect_tx(bar, wg::KBLOCKS * wg::REGION);
+      __syncwarp();
+      if (lt * p.tma_rows < wg::BN) {
 #pragma unroll
-    for (int i = 0; i < wg::KBLOCKS; ++i) cp_async16(dst + i * wg::REGION, src + (sub + 8 * i) * 8, bytes);
+        for (int i = 0; i < wg::KBLOCKS; ++i)
+          tma_load_2d(stage + i * wg::REGION + lt * p.tma_rows * 128, &p.kv_map, 64 * i, run_slot,
+                      bar);
+      }
+    }
+    mbar_wait(bar, parity);
+    parity ^= 1u;
+  } else {
+    const int sub = lt & 7;
+#pragma unroll 1
+    for (int k = 0; k < 8; ++k) {
+      const int r = (lt >> 3) + 8 * k;
+      const int64_t slot = wg_key_slot(p, pt_row, ts, tile, r);
+      const E* src = slot >= 0 ? kv + slot * p.s_slot : kv;
+      const int bytes = slot >= 0 ? 16 : 0;
+      const uint32_t dst = stage + swz(r, sub);
+#pragma unroll
+      for (int i = 0; i < wg::KBLOCKS; ++i)
+        cp_async16(dst + i * wg::REGION, src + (sub + 8 * i) * 8, bytes);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
   }
 }
 
@@ -1601,28 +1616,21 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     }
     named_sync(sw::BAR_PRODUCER, 128);  // the mbarriers are initialised
     uint32_t parity = 0;
-    // Tile `tile` into this half's stage: TMA boxes on the stage's mbarrier (all 64 threads wait
-    // for its phase), or the cp.async copies (zero-filled rows past the keys).
-    const auto fill = [&](int tile) {
-      if (sw_tma_tile(p, ts, tile)) {
-        if (lt == 0) sw_tma_tile_issue(stage, p, pt_row, ts, tile, bar);
-        mbar_wait(bar, parity);
-        parity ^= 1u;
-      } else {
-        sw_produce_tile<E>(stage, kv, p, pt_row, ts, tile, lt);
-        cp_async_commit();
-        cp_async_wait<0>();
-      }
-    };
-    if (half < n) fill(half);
+    if (half < n) {
+      const bool tma = sw_tma_tile(p, ts, half);
+      const int run = tma ? sw_run_slot(p, pt_row, ts, half, lt) : 0;
+      sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity);
+    }
     cp_async_commit();
     cp_async_wait<0>();  // this half's share of Q
     fence_async_smem();
     named_sync(sw::BAR_PRODUCER, 128);  // both halves' shares of Q landed
     if (half < n) named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     for (int tile = half + 2; tile < n; tile += 2) {
+      const bool tma = sw_tma_tile(p, ts, tile);
+      const int run = tma ? sw_run_slot(p, pt_row, ts, tile, lt) : 0;
       named_sync(BAR_EMPTY + half, sw::EMPTY_COUNT);  // tile - 2 released by both consumers
-      if (!(p.ablate & 1)) fill(tile);
+      if (!(p.ablate & 1)) sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, tile, lt, bar, parity);
       fence_async_smem();
       named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     }
@@ -1656,15 +1664,18 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   const uint64_t dpb = wg_desc(sKV + wg::SMEM_STAGE + sw::ROPE_SLICE, 16, 1024);  // P_b
 
   const bool stamp = p.clocks && (tid & 127) == 0;
-  unsigned long long ck[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  long long t_prev = 0;
-#define SW_STAMP(i)                                           \
-  if (stamp) {                                                \
-    const long long t_now = clock64();                        \
-    ck[i] += static_cast<unsigned long long>(t_now - t_prev); \
-    t_prev = t_now;                                           \
+  // 32-bit clocks and sums (a CTA's phase sums stay far below 2^32 cycles; unsigned
+  // differences are right across a wrap): half the registers of 64-bit ones, which the
+  // consumers do not have to spare
+  unsigned ck[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  unsigned t_prev = 0;
+#define SW_STAMP(i)                         \
+  if (stamp) {                              \
+    const unsigned t_now = clock();         \
+    ck[i] += t_now - t_prev;                \
+    t_prev = t_now;                         \
   }
-  if (stamp) t_prev = clock64();
+  if (stamp) t_prev = clock();
 
   float s[32], s_odd[32];
   uint32_t pc[4][4];
@@ -1837,7 +1848,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 #undef SW_STAMP
   if (stamp) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) atomicAdd(&g_wg_clocks[w][i], ck[i]);
+    for (int i = 0; i < 8; ++i) atomicAdd(&g_wg_clocks[w][i], static_cast<unsigned long long>(ck[i]));
     atomicAdd(&g_wg_clocks[w][8], static_cast<unsigned long long>(n));
     atomicAdd(&g_wg_clocks[w][9], 1ull);
   }
@@ -2055,6 +2066,7 @@ const char* kdtree_mla_error_string(int code) {
     case -10: return "unknown kernel code (expected 0 = mma.sync, 1 = wgmma, 2 = seesaw)";
     case -11: return "KDTREE_MLA_ABLATE bit 2 (no P V MMAs) is not implemented by the seesaw kernel";
     case -12: return "encoding the KV tensor map for TMA failed (cuTensorMapEncodeTiled)";
+    case -13: return "the seesaw kernel needs 1 <= num_pages * page_size <= 2^31 - 1";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -2128,12 +2140,12 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
+  if (kernel == 2 && (num_slots < 1 || num_slots > INT32_MAX)) return -13;  // TMA row coordinates
   // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots (fewer
   // would take 72+ boxes a tile from one thread); KDTREE_MLA_TMA=0 keeps them on cp.async.
   p.tma_rows = 0;
   const char* env_tma = getenv("KDTREE_MLA_TMA");
   if (kernel == 2 && page_size >= 8 && !(env_tma != nullptr && env_tma[0] == '0')) {
-    if (num_slots < 1 || num_slots > (int64_t{1} << 31)) return -12;
     p.tma_rows = page_size < wg::BN ? page_size : wg::BN;
     const int rc = encode_kv_map(&p.kv_map, kv, dtype, num_slots, s_slot, p.tma_rows);
     if (rc != 0) return rc;

@@ -1,5 +1,6 @@
 """A few CUDA MLA tree-verify calls for compute-sanitizer (memcheck / racecheck): both split
-kernels (mma, wgmma, seesaw; or those named in argv[1], comma-separated), forced and automatic splits, page sizes 1 / 16 / 64, T 1..257, an empty
+kernels (mma, wgmma, seesaw; or those named in argv[1], comma-separated; argv[2] keeps only the
+first N cases, racecheck being slow), forced and automatic splits, page sizes 1 / 16 / 64, T 1..257, an empty
 prefix, batch 3; each checked against the fp64 dense reference (the pass rule of
 ``kdtree.kernels.cuda_mla_check``). Exits 1 on a mismatch."""
 
@@ -24,8 +25,9 @@ def main() -> int:
     gen = torch.Generator().manual_seed(5)
     bad = 0
     kernels = sys.argv[1].split(",") if len(sys.argv) > 1 else list(cuda_mla.KERNELS)
+    cases = CASES[: int(sys.argv[2])] if len(sys.argv) > 2 else CASES
     for kernel in kernels:
-        for lens, t, h, ps, splits in CASES:
+        for lens, t, h, ps, splits in cases:
             qn, qp, kv, (pt,), plen, mask = _inputs(lens, t, h, ps, torch.bfloat16, gen)
             out = cuda_mla.tree_attention_mla_cuda(
                 qn, qp, kv, pt, plen, mask, sm_scale=SCALE, num_splits=splits, kernel=kernel
