@@ -64,7 +64,14 @@ def main() -> None:
         print(f"{spec} splits={splits} tiles/CTA={ck['tiles'] / max(ck['ctas'], 1):.1f} "
               f"cycles/tile={total:.0f}: " + ", ".join(
                   f"{k} {v:.0f}" for k, v in ck.items() if k.startswith("wg")), flush=True)  # fmt: skip
-        rec = {"point": spec, "kernel": a.kernel, "tma": os.environ.get("KDTREE_MLA_TMA", "1"), "splits": splits, "cycles_per_tile": total, **ck}
+        rec = {
+            "point": spec,
+            "kernel": a.kernel,
+            "tma": os.environ.get("KDTREE_MLA_TMA", "1"),
+            "splits": splits,
+            "cycles_per_tile": total,
+            **ck,
+        }
         for ab in ABLATIONS if a.kernel == "wgmma" else SEESAW_ABLATIONS:
             os.environ["KDTREE_MLA_ABLATE"] = str(ab)
             fn, _ = _cuda_mla_fn(wl, ti, kernel=a.kernel)
