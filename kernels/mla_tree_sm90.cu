@@ -1298,11 +1298,17 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 // Named barriers (one-way: the writer arrives, the reader syncs):
 //   FULL + s   (192): producer half s arrives when its tile landed; the warpgroup that
 //                     computes S from stage s syncs. The other warpgroup reads stage s only
-//                     after the M_A / P_B hand-over, which orders it after that sync.
+//                     after the P_A / P_B hand-over, which orders it after that sync.
 //   EMPTY + s  (320): both consumers arrive when done with stage s; producer half s syncs.
-//   M_A        (256): warpgroup 0 wrote P_a and m_a; warpgroup 1 syncs.
+//   M_A        (256): warpgroup 0 wrote m_a (right after its row max: warpgroup 1's softmax
+//                     needs nothing else); warpgroup 1 syncs.
+//   P_A        (256): warpgroup 0 wrote P_a; warpgroup 1 syncs before it reads P_a.
 //   P_B        (256): warpgroup 1 wrote P_b and m_b; warpgroup 0 syncs.
 //   PRODUCER   (128): the two producer halves' shares of Q have landed.
+// A one-way barrier must not see the writer's next arrival before the reader's sync: warpgroup
+// 0 arrives at M_A / P_A for pair i + 1 only after stage 0 was refilled, i.e. after warpgroup
+// 1 released tile 2i (behind its M_A and P_A syncs of pair i); warpgroup 1 arrives at P_B for
+// pair i + 1 only after M_A of pair i + 1, i.e. after warpgroup 0's P_B sync of pair i.
 namespace sw {
 constexpr int SMEM_STATS = 4 * BLOCK_M * 4 + 16;  // m_a [64], m_b [64], row sums [2][64],
                                                   // one TMA mbarrier a stage
@@ -1312,6 +1318,7 @@ constexpr int ROPE_SLICE = (DQK / 64 - 1) * wg::REGION;  // byte offset of a sta
 constexpr int BAR_M_A = 6;
 constexpr int BAR_P_B = 7;
 constexpr int BAR_PRODUCER = 8;
+constexpr int BAR_P_A = 9;
 constexpr int FULL_COUNT = 64 + 128;
 constexpr int EMPTY_COUNT = 256 + 64;
 }  // namespace sw
@@ -1697,14 +1704,15 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
       const float ma0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
       const float ma1 = fmaxf(m_run1, mx.y * scale);
-      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
-      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
-      sw_store_p(rope0, pc, r0, r1, q4);
       if (q4 == 0) {
         sMa[r0] = ma0;
         sMa[r1] = ma1;
       }
-      named_arrive(sw::BAR_M_A, 256);
+      named_arrive(sw::BAR_M_A, 256);  // warpgroup 1's softmax needs m_a only
+      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
+      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
+      sw_store_p(rope0, pc, r0, r1, q4);
+      named_arrive(sw::BAR_P_A, 256);
       const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
       l_run0 = l_run0 * a0 + sum.x;
       l_run1 = l_run1 * a1 + sum.y;
@@ -1745,14 +1753,15 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
       const float ma0 = fmaxf(m_run0, mx.x * scale);
       const float ma1 = fmaxf(m_run1, mx.y * scale);
-      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
-      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
-      sw_store_p(rope0, pc, r0, r1, q4);
       if (q4 == 0) {
         sMa[r0] = ma0;
         sMa[r1] = ma1;
       }
-      named_arrive(sw::BAR_M_A, 256);
+      named_arrive(sw::BAR_M_A, 256);  // warpgroup 1's softmax needs m_a only
+      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
+      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
+      sw_store_p(rope0, pc, r0, r1, q4);
+      named_arrive(sw::BAR_P_A, 256);
       const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
       l_run0 = l_run0 * a0 + sum.x;
       l_run1 = l_run1 * a1 + sum.y;
@@ -1779,7 +1788,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
       SW_STAMP(1)
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
-      named_sync(sw::BAR_M_A, 256);  // P_a and m_a written (tile ta landed: warpgroup 0 saw it)
+      named_sync(sw::BAR_M_A, 256);  // m_a written
       SW_STAMP(2)
       const float ma0 = sMa[r0], ma1 = sMa[r1];
       const float mb0 = fmaxf(ma0, mx.x * scale);
@@ -1798,6 +1807,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       l_run1 = l_run1 * a1 + sum.y;
       SW_STAMP(3)
       // P_a exp(m_a - m_b), as register A fragments
+      named_sync(sw::BAR_P_A, 256);  // P_a written (tile ta landed: warpgroup 0 saw it)
       sw_load_p(rope0, pa, r0, r1, q4);
       const float c0 = exp2f(ma0 - off0), c1 = exp2f(ma1 - off1);
       if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
@@ -1833,6 +1843,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const float a0 = exp2f(m_run0 - sw_offset(ma0)), a1 = exp2f(m_run1 - sw_offset(ma1));
       l_run0 *= a0;
       l_run1 *= a1;
+      named_sync(sw::BAR_P_A, 256);
       sw_load_p(rope0, pa, r0, r1, q4);
       sw_rescale(o, a0, a1);
       wg_fence();

@@ -58,8 +58,9 @@ _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 # "wgmma" (warpgroup MMA from swizzled shared memory, 64-key tiles, a producer warpgroup) and
 # "seesaw" (wgmma over pairs of 64-key tiles, each consumer warpgroup one S of a pair).
 KERNELS = {"mma": 0, "wgmma": 1, "seesaw": 2}
-#: The split kernel used when none is named (session 9: 1.7-2.0x "mma" at every MLA bench point).
-DEFAULT_KERNEL = "wgmma"
+#: The split kernel used when none is named ("seesaw": session 10, faster than "wgmma" at every
+#: MLA bench point; "wgmma" was 1.7-2.0x "mma" in session 9).
+DEFAULT_KERNEL = "seesaw"
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_WAVES = 2
 

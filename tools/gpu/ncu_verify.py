@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument(
         "--cuda-kernel",
         default=None,
-        help="MLA only: profile the CUDA C++ kernel instead of Triton (mma or wgmma)",
+        help="MLA only: profile the CUDA C++ kernel instead of Triton (mma, wgmma or seesaw)",
     )
     a = ap.parse_args()
     lay = LAYOUTS[a.layout]
