@@ -1287,10 +1287,12 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 //                memory (into the rope slice of its own stage: the rope keys are dead once S_a
 //                is done) with m_a; O_L = O_L exp(m - m_a) + P_a V_a[:, :256];
 //                then (P_b, m_b from warpgroup 1) O_L = O_L exp(m_a - m_b) + P_b V_b[:, :256]
-//   warpgroup 1: S_b = Q K_b^T; (m_a from warpgroup 0) m_b = max(m_a, rowmax S_b);
-//                P_b = exp(S_b - m_b) -> shared memory with m_b;
-//                O_R = O_R exp(m - m_b) + (P_a exp(m_a - m_b)) V_a[:, 256:] + P_b V_b[:, 256:]
-//                (P_a read into registers and rescaled there: one rescale of O_R a pair)
+//   warpgroup 1: S_b = Q K_b^T; (P_a, m_a from warpgroup 0) O_R = O_R exp(m - m_a) +
+//                P_a V_a[:, 256:] (issued before its softmax, so it runs beside it);
+//                m_b = max(m_a, rowmax S_b); P_b = exp(S_b - m_b) -> shared memory with m_b;
+//                O_R = O_R exp(m_a - m_b) + P_b V_b[:, 256:]
+//   (each rescale is skipped when no row of the warp moved, the usual case once the max settled)
+// The two S of a pair take turns (barriers S_A, S_B), see the consumer loops.
 // Each warpgroup keeps the row sums of its own P tiles, scaled along with its O half; the
 // epilogue adds the two. Tile 2i is always in stage 0, tile 2i + 1 in stage 1. The producer
 // warpgroup is split in two: warps 8-9 own stage 0, warps 10-11 stage 1, so a stage is
@@ -1298,17 +1300,18 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 // Named barriers (one-way: the writer arrives, the reader syncs):
 //   FULL + s   (192): producer half s arrives when its tile landed; the warpgroup that
 //                     computes S from stage s syncs. The other warpgroup reads stage s only
-//                     after the P_A / P_B hand-over, which orders it after that sync.
+//                     after the M_A / P_B hand-over, which orders it after that sync.
 //   EMPTY + s  (320): both consumers arrive when done with stage s; producer half s syncs.
-//   M_A        (256): warpgroup 0 wrote m_a (right after its row max: warpgroup 1's softmax
-//                     needs nothing else); warpgroup 1 syncs.
-//   P_A        (256): warpgroup 0 wrote P_a; warpgroup 1 syncs before it reads P_a.
+//   M_A        (256): warpgroup 0 wrote P_a and m_a; warpgroup 1 syncs.
+//   S_A        (256): warpgroup 0's S_a is done; warpgroup 1 syncs before it issues S_b.
+//   S_B        (256): warpgroup 1's S_b is done; warpgroup 0 syncs before the next S_a.
 //   P_B        (256): warpgroup 1 wrote P_b and m_b; warpgroup 0 syncs.
 //   PRODUCER   (128): the two producer halves' shares of Q have landed.
 // A one-way barrier must not see the writer's next arrival before the reader's sync: warpgroup
-// 0 arrives at M_A / P_A for pair i + 1 only after stage 0 was refilled, i.e. after warpgroup
-// 1 released tile 2i (behind its M_A and P_A syncs of pair i); warpgroup 1 arrives at P_B for
-// pair i + 1 only after M_A of pair i + 1, i.e. after warpgroup 0's P_B sync of pair i.
+// 0 arrives at M_A and S_A for pair i + 1 only after stage 0 was refilled, i.e. after warpgroup
+// 1 released tile 2i (behind its S_A and M_A syncs of pair i); warpgroup 1 arrives at P_B and
+// S_B for pair i + 1 only after S_A of pair i + 1, i.e. after warpgroup 0's S_B and P_B syncs
+// of pair i. Warpgroup 1 skips S_B after the last tile (no S follows: no dangling arrival).
 namespace sw {
 constexpr int SMEM_STATS = 4 * BLOCK_M * 4 + 16;  // m_a [64], m_b [64], row sums [2][64],
                                                   // one TMA mbarrier a stage
@@ -1318,7 +1321,8 @@ constexpr int ROPE_SLICE = (DQK / 64 - 1) * wg::REGION;  // byte offset of a sta
 constexpr int BAR_M_A = 6;
 constexpr int BAR_P_B = 7;
 constexpr int BAR_PRODUCER = 8;
-constexpr int BAR_P_A = 9;
+constexpr int BAR_S_A = 9;
+constexpr int BAR_S_B = 10;
 constexpr int FULL_COUNT = 64 + 128;
 constexpr int EMPTY_COUNT = 256 + 64;
 }  // namespace sw
@@ -1510,7 +1514,7 @@ __device__ __forceinline__ float2 sw_exp_pack(float (&s)[32], uint32_t (&pc)[4][
   return make_float2(a[0], c[0]);
 }
 
-// P fragments <-> a 128B-swizzled K-major 64 x 64 slice (as wgmma reads it as the A operand).
+// P fragments -> a 128B-swizzled K-major 64 x 64 slice (as wgmma reads it as the A operand).
 __device__ __forceinline__ void sw_store_p(unsigned char* slice, const uint32_t (&pc)[4][4],
                                            int r0, int r1, int q4) {
 #pragma unroll
@@ -1521,30 +1525,6 @@ __device__ __forceinline__ void sw_store_p(unsigned char* slice, const uint32_t 
     *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk + 1) + 4 * q4) = pc[kk][3];
   }
 }
-__device__ __forceinline__ void sw_load_p(const unsigned char* slice, uint32_t (&pc)[4][4],
-                                          int r0, int r1, int q4) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    pc[kk][0] = *reinterpret_cast<const uint32_t*>(slice + swz(r0, 2 * kk) + 4 * q4);
-    pc[kk][1] = *reinterpret_cast<const uint32_t*>(slice + swz(r1, 2 * kk) + 4 * q4);
-    pc[kk][2] = *reinterpret_cast<const uint32_t*>(slice + swz(r0, 2 * kk + 1) + 4 * q4);
-    pc[kk][3] = *reinterpret_cast<const uint32_t*>(slice + swz(r1, 2 * kk + 1) + 4 * q4);
-  }
-}
-
-template <typename E>
-__device__ __forceinline__ uint32_t sw_scale2(uint32_t v, float a);
-template <>
-__device__ __forceinline__ uint32_t sw_scale2<__nv_bfloat16>(uint32_t v, float a) {
-  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-  return Mma<__nv_bfloat16>::pack(f.x * a, f.y * a);
-}
-template <>
-__device__ __forceinline__ uint32_t sw_scale2<__half>(uint32_t v, float a) {
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&v));
-  return Mma<__half>::pack(f.x * a, f.y * a);
-}
-
 // O (this warpgroup's 64 x 256 half) *= a0 (row r0), a1 (row r1); skipped when no row of the
 // warp changes (the running max rarely moves once settled).
 __device__ __forceinline__ void sw_rescale(float (&o)[128], float a0, float a1) {
@@ -1668,6 +1648,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   const uint64_t dk = wg_desc(sKV, 16, 1024) + w * STAGE_STEP;       // own stage's K
   const uint64_t dv0 = wg_desc(sKV + 4 * w * wg::REGION, p.v_lbo, p.v_sbo);  // stage 0's V half
   const uint64_t dv1 = dv0 + STAGE_STEP;                                    // stage 1's V half
+  const uint64_t dpa = wg_desc(sKV + sw::ROPE_SLICE, 16, 1024);                   // P_a
   const uint64_t dpb = wg_desc(sKV + wg::SMEM_STAGE + sw::ROPE_SLICE, 16, 1024);  // P_b
 
   const bool stamp = p.clocks && (tid & 127) == 0;
@@ -1690,6 +1671,10 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   // Each role holds its whole MMA sequences in its own branch (ptxas serialises wgmma in
   // divergent code otherwise, warning C7520), and the pairs loop has no per-pair condition
   // around them: the last tile of an odd count is a tail after the loop.
+  // The two S of a pair take turns (S_A / S_B): each S reads 4 KB of shared memory an MMA,
+  // which saturates it, so two at once ran each at half speed while the softmax and the P V
+  // MMAs (64 B an MMA cycle) left it idle later (session 10, call d: 2 x 36 S MMAs in ~4700
+  // cycles a pair). In turns, one warpgroup's softmax and P V run beside the other's S.
   if (w == 0) {
     int ta = 0;
     for (; ta + 1 < n; ta += 2) {
@@ -1697,22 +1682,24 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
       const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
+      if (ta > 0) named_sync(sw::BAR_S_B, 256);  // S_b of the previous pair is done
       named_sync(BAR_FULL + 0, sw::FULL_COUNT);
       SW_STAMP(0)
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
+      named_arrive(sw::BAR_S_A, 256);  // warpgroup 1 may start S_b
       SW_STAMP(1)
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
       const float ma0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
       const float ma1 = fmaxf(m_run1, mx.y * scale);
+      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
+      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
+      sw_store_p(rope0, pc, r0, r1, q4);
       if (q4 == 0) {
         sMa[r0] = ma0;
         sMa[r1] = ma1;
       }
-      named_arrive(sw::BAR_M_A, 256);  // warpgroup 1's softmax needs m_a only
-      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
-      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
-      sw_store_p(rope0, pc, r0, r1, q4);
-      named_arrive(sw::BAR_P_A, 256);
+      fence_async_smem();  // P_a is read by warpgroup 1's wgmma (the async proxy)
+      named_arrive(sw::BAR_M_A, 256);
       const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
       l_run0 = l_run0 * a0 + sum.x;
       l_run1 = l_run1 * a1 + sum.y;
@@ -1748,20 +1735,21 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
       const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
+      if (ta > 0) named_sync(sw::BAR_S_B, 256);
       named_sync(BAR_FULL + 0, sw::FULL_COUNT);
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
       const float ma0 = fmaxf(m_run0, mx.x * scale);
       const float ma1 = fmaxf(m_run1, mx.y * scale);
+      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
+      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
+      sw_store_p(rope0, pc, r0, r1, q4);
       if (q4 == 0) {
         sMa[r0] = ma0;
         sMa[r1] = ma1;
       }
-      named_arrive(sw::BAR_M_A, 256);  // warpgroup 1's softmax needs m_a only
-      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
-      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
-      sw_store_p(rope0, pc, r0, r1, q4);
-      named_arrive(sw::BAR_P_A, 256);
+      fence_async_smem();  // P_a is read by warpgroup 1's wgmma (the async proxy)
+      named_arrive(sw::BAR_M_A, 256);
       const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
       l_run0 = l_run0 * a0 + sum.x;
       l_run1 = l_run1 * a1 + sum.y;
@@ -1776,7 +1764,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       m_run1 = ma1;
     }
   } else {
-    uint32_t pa[4][4];
     int ta = 0;
     for (; ta + 1 < n; ta += 2) {
       const int tb = ta + 1;
@@ -1784,13 +1771,26 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits1 = wg_bits64(p, ts, b, tb, m0 + r1);
       const bool full = tb < ts.n_pre && ts.end - (ts.start + tb * wg::BN) >= wg::BN;
       named_sync(BAR_FULL + 1, sw::FULL_COUNT);
+      named_sync(sw::BAR_S_A, 256);  // warpgroup 0's S_a is done
       SW_STAMP(0)
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
+      if (tb + 1 < n) named_arrive(sw::BAR_S_B, 256);  // warpgroup 0 may start the next S
       SW_STAMP(1)
-      const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
-      named_sync(sw::BAR_M_A, 256);  // m_a written
+      // P_a V_a[:, 256:] runs beside this warpgroup's softmax: P_a is relative to m_a, so O_R
+      // and this warpgroup's row sums move to m_a first (and to m_b after the softmax)
+      named_sync(sw::BAR_M_A, 256);  // P_a and m_a written (tile ta landed: warpgroup 0 saw it)
       SW_STAMP(2)
       const float ma0 = sMa[r0], ma1 = sMa[r1];
+      const float aa0 = exp2f(m_run0 - sw_offset(ma0)), aa1 = exp2f(m_run1 - sw_offset(ma1));
+      l_run0 *= aa0;
+      l_run1 *= aa1;
+      sw_rescale(o, aa0, aa1);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpa + kk * 2, dv0 + kk * KSTEP_V, 1);
+      wg_commit();
+      SW_STAMP(3)
+      const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
       const float mb0 = fmaxf(ma0, mx.x * scale);
       const float mb1 = fmaxf(ma1, mx.y * scale);
       const float off0 = sw_offset(mb0), off1 = sw_offset(mb1);
@@ -1802,34 +1802,18 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       }
       fence_async_smem();  // P_b is read by warpgroup 0's wgmma (the async proxy)
       named_arrive(sw::BAR_P_B, 256);
-      const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
-      l_run0 = l_run0 * a0 + sum.x;
-      l_run1 = l_run1 * a1 + sum.y;
-      SW_STAMP(3)
-      // P_a exp(m_a - m_b), as register A fragments
-      named_sync(sw::BAR_P_A, 256);  // P_a written (tile ta landed: warpgroup 0 saw it)
-      sw_load_p(rope0, pa, r0, r1, q4);
       const float c0 = exp2f(ma0 - off0), c1 = exp2f(ma1 - off1);
-      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          pa[kk][0] = sw_scale2<E>(pa[kk][0], c0);
-          pa[kk][1] = sw_scale2<E>(pa[kk][1], c1);
-          pa[kk][2] = sw_scale2<E>(pa[kk][2], c0);
-          pa[kk][3] = sw_scale2<E>(pa[kk][3], c1);
-        }
-      }
-      sw_rescale(o, a0, a1);
+      l_run0 = l_run0 * c0 + sum.x;
+      l_run1 = l_run1 * c1 + sum.y;
       SW_STAMP(4)
+      wg_wait<0>();  // P_a V_a[:, 256:]
+      pin(o);
+      if (ta + 2 < n) named_arrive(BAR_EMPTY + 0, sw::EMPTY_COUNT);  // P_a, V_a[:, 256:] read
+      sw_rescale(o, c0, c1);
       wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pa[kk], dv0 + kk * KSTEP_V, 1);
-      wg_commit();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv1 + kk * KSTEP_V, 1);
       wg_commit();
-      wg_wait<1>();
-      if (ta + 2 < n) named_arrive(BAR_EMPTY + 0, sw::EMPTY_COUNT);  // P_a, V_a[:, 256:] read
       wg_wait<0>();
       pin(o);
       if (tb + 2 < n) named_arrive(BAR_EMPTY + 1, sw::EMPTY_COUNT);  // S_b, V_b[:, 256:] read
@@ -1837,18 +1821,16 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       m_run1 = mb1;
       SW_STAMP(5)
     }
-    if (ta < n) {  // the last tile of an odd count: m_b = m_a, P_a needs no rescale
+    if (ta < n) {  // the last tile of an odd count: m_b = m_a
       named_sync(sw::BAR_M_A, 256);
       const float ma0 = sMa[r0], ma1 = sMa[r1];
       const float a0 = exp2f(m_run0 - sw_offset(ma0)), a1 = exp2f(m_run1 - sw_offset(ma1));
       l_run0 *= a0;
       l_run1 *= a1;
-      named_sync(sw::BAR_P_A, 256);
-      sw_load_p(rope0, pa, r0, r1, q4);
       sw_rescale(o, a0, a1);
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pa[kk], dv0 + kk * KSTEP_V, 1);
+      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpa + kk * 2, dv0 + kk * KSTEP_V, 1);
       wg_commit();
       wg_wait<0>();
       pin(o);

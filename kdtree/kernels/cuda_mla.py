@@ -399,12 +399,13 @@ WGMMA_PHASES = (
 )  # fmt: skip
 #: Phases of the seesaw kernel's clocks, per consumer warpgroup (each loops over tile pairs;
 #: the sums are divided by the CTA's tiles, so a warpgroup's phases add up to its time a tile).
-#: Warpgroup 0: wait for tile a, S_a, softmax + P_a out, rescale + issue P_a V_a, wait for
-#: P_b, the rest (P_a V_a's wait, rescale, P_b V_b, releases). Warpgroup 1: wait for tile b,
-#: S_b (+ mask and row max), wait for m_a, softmax + P_b out, P_a in + rescales, P V MMAs.
+#: Warpgroup 0: wait for S_b of the last pair and tile a, S_a, softmax + P_a out, rescale +
+#: issue P_a V_a, wait for P_b, the rest (P_a V_a's wait, rescale, P_b V_b, releases).
+#: Warpgroup 1: wait for tile b and S_a, S_b, wait for P_a, rescale + issue P_a V_a, softmax
+#: + P_b out, the rest (P_a V_a's wait, rescale, P_b V_b, releases).
 SEESAW_PHASES = {
     0: ("wait_tile", "s_mma", "softmax", "pv_a_issue", "wait_p_b", "pv_b"),
-    1: ("wait_tile", "s_mma", "wait_m_a", "softmax", "p_a_rescale", "pv_mma"),
+    1: ("wait_tile", "s_mma", "wait_p_a", "pv_a_issue", "softmax", "pv_b"),
 }
 
 
