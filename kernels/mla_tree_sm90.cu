@@ -92,6 +92,7 @@ struct Params {
   float qk_scale;               // sm_scale * log2(e)
   uint32_t v_lbo, v_sbo;        // wgmma kernel: V descriptor byte offsets (see launch)
   int tma_rows;                 // seesaw kernel: rows of one TMA box of kv_map (0: no TMA)
+  int turns;                    // seesaw kernel: the two S of a pair take turns (KDTREE_MLA_TURNS)
   CUtensorMap kv_map;           // seesaw kernel: the KV pool [slots, 576], 64 x tma_rows boxes,
                                 // 128-byte swizzle (encoded on the host per launch)
   int clocks;                   // wgmma kernel: accumulate phase clocks (KDTREE_MLA_CLOCKS=1)
@@ -1682,11 +1683,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
       const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
-      if (ta > 0) named_sync(sw::BAR_S_B, 256);  // S_b of the previous pair is done
+      if (p.turns && ta > 0) named_sync(sw::BAR_S_B, 256);  // S_b of the previous pair is done
       named_sync(BAR_FULL + 0, sw::FULL_COUNT);
       SW_STAMP(0)
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
-      named_arrive(sw::BAR_S_A, 256);  // warpgroup 1 may start S_b
+      if (p.turns) named_arrive(sw::BAR_S_A, 256);  // warpgroup 1 may start S_b
       SW_STAMP(1)
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
       const float ma0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
@@ -1735,7 +1736,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
       const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
-      if (ta > 0) named_sync(sw::BAR_S_B, 256);
+      if (p.turns && ta > 0) named_sync(sw::BAR_S_B, 256);
       named_sync(BAR_FULL + 0, sw::FULL_COUNT);
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
@@ -1771,10 +1772,10 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits1 = wg_bits64(p, ts, b, tb, m0 + r1);
       const bool full = tb < ts.n_pre && ts.end - (ts.start + tb * wg::BN) >= wg::BN;
       named_sync(BAR_FULL + 1, sw::FULL_COUNT);
-      named_sync(sw::BAR_S_A, 256);  // warpgroup 0's S_a is done
+      if (p.turns) named_sync(sw::BAR_S_A, 256);  // warpgroup 0's S_a is done
       SW_STAMP(0)
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
-      if (tb + 1 < n) named_arrive(sw::BAR_S_B, 256);  // warpgroup 0 may start the next S
+      if (p.turns && tb + 1 < n) named_arrive(sw::BAR_S_B, 256);  // warpgroup 0 may start the next S
       SW_STAMP(1)
       // P_a V_a[:, 256:] runs beside this warpgroup's softmax: P_a is relative to m_a, so O_R
       // and this warpgroup's row sums move to m_a first (and to m_b after the softmax)
@@ -2134,6 +2135,10 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
   if (kernel == 2 && (num_slots < 1 || num_slots > INT32_MAX)) return -13;  // TMA row coordinates
+  // The seesaw kernel's S MMAs take turns between its consumer warpgroups unless
+  // KDTREE_MLA_TURNS=0 (a measurement setting: both then issue S as soon as they can).
+  const char* env_turns = getenv("KDTREE_MLA_TURNS");
+  p.turns = !(env_turns != nullptr && env_turns[0] == '0');
   // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots (fewer
   // would take 72+ boxes a tile from one thread); KDTREE_MLA_TMA=0 keeps them on cp.async.
   p.tma_rows = 0;

@@ -396,9 +396,11 @@ def setup_ours(wl, ti, opts):
     return fn, 1, {"workspace_MiB": round(plan.nbytes / 2**20, 1)}
 
 
-def _cuda_mla_fn(wl: Workload, ti: TreeInputs, kernel: str):
+def _cuda_mla_fn(wl: Workload, ti: TreeInputs, kernel: str, num_splits: int | None = None):
     """The sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``; ``kernel`` picks its split
-    kernel) with its workspace and split count fixed up front, as the engine would hold them."""
+    kernel) with its workspace and split count (``num_splits``, default
+    :func:`~kdtree.kernels.cuda_mla.choose_splits`) fixed up front, as the engine would hold
+    them."""
     if wl.layout.kind != "mla":
         raise Skip("the CUDA C++ kernel is MLA only")
     from kdtree.kernels import cuda_mla
@@ -408,7 +410,7 @@ def _cuda_mla_fn(wl: Workload, ti: TreeInputs, kernel: str):
     from kdtree.kernels.workspace import device_sm_count
 
     t, h = ti.t, wl.layout.hq
-    splits = cuda_mla.choose_splits(
+    splits = num_splits or cuda_mla.choose_splits(
         wl.batch, h * t, wl.pages_per_req * wl.page_size, device_sm_count(wl.device)
     )
     ws = torch.empty(
