@@ -144,16 +144,33 @@ def triton_supports(kind: str, dims: tuple[int, ...]) -> bool:
 
 
 def resolve_backend(
-    kind: str, backend: str, device: torch.device, dims: tuple[int, ...] | None = None
+    kind: str,
+    backend: str,
+    device: torch.device,
+    dims: tuple[int, ...] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> str:
-    """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``: ``triton`` on CUDA if registered and it
-    supports the head dims (``dims``, when given), else ``ref``. Any other name is returned as
-    is (an explicit ``triton`` on unsupported dims then fails with the kernel's own error)."""
+    """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``: for MLA with DeepSeek's dims (512 +
+    64) in bf16 / fp16 on an sm_90 GPU with nvcc, ``cuda`` (the CUDA C++ kernel, 2.4x the
+    Triton one at h=16, L=128k, T=65); else ``triton`` on CUDA if registered and it supports
+    the head dims (``dims``, when given), else ``ref``. Any other name is returned as is (an
+    explicit ``triton`` on unsupported dims then fails with the kernel's own error)."""
     if backend != "auto":
         return backend
     chosen = env.VERIFY_BACKEND
     if chosen != "auto":
         return chosen
+    if (
+        kind == "mla"
+        and device.type == "cuda"
+        and dims == (512, 64)
+        and dtype in (torch.bfloat16, torch.float16)
+        and "cuda" in available_backends(kind)
+    ):
+        from kdtree.kernels import cuda_mla
+
+        if cuda_mla.available_on(device):
+            return "cuda"
     if (
         device.type == "cuda"
         and "triton" in available_backends(kind)
@@ -346,7 +363,9 @@ def tree_attention_mla(
     if dense_mask is not None:
         _check_dense_mask(dense_mask, q_nope.shape[0], q_nope.shape[1], q_nope.device)
         extra["dense_mask"] = dense_mask
-    name = resolve_backend("mla", backend, q_nope.device, (q_nope.shape[3], q_pe.shape[3]))
+    name = resolve_backend(
+        "mla", backend, q_nope.device, (q_nope.shape[3], q_pe.shape[3]), q_nope.dtype
+    )
     fn = get_backend("mla", name)
     return fn(
         q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, sm_scale=sm_scale, **extra

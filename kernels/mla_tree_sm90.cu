@@ -92,7 +92,6 @@ struct Params {
   float qk_scale;               // sm_scale * log2(e)
   uint32_t v_lbo, v_sbo;        // wgmma kernel: V descriptor byte offsets (see launch)
   int tma_rows;                 // seesaw kernel: rows of one TMA box of kv_map (0: no TMA)
-  int turns;                    // seesaw kernel: the two S of a pair take turns (KDTREE_MLA_TURNS)
   CUtensorMap kv_map;           // seesaw kernel: the KV pool [slots, 576], 64 x tma_rows boxes,
                                 // 128-byte swizzle (encoded on the host per launch)
   int clocks;                   // wgmma kernel: accumulate phase clocks (KDTREE_MLA_CLOCKS=1)
@@ -1293,7 +1292,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 //                m_b = max(m_a, rowmax S_b); P_b = exp(S_b - m_b) -> shared memory with m_b;
 //                O_R = O_R exp(m_a - m_b) + P_b V_b[:, 256:]
 //   (each rescale is skipped when no row of the warp moved, the usual case once the max settled)
-// The two S of a pair take turns (barriers S_A, S_B), see the consumer loops.
 // Each warpgroup keeps the row sums of its own P tiles, scaled along with its O half; the
 // epilogue adds the two. Tile 2i is always in stage 0, tile 2i + 1 in stage 1. The producer
 // warpgroup is split in two: warps 8-9 own stage 0, warps 10-11 stage 1, so a stage is
@@ -1304,15 +1302,12 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 //                     after the M_A / P_B hand-over, which orders it after that sync.
 //   EMPTY + s  (320): both consumers arrive when done with stage s; producer half s syncs.
 //   M_A        (256): warpgroup 0 wrote P_a and m_a; warpgroup 1 syncs.
-//   S_A        (256): warpgroup 0's S_a is done; warpgroup 1 syncs before it issues S_b.
-//   S_B        (256): warpgroup 1's S_b is done; warpgroup 0 syncs before the next S_a.
 //   P_B        (256): warpgroup 1 wrote P_b and m_b; warpgroup 0 syncs.
 //   PRODUCER   (128): the two producer halves' shares of Q have landed.
 // A one-way barrier must not see the writer's next arrival before the reader's sync: warpgroup
-// 0 arrives at M_A and S_A for pair i + 1 only after stage 0 was refilled, i.e. after warpgroup
-// 1 released tile 2i (behind its S_A and M_A syncs of pair i); warpgroup 1 arrives at P_B and
-// S_B for pair i + 1 only after S_A of pair i + 1, i.e. after warpgroup 0's S_B and P_B syncs
-// of pair i. Warpgroup 1 skips S_B after the last tile (no S follows: no dangling arrival).
+// 0 arrives at M_A for pair i + 1 only after stage 0 was refilled, i.e. after warpgroup 1
+// released tile 2i (behind its M_A sync of pair i); warpgroup 1 arrives at P_B for pair i + 1
+// only after M_A of pair i + 1, i.e. after warpgroup 0's P_B sync of pair i.
 namespace sw {
 constexpr int SMEM_STATS = 4 * BLOCK_M * 4 + 16;  // m_a [64], m_b [64], row sums [2][64],
                                                   // one TMA mbarrier a stage
@@ -1322,8 +1317,6 @@ constexpr int ROPE_SLICE = (DQK / 64 - 1) * wg::REGION;  // byte offset of a sta
 constexpr int BAR_M_A = 6;
 constexpr int BAR_P_B = 7;
 constexpr int BAR_PRODUCER = 8;
-constexpr int BAR_S_A = 9;
-constexpr int BAR_S_B = 10;
 constexpr int FULL_COUNT = 64 + 128;
 constexpr int EMPTY_COUNT = 256 + 64;
 }  // namespace sw
@@ -1672,10 +1665,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   // Each role holds its whole MMA sequences in its own branch (ptxas serialises wgmma in
   // divergent code otherwise, warning C7520), and the pairs loop has no per-pair condition
   // around them: the last tile of an odd count is a tail after the loop.
-  // The two S of a pair take turns (S_A / S_B): each S reads 4 KB of shared memory an MMA,
-  // which saturates it, so two at once ran each at half speed while the softmax and the P V
-  // MMAs (64 B an MMA cycle) left it idle later (session 10, call d: 2 x 36 S MMAs in ~4700
-  // cycles a pair). In turns, one warpgroup's softmax and P V run beside the other's S.
+  // (Session 10 also tried making the two S of a pair take turns, since two at once saturate
+  // shared memory: 2.5 % slower than letting both issue S as soon as they can, call f.)
   if (w == 0) {
     int ta = 0;
     for (; ta + 1 < n; ta += 2) {
@@ -1683,11 +1674,9 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
       const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
-      if (p.turns && ta > 0) named_sync(sw::BAR_S_B, 256);  // S_b of the previous pair is done
       named_sync(BAR_FULL + 0, sw::FULL_COUNT);
       SW_STAMP(0)
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
-      if (p.turns) named_arrive(sw::BAR_S_A, 256);  // warpgroup 1 may start S_b
       SW_STAMP(1)
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
       const float ma0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
@@ -1736,7 +1725,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
       const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
-      if (p.turns && ta > 0) named_sync(sw::BAR_S_B, 256);
       named_sync(BAR_FULL + 0, sw::FULL_COUNT);
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
       const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
@@ -1772,10 +1760,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const uint64_t bits1 = wg_bits64(p, ts, b, tb, m0 + r1);
       const bool full = tb < ts.n_pre && ts.end - (ts.start + tb * wg::BN) >= wg::BN;
       named_sync(BAR_FULL + 1, sw::FULL_COUNT);
-      if (p.turns) named_sync(sw::BAR_S_A, 256);  // warpgroup 0's S_a is done
       SW_STAMP(0)
       sw_scores<E>(s, s_odd, dq, dk, p.ablate);
-      if (p.turns && tb + 1 < n) named_arrive(sw::BAR_S_B, 256);  // warpgroup 0 may start the next S
       SW_STAMP(1)
       // P_a V_a[:, 256:] runs beside this warpgroup's softmax: P_a is relative to m_a, so O_R
       // and this warpgroup's row sums move to m_a first (and to m_b after the softmax)
@@ -2135,10 +2121,6 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
   if (kernel == 2 && (num_slots < 1 || num_slots > INT32_MAX)) return -13;  // TMA row coordinates
-  // The seesaw kernel's S MMAs take turns between its consumer warpgroups unless
-  // KDTREE_MLA_TURNS=0 (a measurement setting: both then issue S as soon as they can).
-  const char* env_turns = getenv("KDTREE_MLA_TURNS");
-  p.turns = !(env_turns != nullptr && env_turns[0] == '0');
   // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots (fewer
   // would take 72+ boxes a tile from one thread); KDTREE_MLA_TMA=0 keeps them on cp.async.
   p.tma_rows = 0;

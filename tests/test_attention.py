@@ -261,3 +261,19 @@ def test_auto_falls_back_to_ref_for_head_dims_the_kernels_do_not_cover():
     assert resolve_backend("gqa", "auto", cuda, (24,)) == "ref"
     assert resolve_backend("gqa", "auto", torch.device("cpu"), (128,)) == "ref"
     assert resolve_backend("gqa", "ref", cuda, (24,)) == "ref"
+
+
+def test_auto_picks_the_cuda_mla_kernel_on_sm90_for_bf16_and_fp16(monkeypatch):
+    import kdtree.kernels  # noqa: F401  (registers "triton" and "cuda")
+    from kdtree.attention import resolve_backend
+    from kdtree.kernels import cuda_mla
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(cuda_mla, "available_on", lambda device: True)
+    assert resolve_backend("mla", "auto", cuda, (512, 64), torch.bfloat16) == "cuda"
+    assert resolve_backend("mla", "auto", cuda, (512, 64), torch.float16) == "cuda"
+    assert resolve_backend("mla", "auto", cuda, (512, 64), torch.float32) == "triton"
+    assert resolve_backend("mla", "auto", cuda, (256, 64), torch.bfloat16) == "triton"
+    assert resolve_backend("mla", "auto", torch.device("cpu"), (512, 64), torch.bfloat16) == "ref"
+    monkeypatch.setattr(cuda_mla, "available_on", lambda device: False)
+    assert resolve_backend("mla", "auto", cuda, (512, 64), torch.bfloat16) == "triton"

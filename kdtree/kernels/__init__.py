@@ -29,7 +29,8 @@ def _register() -> None:
     register_backend("gqa", "triton", tree_attention_triton)
     register_backend("mla", "triton", tree_attention_mla_triton)
     # the sm_90 CUDA C++ MLA kernel (kernels/mla_tree_sm90.cu) registers backend "cuda" for
-    # kind "mla"; it is built with nvcc on first call, never picked by "auto"
+    # kind "mla"; it is built with nvcc on first call; "auto" picks it for 512 + 64 in bf16 /
+    # fp16 on sm_90 (kdtree.attention.resolve_backend)
     from kdtree.kernels import cuda_mla  # noqa: F401
 
 

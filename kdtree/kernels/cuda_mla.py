@@ -19,12 +19,14 @@ function of static shapes only, so a call can be captured in a CUDA graph (pass 
 to keep allocations out of the call entirely, see :func:`workspace_numel`).
 
 Importing this module registers backend ``"cuda"`` for kind ``"mla"`` in
-:mod:`kdtree.attention` (it is never chosen by ``"auto"``).
+:mod:`kdtree.attention`; ``"auto"`` picks it for bf16 / fp16 with dims 512 + 64 on an sm_90 GPU
+when nvcc is found (:func:`kdtree.attention.resolve_backend`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 
@@ -113,6 +115,19 @@ def _load() -> ctypes.CDLL:
 
 def _is_sm90(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+@functools.cache
+def _nvcc_found() -> bool:
+    return find_nvcc() is not None
+
+
+def available_on(device: torch.device) -> bool:
+    """nvcc is found and ``device`` is a CUDA sm_90 (Hopper) GPU (what ``"auto"`` checks before
+    it picks this backend; cheap after the first call)."""
+    if device.type != "cuda" or not torch.cuda.is_available() or not _nvcc_found():
+        return False
+    return _is_sm90(torch.device("cuda", device.index or 0))
 
 
 def available() -> bool:
@@ -399,9 +414,9 @@ WGMMA_PHASES = (
 )  # fmt: skip
 #: Phases of the seesaw kernel's clocks, per consumer warpgroup (each loops over tile pairs;
 #: the sums are divided by the CTA's tiles, so a warpgroup's phases add up to its time a tile).
-#: Warpgroup 0: wait for S_b of the last pair and tile a, S_a, softmax + P_a out, rescale +
+#: Warpgroup 0: wait for tile a, S_a, softmax + P_a out, rescale +
 #: issue P_a V_a, wait for P_b, the rest (P_a V_a's wait, rescale, P_b V_b, releases).
-#: Warpgroup 1: wait for tile b and S_a, S_b, wait for P_a, rescale + issue P_a V_a, softmax
+#: Warpgroup 1: wait for tile b, S_b, wait for P_a, rescale + issue P_a V_a, softmax
 #: + P_b out, the rest (P_a V_a's wait, rescale, P_b V_b, releases).
 SEESAW_PHASES = {
     0: ("wait_tile", "s_mma", "softmax", "pv_a_issue", "wait_p_b", "pv_b"),

@@ -143,6 +143,20 @@ def test_matches_fp64(case, dtype, kernel, gen):
 
 @pytest.mark.gpu
 @needs_sm90
+def test_auto_backend_runs_the_cuda_kernel(gen):
+    """kdtree.attention.tree_attention_mla with backend="auto" (what the MLA model calls) runs
+    this kernel for 512 + 64 in bf16 on sm_90: bitwise the explicit backend's output."""
+    from kdtree.attention import resolve_backend, tree_attention_mla
+
+    dev = [x.cuda() for x in mla_inputs([700, 33], 17, 16, 512, 64, 16, torch.bfloat16, gen)]
+    assert resolve_backend("mla", "auto", dev[0].device, (512, 64), torch.bfloat16) == "cuda"
+    got = tree_attention_mla(*dev, sm_scale=SCALE)
+    want = cuda_mla.tree_attention_mla_cuda(*dev, sm_scale=SCALE)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("tma", ["0", "1"])
 @pytest.mark.parametrize("ps", [8, 16, 64, 256])
 def test_seesaw_tma_and_cp_async_paths(tma, ps, gen, monkeypatch):
