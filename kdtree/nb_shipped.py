@@ -607,7 +607,8 @@ MLA_WGMMA_VERSIONS = {
 
 # the kernel's order of the phase names the calls used (the CSV's column order is their union's)
 _WGMMA_PHASE_ORDER = (
-    "prologue", "wait_tile", "rescale_wait_tile", "issue", "s_mma", "softmax", "softmax_next",
+    "prologue", "wait_tile", "rescale_wait_tile", "issue", "s_mma", "wait_m_a", "wait_p_a",
+    "softmax", "softmax_next", "pv_a_issue", "p_a_rescale", "wait_p_b", "pv_b",
     "p_free", "hand_over", "p_ready", "wait_p", "rescale", "pv_mma", "pv_wait", "release",
     "release_p_free",
 )  # fmt: skip
@@ -660,6 +661,30 @@ def mla_wgmma_phases(
         columns=phases,
     )
     return table.fillna(0.0)
+
+
+def mla_seesaw_history(df: pd.DataFrame, point: str = "h16:131072:65") -> pd.DataFrame:
+    """One row per session-10 version of the seesaw MLA kernel at ``point`` (``heads:L:T``;
+    ``mla_phases_session10.csv``): call, version, the graph-replayed time, the slower warpgroup's
+    cycles per KV tile, and what the ablations took out (the time without the KV copies past
+    tile 1, without the S MMAs; ``rest_us`` = with neither)."""
+    need = {"call", "version", "point", "ms_ablate0", "ms_ablate1", "ms_ablate2", "ms_ablate3"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"seesaw phase rows: missing columns {sorted(missing)}")
+    d = df[df["point"] == point]
+    if d.empty:
+        raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
+    per_wg = [d[[c for c in df.columns if c.startswith(f"wg{k}.")]].sum(axis=1) for k in (0, 1)]
+    return pd.DataFrame({
+        "call": d["call"].to_numpy(),
+        "version": d["version"].to_numpy(),
+        "us": d["ms_ablate0"].to_numpy() * 1e3,
+        "cycles_per_tile": np.maximum(per_wg[0], per_wg[1]).to_numpy(),
+        "copies_us": (d["ms_ablate0"] - d["ms_ablate1"]).to_numpy() * 1e3,
+        "s_mma_us": (d["ms_ablate0"] - d["ms_ablate2"]).to_numpy() * 1e3,
+        "rest_us": d["ms_ablate3"].to_numpy() * 1e3,
+    })  # fmt: skip
 
 
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -186,6 +186,47 @@ else:
     )
 
 # %% [markdown]
+# ### The seesaw MLA kernel (session 10)
+# The wgmma kernel gives warpgroup 0 every S = QK^T and the softmax, so warpgroup 1 idles and the
+# tensor cores wait during the softmax. `kernel="seesaw"` (the CUDA backend's default since
+# session 10, and what `backend="auto"` runs for 512 + 64 in bf16 / fp16 on sm_90) takes KV
+# tiles in pairs and gives each consumer warpgroup one S of the pair; warpgroup 0 hands P_a and
+# its row max to warpgroup 1, warpgroup 1 hands P_b back, each adds both P V products to its
+# half of O. Whole prefix tiles arrive by TMA (one mbarrier a stage). Each row is one version at
+# h=16, L=128k, T=65 (`python3 tools/gpu/mla_phases.py --kernel seesaw`, stage files
+# `tools/gpu/stages_s10a.txt` ... `stages_s10g.txt`); the wgmma kernel took 789 µs at this point.
+
+# %%
+seesaw_csv = nb.data_path("bench", "logs", "mla_phases_session10.csv")
+if seesaw_csv.exists():
+    seesaw = pd.read_csv(seesaw_csv)
+    sw_hist = ns.mla_seesaw_history(seesaw)
+    nb.show(
+        nf.make_bar_compare_fig(
+            sw_hist.assign(label=sw_hist["call"] + ": " + sw_hist["version"], kernel="seesaw"),
+            "label",
+            "us",
+            "kernel",
+            "seesaw MLA kernel by version, h=16, L=128k, T=65 (H200, graph replay)",
+            "µs",
+        ),  # fmt: skip
+        "mla_seesaw_history",
+    )
+    display(sw_hist.round(1))
+    nb.show(
+        nf.make_stacked_phase_fig(
+            ns.mla_wgmma_phases(seesaw, call="g"),
+            "Seesaw cycles per 64-key tile by phase, call g (each warpgroup: one S a pair)",
+            "cycles per tile",
+        ),
+        "mla_seesaw_phases",
+    )
+else:
+    nb.note(
+        "The seesaw kernel's phase rows are not shipped (data/bench/logs/mla_phases_session10.csv)."
+    )
+
+# %% [markdown]
 # ### Live timing on this machine
 # Host timer around one call per backend (device synchronised). On a CPU these are the torch
 # paths only and say nothing about GPU speed; they never share a chart with the GPU rows.

@@ -357,3 +357,45 @@ def test_mla_wgmma_history_and_phases():
         ns.mla_wgmma_history(df, point="h16:1:1")
     with pytest.raises(ValueError, match="missing"):
         ns.mla_wgmma_history(df.drop(columns=["ms_ablate7"]))
+
+
+def test_mla_seesaw_history():
+    base = dict(point="h16:131072:65", ms_ablate0=0.70, ms_ablate1=0.50, ms_ablate2=0.55,
+                ms_ablate3=0.30)  # fmt: skip
+    df = pd.DataFrame(
+        [
+            {
+                "call": "a",
+                "version": "first",
+                **base,
+                "wg0.s_mma": 2500.0,
+                "wg0.pv_b": 1000.0,
+                "wg1.s_mma": 2400.0,
+                "wg1.wait_m_a": 300.0,
+            },  # fmt: skip
+            {
+                "call": "g",
+                "version": "final",
+                **base,
+                "ms_ablate0": 0.62,
+                "wg0.s_mma": 1500.0,
+                "wg0.pv_b": 1200.0,
+                "wg1.s_mma": 2350.0,
+                "wg1.wait_p_a": 10.0,
+            },  # fmt: skip
+            {"call": "g", "version": "final", **base, "point": "h8:131072:65"},
+        ]
+    )
+    h = ns.mla_seesaw_history(df)
+    assert list(h["call"]) == ["a", "g"] and list(h["version"]) == ["first", "final"]
+    assert h["us"].tolist() == pytest.approx([700.0, 620.0])
+    # the slower warpgroup's cycles a tile (a: 3500 vs 2700; g: 2700 vs 2360)
+    assert h["cycles_per_tile"].tolist() == pytest.approx([3500.0, 2700.0])
+    assert h.loc[0, "copies_us"] == pytest.approx(200.0)
+    assert h.loc[1, "s_mma_us"] == pytest.approx(70.0) and h.loc[1, "rest_us"] == 300.0
+    t = ns.mla_wgmma_phases(df, call="g")
+    assert list(t.columns) == ["s_mma", "wait_p_a", "pv_b"]
+    with pytest.raises(ValueError, match="missing"):
+        ns.mla_seesaw_history(df.drop(columns=["ms_ablate3"]))
+    with pytest.raises(ValueError, match="no rows"):
+        ns.mla_seesaw_history(df, point="h16:1:1")
