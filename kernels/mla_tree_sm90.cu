@@ -1,6 +1,7 @@
-// Absorbed-MLA tree-verify attention for sm_90 (H100/H200): split-KV. Two split kernels share
-// the launcher and the merge: mla_split_kernel (mma.sync tensor cores, described first, below)
-// and mla_split_wgmma_kernel (warp-specialised wgmma; its own comment block further down).
+// Absorbed-MLA tree-verify attention for sm_90 (H100/H200): split-KV. Three split kernels share
+// the launcher and the merge: mla_split_kernel (mma.sync tensor cores, described first, below),
+// mla_split_wgmma_kernel (warp-specialised wgmma) and mla_split_seesaw_kernel (wgmma over pairs
+// of KV tiles, one S per consumer warpgroup, TMA; the default); each has its own comment block.
 //
 // Semantics (identical to kdtree.kernels.tree_attention_mla_triton):
 //   q_nope [B,T,H,R=512], q_pe [B,T,H,P=64], kv_cache [num_pages, page_size, R+P] (one latent
@@ -94,7 +95,7 @@ struct Params {
   int tma_rows;                 // seesaw kernel: rows of one TMA box of kv_map (0: no TMA)
   CUtensorMap kv_map;           // seesaw kernel: the KV pool [slots, 576], 64 x tma_rows boxes,
                                 // 128-byte swizzle (encoded on the host per launch)
-  int clocks;                   // wgmma kernel: accumulate phase clocks (KDTREE_MLA_CLOCKS=1)
+  int clocks;                   // wgmma / seesaw kernels: accumulate phase clocks (KDTREE_MLA_CLOCKS=1)
   int ablate;                   // wgmma / seesaw kernels, measurement only (KDTREE_MLA_ABLATE):
                                 // bit 0 no KV loads past tile 1, bit 1 no S MMAs, bit 2 no P V
                                 // MMAs (wgmma only)
@@ -827,10 +828,11 @@ __device__ __forceinline__ void Wgmma<__half>::rs_n256_tb(float (&d)[128], const
 
 // END GENERATED WGMMA
 
-// Phase clocks of the wgmma kernel, summed over CTAs by thread 0 of each consumer warpgroup:
-// [warpgroup][0..7] cycles in: wait for the tile, S MMAs, softmax (those three warpgroup 0
-// only), wait at P_FREE, P hand-over + wait at P_READY, O rescale, P V MMAs, stage release;
-// [8] tiles, [9] CTAs.
+// Phase clocks of the wgmma and seesaw kernels, summed over CTAs by thread 0 of each consumer
+// warpgroup: [warpgroup][0..7] cycles by phase, [8] tiles, [9] CTAs. The wgmma kernel: wait for
+// the tile, S MMAs, softmax (those three warpgroup 0 only), wait at P_FREE, P hand-over + wait
+// at P_READY, O rescale, P V MMAs, stage release. The seesaw kernel: slots 0-5, per warpgroup
+// (kdtree.kernels.cuda_mla.SEESAW_PHASES).
 __device__ unsigned long long g_wg_clocks[2][10];
 
 struct WgTiles {

@@ -7,7 +7,8 @@ set exceeds L2. Providers:
 * ``ours`` / ``ours_graph``: the Triton kernels (eager, and replayed from a CUDA graph);
   ``ours_cuda_graph``: the sm_90 CUDA C++ MLA kernel (``kernels/mla_tree_sm90.cu``) with its
   mma.sync split kernel (``kernel="mma"``), replayed; ``ours_wgmma_graph``: the same with the
-  warp-specialised wgmma split kernel (``kernel="wgmma"``, the backend's default), replayed;
+  warp-specialised wgmma split kernel (``kernel="wgmma"``), replayed; ``ours_seesaw_graph``: the
+  same with the seesaw split kernel (``kernel="seesaw"``, the backend's default), replayed;
 * ``ref``: the torch reference backend (correctness anchor, small points only);
 * ``sdpa_dense``: SDPA over contiguous K/V with a prebuilt dense additive mask;
 * ``flex``: FlexAttention (compiled) with a tree ``mask_mod`` and a BlockMask built directly

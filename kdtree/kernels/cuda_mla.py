@@ -118,16 +118,32 @@ def _is_sm90(device: torch.device) -> bool:
 
 
 @functools.cache
-def _nvcc_found() -> bool:
-    return find_nvcc() is not None
+def _library_ok() -> bool:
+    """nvcc is found and the library builds and loads (once a process; the build is cached on
+    disk). A failure warns once and makes ``"auto"`` fall back to Triton."""
+    if find_nvcc() is None:
+        return False
+    try:
+        _load()
+    except Exception as exc:  # an nvcc without sm_90a or CUDA >= 12.5 APIs, a broken toolchain
+        import warnings
+
+        warnings.warn(
+            f"the CUDA MLA kernel did not build ({exc}); backend 'auto' uses Triton for MLA",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def available_on(device: torch.device) -> bool:
-    """nvcc is found and ``device`` is a CUDA sm_90 (Hopper) GPU (what ``"auto"`` checks before
-    it picks this backend; cheap after the first call)."""
-    if device.type != "cuda" or not torch.cuda.is_available() or not _nvcc_found():
+    """``device`` is a CUDA sm_90 (Hopper) GPU and the library builds with the local nvcc (what
+    ``"auto"`` checks before it picks this backend; the first call builds, later ones are
+    cheap)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    return _is_sm90(torch.device("cuda", device.index or 0))
+    return _is_sm90(torch.device("cuda", device.index or 0)) and _library_ok()
 
 
 def available() -> bool:
@@ -413,7 +429,8 @@ WGMMA_PHASES = (
     "wait_tile", "s_mma", "softmax", "p_free", "p_ready", "rescale", "pv_mma", "release",
 )  # fmt: skip
 #: Phases of the seesaw kernel's clocks, per consumer warpgroup (each loops over tile pairs;
-#: the sums are divided by the CTA's tiles, so a warpgroup's phases add up to its time a tile).
+#: the sums are divided by the CTA's tiles, so a warpgroup's phases add up to its time a tile,
+#: except that the last tile of an odd count is counted and not stamped).
 #: Warpgroup 0: wait for tile a, S_a, softmax + P_a out, rescale +
 #: issue P_a V_a, wait for P_b, the rest (P_a V_a's wait, rescale, P_b V_b, releases).
 #: Warpgroup 1: wait for tile b, S_b, wait for P_a, rescale + issue P_a V_a, softmax

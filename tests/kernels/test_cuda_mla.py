@@ -159,11 +159,13 @@ def test_auto_backend_runs_the_cuda_kernel(gen):
 @needs_sm90
 @pytest.mark.parametrize("tma", ["0", "1"])
 @pytest.mark.parametrize("ps", [8, 16, 64, 256])
-def test_seesaw_tma_and_cp_async_paths(tma, ps, gen, monkeypatch):
+@pytest.mark.parametrize("t", [17, 65])
+def test_seesaw_tma_and_cp_async_paths(tma, ps, t, gen, monkeypatch):
     """The seesaw kernel's whole prefix tiles go through TMA (page size >= 8) unless
-    KDTREE_MLA_TMA=0; both paths match fp64, with odd and even tile counts a split."""
+    KDTREE_MLA_TMA=0; both paths match fp64. Three splits of 977 and 640 keys: with T = 65 every
+    split has an even tile count, with T = 17 the last split's is odd (the tail after the pairs)."""
     monkeypatch.setenv("KDTREE_MLA_TMA", tma)
-    _run(([3 * 64 * 5 + 17, 640], 65, 16, ps, 3), torch.bfloat16, gen, kernel="seesaw")
+    _run(([977, 640], t, 16, ps, 3), torch.bfloat16, gen, kernel="seesaw")
 
 
 @pytest.mark.gpu
@@ -276,3 +278,23 @@ def test_generated_wgmma_wrappers_match_the_generator():
     end = src.index("// END GENERATED WGMMA") + len("// END GENERATED WGMMA\n")
     assert src[start:end] == buf.getvalue()
     assert "m64n64k16" in buf.getvalue() and "{%128, %129, %130, %131}" in buf.getvalue()
+
+
+def test_a_library_that_does_not_build_leaves_auto_on_triton(monkeypatch):
+    """If nvcc is there but the library does not build, "auto" must not pick this backend (it
+    would then fail every MLA call): _library_ok warns once and says no."""
+
+    def broken():
+        raise RuntimeError("nvcc: unsupported gpu architecture 'sm_90a'")
+
+    monkeypatch.setattr(cuda_mla, "find_nvcc", lambda: "/usr/bin/nvcc")
+    monkeypatch.setattr(cuda_mla, "_load", broken)
+    cuda_mla._library_ok.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="uses Triton"):
+            assert cuda_mla._library_ok() is False
+        monkeypatch.setattr(cuda_mla, "find_nvcc", lambda: None)
+        cuda_mla._library_ok.cache_clear()
+        assert cuda_mla._library_ok() is False
+    finally:
+        cuda_mla._library_ok.cache_clear()

@@ -1,10 +1,12 @@
-"""Where the wgmma MLA split kernel's time goes, at the verify bench's MLA points.
+"""Where the wgmma or seesaw MLA split kernel's time goes, at the verify bench's MLA points.
 
-1. Phase clocks (``KDTREE_MLA_CLOCKS=1``): thread 0 of each consumer warpgroup stamps
-   ``clock64()`` at each phase boundary of every KV tile; mean cycles per tile per phase
-   (``cuda_mla.WGMMA_PHASES``).
+1. Phase clocks (``KDTREE_MLA_CLOCKS=1``): thread 0 of each consumer warpgroup stamps the clock
+   (``clock64()`` in the wgmma kernel, 32-bit ``clock()`` in the seesaw kernel) at each phase
+   boundary; mean cycles per tile per phase (``cuda_mla.WGMMA_PHASES`` / ``SEESAW_PHASES``);
+   ``cycles_per_tile`` is warpgroup 0's sum.
 2. Ablations (``KDTREE_MLA_ABLATE``, wrong results, timing only): graph-replayed p50 with the KV
-   loads past tile 1 dropped (1), the S MMAs dropped (2), the P V MMAs dropped (4), and sums.
+   loads past tile 1 dropped (1), the S MMAs dropped (2), the P V MMAs dropped (4, wgmma only),
+   and sums.
 
     python3 tools/gpu/mla_phases.py [--points h16:131072:65,h8:131072:65] [--out DIR]
 """
