@@ -186,6 +186,19 @@ __device__ __forceinline__ uint32_t low_bits(int n) {
   return n >= 32 ? 0xffffffffu : (n <= 0 ? 0u : ((1u << n) - 1u));
 }
 
+// Global address of 16-byte chunk c (0..71: the 64 of q_nope, then the 8 of q_pe) of query row
+// `row` of request b; `valid` is false past H * T (the copy then reads 0 bytes from row 0).
+template <typename E>
+__device__ __forceinline__ const E* q_chunk(const Params& p, int b, int row, int c, bool& valid) {
+  valid = row < p.rows;
+  const int t = valid ? row / p.H : 0;
+  const int h = valid ? row % p.H : 0;
+  return c < Q_CHUNKS_NOPE
+             ? static_cast<const E*>(p.q_nope) + b * p.sqn_b + t * p.sqn_t + h * p.sqn_h + c * 8
+             : static_cast<const E*>(p.q_pe) + b * p.sqp_b + t * p.sqp_t + h * p.sqp_h +
+                   (c - Q_CHUNKS_NOPE) * 8;
+}
+
 // ------------------------------------------------------------------ tile geometry
 
 // Which keys tile `tile` of this CTA covers. Tiles [0, n_pre) are prefix tiles starting at
@@ -280,18 +293,12 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) mla_split_kernel(const Params 
 
   // ---- Q tile -> smem (rows beyond H*T are zero-filled); first cp.async group with tile 0.
   {
-    const E* qn = static_cast<const E*>(p.q_nope) + b * p.sqn_b;
-    const E* qp = static_cast<const E*>(p.q_pe) + b * p.sqp_b;
     const uint32_t q_base = smem_u32(sQ);
     for (int idx = tid; idx < BLOCK_M * CHUNKS; idx += NUM_THREADS) {
       const int r = idx / CHUNKS;
       const int c = idx % CHUNKS;
-      const int row = m0 + r;
-      const bool valid = row < p.rows;
-      const int t = valid ? row / p.H : 0;
-      const int h = valid ? row % p.H : 0;
-      const E* src = c < Q_CHUNKS_NOPE ? qn + t * p.sqn_t + h * p.sqn_h + c * 8
-                                       : qp + t * p.sqp_t + h * p.sqp_h + (c - Q_CHUNKS_NOPE) * 8;
+      bool valid;
+      const E* src = q_chunk<E>(p, b, m0 + r, c, valid);
       cp_async16(q_base + static_cast<uint32_t>((r * SROW + c * 8) * 2), src, valid ? 16 : 0);
     }
   }
@@ -909,6 +916,187 @@ __device__ __forceinline__ uint64_t wg_bits64(const Params& p, const WgTiles& ts
   return word & low64(ts.T - j0);
 }
 
+// S (64 x 64) = Q K^T from the swizzled slices: 36 m64n64k16 as two accumulation chains.
+template <typename E>
+__device__ __forceinline__ void wg_scores(float (&s)[32], float (&s_odd)[32], uint64_t dq,
+                                          uint64_t dk, int ablate) {
+  if (ablate & 2) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.f;
+    return;
+  }
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < DQK / 16; ++ks) {
+    const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
+    if (ks & 1)
+      Wgmma<E>::ss_n64(s_odd, dq + off, dk + off, ks > 1);
+    else
+      Wgmma<E>::ss_n64(s, dq + off, dk + off, ks > 0);
+  }
+  wg_commit();
+  wg_wait<0>();
+  pin(s);
+  pin(s_odd);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] += s_odd[i];
+}
+
+// Masks the invisible keys of rows r0 (bits0) and r1 (bits1) to -inf; returns the quad-reduced
+// raw row maxima of rows r0, r1.
+__device__ __forceinline__ float2 wg_mask_max(float (&s)[32], bool full, uint64_t bits0,
+                                              uint64_t bits1, int q4) {
+  if (!full) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + 2 * q4 + e;
+        if (!((bits0 >> col) & 1u)) s[4 * j + e] = neg_inf();
+        if (!((bits1 >> col) & 1u)) s[4 * j + 2 + e] = neg_inf();
+      }
+    }
+  }
+  float a[8], c[8];  // pairwise trees: 3 dependent steps instead of 16
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    a[j] = fmaxf(s[4 * j + 0], s[4 * j + 1]);
+    c[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
+  }
+#pragma unroll
+  for (int w2 = 4; w2 >= 1; w2 >>= 1)
+#pragma unroll
+    for (int j = 0; j < w2; ++j) {
+      a[j] = fmaxf(a[j], a[j + w2]);
+      c[j] = fmaxf(c[j], c[j + w2]);
+    }
+  float mx0 = a[0], mx1 = c[0];
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  return make_float2(mx0, mx1);
+}
+
+// A row max that may still be -inf (no visible key yet) as the exponent's offset: 0 then, so
+// exp2(-inf - offset) = 0 instead of NaN.
+__device__ __forceinline__ float wg_offset(float m) { return m == neg_inf() ? 0.f : m; }
+
+// s := exp2(s * scale - off) per row (r0: off0, r1: off1), packed into the A fragments of the
+// P V k-steps; returns this thread's partial row sums (its 16 keys of each row).
+template <typename E>
+__device__ __forceinline__ float2 wg_exp_pack(float (&s)[32], uint32_t (&pc)[4][4], float scale,
+                                              float off0, float off1) {
+  float a[8], c[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], scale, -off0));
+    s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale, -off0));
+    s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale, -off1));
+    s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale, -off1));
+    a[j] = s[4 * j + 0] + s[4 * j + 1];
+    c[j] = s[4 * j + 2] + s[4 * j + 3];
+  }
+#pragma unroll
+  for (int w2 = 4; w2 >= 1; w2 >>= 1)
+#pragma unroll
+    for (int j = 0; j < w2; ++j) {
+      a[j] += a[j + w2];
+      c[j] += c[j + w2];
+    }
+  // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
+    pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
+    pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
+    pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
+  }
+  return make_float2(a[0], c[0]);
+}
+
+// P fragments -> a 128B-swizzled K-major 64 x 64 slice (as wgmma reads it as the A operand).
+__device__ __forceinline__ void wg_store_p(unsigned char* slice, const uint32_t (&pc)[4][4],
+                                           int r0, int r1, int q4) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    *reinterpret_cast<uint32_t*>(slice + swz(r0, 2 * kk) + 4 * q4) = pc[kk][0];
+    *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk) + 4 * q4) = pc[kk][1];
+    *reinterpret_cast<uint32_t*>(slice + swz(r0, 2 * kk + 1) + 4 * q4) = pc[kk][2];
+    *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk + 1) + 4 * q4) = pc[kk][3];
+  }
+}
+// O (this warpgroup's 64 x 256 half) *= a0 (row r0), a1 (row r1); skipped when no row of the
+// warp changes (the running max rarely moves once settled).
+__device__ __forceinline__ void wg_rescale(float (&o)[128], float a0, float a1) {
+  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j + 0] *= a0;
+      o[4 * j + 1] *= a0;
+      o[4 * j + 2] *= a1;
+      o[4 * j + 3] *= a1;
+    }
+  }
+}
+
+// Which keys this CTA's split covers: 64-key prefix tiles from `start`, then (last split) the
+// tree tiles.
+__device__ __forceinline__ WgTiles wg_tiles(const Params& p, int split, int b) {
+  WgTiles ts;
+  const int S = p.num_splits;
+  ts.T = p.T;
+  ts.L = max(__ldg(p.prefix_lens + b), 0);
+  const int per = (ts.L + S - 1) / S;
+  const int chunk = (per + wg::BN - 1) / wg::BN * wg::BN;
+  ts.start = min(split * chunk, ts.L);
+  ts.end = min(ts.start + chunk, ts.L);
+  ts.n_pre = (ts.end - ts.start + wg::BN - 1) / wg::BN;
+  ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + wg::BN - 1) / wg::BN : 0);
+  return ts;
+}
+
+// The producer warpgroup's cp.async copies of this CTA's 64 query rows (q_nope | q_pe, 72
+// 16-byte chunks a row) into the nine swizzled Q slices; rows past `rows` are zero-filled.
+template <typename E>
+__device__ __forceinline__ void wg_copy_q(uint32_t sQ, const Params& p, int b, int m0, int pt) {
+  for (int idx = pt; idx < BLOCK_M * CHUNKS; idx += 128) {
+    const int r = idx / CHUNKS;
+    const int c = idx % CHUNKS;
+    bool valid;
+    const E* src = q_chunk<E>(p, b, m0 + r, c, valid);
+    cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
+  }
+}
+
+// Phase clocks of one consumer warpgroup's thread 0 (KDTREE_MLA_CLOCKS=1): 32-bit clock() and
+// sums (a CTA's phase sums stay far below 2^32 cycles; unsigned differences are right across a
+// wrap), half the registers of 64-bit ones; flushed into g_wg_clocks once a CTA.
+struct PhaseClocks {
+  bool on;
+  unsigned t;
+  unsigned ck[8];
+  __device__ __forceinline__ explicit PhaseClocks(bool enabled) : on(enabled), t(0u) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ck[i] = 0u;
+    if (on) t = clock();
+  }
+  __device__ __forceinline__ void stamp(int i) {
+    if (on) {
+      const unsigned now = clock();
+      ck[i] += now - t;
+      t = now;
+    }
+  }
+  __device__ __forceinline__ void flush(int w, int tiles) const {
+    if (!on) return;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) atomicAdd(&g_wg_clocks[w][i], static_cast<unsigned long long>(ck[i]));
+    atomicAdd(&g_wg_clocks[w][8], static_cast<unsigned long long>(tiles));
+    atomicAdd(&g_wg_clocks[w][9], 1ull);
+  }
+};
+
 // Writes this consumer warpgroup's O columns [256 w, 256 w + 256) of rows r0, r1 (normalised by
 // the row sums l0, l1), and with splits the log-sum-exp (base 2: m + log2 l) from warpgroup 0.
 template <typename E>
@@ -975,19 +1163,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   const int m0 = blockIdx.x * BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z;
-  const int S = p.num_splits;
-
-  WgTiles ts;
-  ts.T = p.T;
-  ts.L = max(__ldg(p.prefix_lens + b), 0);
-  {
-    const int per = (ts.L + S - 1) / S;
-    const int chunk = (per + wg::BN - 1) / wg::BN * wg::BN;
-    ts.start = min(split * chunk, ts.L);
-    ts.end = min(ts.start + chunk, ts.L);
-    ts.n_pre = (ts.end - ts.start + wg::BN - 1) / wg::BN;
-    ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + wg::BN - 1) / wg::BN : 0);
-  }
+  const WgTiles ts = wg_tiles(p, split, b);
   const int32_t* pt_row = p.page_table + b * p.spt_b;
   const E* kv = static_cast<const E*>(p.kv);
 
@@ -995,21 +1171,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     // ================= producer warpgroup: cp.async copies of Q and every KV tile =========
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(wg::PRODUCER_REGS));
     const int pt = tid - wg::CONSUMERS;
-    {
-      const E* qn = static_cast<const E*>(p.q_nope) + b * p.sqn_b;
-      const E* qp = static_cast<const E*>(p.q_pe) + b * p.sqp_b;
-      for (int idx = pt; idx < BLOCK_M * CHUNKS; idx += 128) {
-        const int r = idx / CHUNKS;
-        const int c = idx % CHUNKS;
-        const int row = m0 + r;
-        const bool valid = row < p.rows;
-        const int t = valid ? row / p.H : 0;
-        const int h = valid ? row % p.H : 0;
-        const E* src = c < Q_CHUNKS_NOPE ? qn + t * p.sqn_t + h * p.sqn_h + c * 8
-                                         : qp + t * p.sqp_t + h * p.sqp_h + (c - Q_CHUNKS_NOPE) * 8;
-        cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
-      }
-    }
+    wg_copy_q<E>(sQ, p, b, m0, pt);
     // one cp.async group per tile, empty ones included, so "all but the newest" is tile t
     if (ts.n_tiles > 0) wg_produce_tile<E>(sKV, kv, p, pt_row, ts, 0, pt);
     cp_async_commit();
@@ -1056,16 +1218,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   constexpr uint64_t STAGE_STEP = wg::SMEM_STAGE >> 4;  // descriptor start-address units
   const int n = ts.n_tiles;
 
-  const bool stamp = p.clocks && (tid & 127) == 0;
-  unsigned long long ck[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  long long t_prev = 0;
-#define WG_STAMP(i)                                 \
-  if (stamp) {                                      \
-    const long long t_now = clock64();              \
-    ck[i] += static_cast<unsigned long long>(t_now - t_prev); \
-    t_prev = t_now;                                 \
-  }
-  if (stamp) t_prev = clock64();
+  PhaseClocks clk(p.clocks && (tid & 127) == 0);
 
   // One loop for both consumer warpgroups: the barriers they share (P_FREE, P_READY, the
   // epilogue's) are the same instructions in both. (Session 9 made it so to test whether
@@ -1084,118 +1237,32 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       const uint64_t bits0 = wg_bits64(p, ts, b, tile, m0 + r0);
       const uint64_t bits1 = wg_bits64(p, ts, b, tile, m0 + r1);
       named_sync(BAR_FULL + st, 256);  // tile `tile` landed
-      WG_STAMP(0)
-      if (p.ablate & 2) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
-      } else {
-        wg_fence();
-        const uint64_t stage = static_cast<uint64_t>(st) * STAGE_STEP;
-#pragma unroll
-        for (int ks = 0; ks < DQK / 16; ++ks) {
-          const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
-          if (ks & 1)
-            Wgmma<E>::ss_n64(s_odd, dq + off, dk + stage + off, ks > 1);
-          else
-            Wgmma<E>::ss_n64(s, dq + off, dk + stage + off, ks > 0);
-        }
-        wg_commit();
-        wg_wait<0>();
-        pin(s);
-        pin(s_odd);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] += s_odd[i];
-      }
-      WG_STAMP(1)
+      clk.stamp(0);
+      wg_scores<E>(s, s_odd, dq, dk + static_cast<uint64_t>(st) * STAGE_STEP, p.ablate);
+      clk.stamp(1);
 
       // ---- mask (partial tiles only), online softmax in base 2 with the scale folded into
       // the exponent's multiply-add: p = 2^(s * scale - m), m the running max of s * scale
       const bool full = tile < ts.n_pre && ts.end - (ts.start + tile * wg::BN) >= wg::BN;
-      if (!full) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = 8 * j + 2 * q4 + e;
-            if (!((bits0 >> col) & 1u)) s[4 * j + e] = neg_inf();
-            if (!((bits1 >> col) & 1u)) s[4 * j + 2 + e] = neg_inf();
-          }
-        }
-      }
-      float mx0, mx1;
-      {
-        float a[8], c[8];  // pairwise trees: 3 dependent steps instead of 16
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          a[j] = fmaxf(s[4 * j + 0], s[4 * j + 1]);
-          c[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
-        }
-#pragma unroll
-        for (int w2 = 4; w2 >= 1; w2 >>= 1)
-#pragma unroll
-          for (int j = 0; j < w2; ++j) {
-            a[j] = fmaxf(a[j], a[j + w2]);
-            c[j] = fmaxf(c[j], c[j + w2]);
-          }
-        mx0 = a[0];
-        mx1 = c[0];
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float mnew0 = fmaxf(m_run0, mx0 * p.qk_scale);  // qk_scale > 0: order kept
-      const float mnew1 = fmaxf(m_run1, mx1 * p.qk_scale);
-      // rows with no visible key so far keep weight 0 instead of producing NaN (-inf - -inf)
-      const float muse0 = mnew0 == neg_inf() ? 0.f : mnew0;
-      const float muse1 = mnew1 == neg_inf() ? 0.f : mnew1;
+      const float2 mx = wg_mask_max(s, full, bits0, bits1, q4);
+      const float mnew0 = fmaxf(m_run0, mx.x * p.qk_scale);  // qk_scale > 0: order kept
+      const float mnew1 = fmaxf(m_run1, mx.y * p.qk_scale);
+      const float muse0 = wg_offset(mnew0), muse1 = wg_offset(mnew1);
       alpha0 = exp2f(m_run0 - muse0);
       alpha1 = exp2f(m_run1 - muse1);
       m_run0 = mnew0;
       m_run1 = mnew1;
-      {
-        float a[8], c[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], p.qk_scale, -muse0));
-          s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], p.qk_scale, -muse0));
-          s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], p.qk_scale, -muse1));
-          s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], p.qk_scale, -muse1));
-          a[j] = s[4 * j + 0] + s[4 * j + 1];
-          c[j] = s[4 * j + 2] + s[4 * j + 3];
-        }
-#pragma unroll
-        for (int w2 = 4; w2 >= 1; w2 >>= 1)
-#pragma unroll
-          for (int j = 0; j < w2; ++j) {
-            a[j] += a[j + w2];
-            c[j] += c[j + w2];
-          }
-        l_run0 = l_run0 * alpha0 + a[0];
-        l_run1 = l_run1 * alpha1 + c[0];
-      }
-      // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
-        pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
-        pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
-        pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
-      }
-      WG_STAMP(2)
+      const float2 sum = wg_exp_pack<E>(s, pc, p.qk_scale, muse0, muse1);
+      l_run0 = l_run0 * alpha0 + sum.x;
+      l_run1 = l_run1 * alpha1 + sum.y;
+      clk.stamp(2);
     }
     // ---- P_{j-1} and alpha_{j-1} are no longer read (warpgroup 1 waited for its P V)
     named_sync(BAR_P_FREE, wg::CONSUMERS);
-    WG_STAMP(3)
+    clk.stamp(3);
     if (w == 0) {
       // P_j (128B-swizzled K-major, as wgmma reads it) and alpha_j for warpgroup 1
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk) + 4 * q4) = pc[kk][0];
-        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 2 * kk) + 4 * q4) = pc[kk][1];
-        *reinterpret_cast<uint32_t*>(pbase + swz(r0, 2 * kk + 1) + 4 * q4) = pc[kk][2];
-        *reinterpret_cast<uint32_t*>(pbase + swz(r1, 2 * kk + 1) + 4 * q4) = pc[kk][3];
-      }
+      wg_store_p(pbase, pc, r0, r1, q4);
       if (q4 == 0) {
         sAlpha[r0] = alpha0;
         sAlpha[r1] = alpha1;
@@ -1203,23 +1270,14 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       fence_async_smem();
     }
     named_sync(BAR_P_READY, wg::CONSUMERS);
-    WG_STAMP(4)
+    clk.stamp(4);
     if (w == 1) {
       alpha0 = sAlpha[r0];
       alpha1 = sAlpha[r1];
     }
-    // ---- O[:, 256w : 256w + 256] *= alpha_j (the running max rarely moves once settled: skip
-    // the 128 multiplies when no row of this warp changed)
-    if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j + 0] *= alpha0;
-        o[4 * j + 1] *= alpha0;
-        o[4 * j + 2] *= alpha1;
-        o[4 * j + 3] *= alpha1;
-      }
-    }
-    WG_STAMP(5)
+    // ---- O[:, 256w : 256w + 256] *= alpha_j
+    wg_rescale(o, alpha0, alpha1);
+    clk.stamp(5);
     // ---- += P_j V_j: A from registers (warpgroup 0) or from shared memory (warpgroup 1)
     // (each branch holds its whole fence / MMA / commit / wait sequence: with the MMAs alone in
     // divergent branches ptxas serialises them, warning C7520)
@@ -1241,17 +1299,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       wg_wait<0>();
     }
     pin(o);
-    WG_STAMP(6)
+    clk.stamp(6);
     if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);  // done with stage st
-    WG_STAMP(7)
+    clk.stamp(7);
   }
-#undef WG_STAMP
-  if (stamp) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) atomicAdd(&g_wg_clocks[w][i], ck[i]);
-    atomicAdd(&g_wg_clocks[w][8], static_cast<unsigned long long>(n));
-    atomicAdd(&g_wg_clocks[w][9], 1ull);
-  }
+  clk.flush(w, n);
 
   // ---- epilogue: warpgroup 0 holds the row statistics; full row sums over the quad
   float* sStat = sL;  // [0][row] = m, [1][row] = l
@@ -1411,128 +1463,94 @@ __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, 
   }
 }
 
-// S (64 x 64) = Q K^T from the swizzled slices: 36 m64n64k16 as two accumulation chains.
+// One consumer warpgroup's S of tile `tile` from stage `stage`: its visibility bits, whether it
+// is a whole prefix tile (no mask), the wait for the tile, the MMAs (phase clocks 0 and 1).
 template <typename E>
-__device__ __forceinline__ void sw_scores(float (&s)[32], float (&s_odd)[32], uint64_t dq,
-                                          uint64_t dk, int ablate) {
-  if (ablate & 2) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.f;
-    return;
+__device__ __forceinline__ void sw_tile_scores(float (&s)[32], float (&s_odd)[32], bool& full,
+                                               uint64_t& bits0, uint64_t& bits1, const Params& p,
+                                               const WgTiles& ts, int b, int tile, int row0,
+                                               int row1, int stage, uint64_t dq, uint64_t dk,
+                                               PhaseClocks& clk) {
+  bits0 = wg_bits64(p, ts, b, tile, row0);
+  bits1 = wg_bits64(p, ts, b, tile, row1);
+  full = tile < ts.n_pre && ts.end - (ts.start + tile * wg::BN) >= wg::BN;
+  named_sync(BAR_FULL + stage, sw::FULL_COUNT);
+  clk.stamp(0);
+  wg_scores<E>(s, s_odd, dq, dk, p.ablate);
+  clk.stamp(1);
+}
+
+// The softmax of one S tile against the running max `from` (warpgroup 0: its m; warpgroup 1:
+// m_a): m_new = max(from, rowmax S * scale), P = exp2(S * scale - m_new) packed into `pc` and
+// stored into `slice` with m_new into `sm`, made visible to the other warpgroup's wgmma, and
+// announced at barrier `bar`. Returns m_new (rows r0, r1) in `mn` and this thread's partial
+// row sums.
+template <typename E>
+__device__ __forceinline__ float2 sw_softmax_out(float (&s)[32], uint32_t (&pc)[4][4], bool full,
+                                                 uint64_t bits0, uint64_t bits1, float2 from,
+                                                 float scale, unsigned char* slice, float* sm,
+                                                 int r0, int r1, int q4, int bar, float2& mn) {
+  const float2 mx = wg_mask_max(s, full, bits0, bits1, q4);
+  mn.x = fmaxf(from.x, mx.x * scale);  // scale > 0: order kept
+  mn.y = fmaxf(from.y, mx.y * scale);
+  const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(mn.x), wg_offset(mn.y));
+  wg_store_p(slice, pc, r0, r1, q4);
+  if (q4 == 0) {
+    sm[r0] = mn.x;
+    sm[r1] = mn.y;
   }
+  fence_async_smem();  // P is read by the other warpgroup's wgmma (the async proxy)
+  named_arrive(bar, 256);
+  return sum;
+}
+
+// Warpgroup 1's share of tile a: wait for P_a and m_a, move O_R and the row sums to m_a, issue
+// O_R += P_a V_a[:, 256:] (A = P_a in shared memory; committed, not waited; phase clock 2 after
+// the wait). Returns m_a.
+template <typename E>
+__device__ __forceinline__ float2 sw_pv_a_right(float (&o)[128], float& l0, float& l1,
+                                                float2 m_run, const float* sMa, int r0, int r1,
+                                                uint64_t dpa, uint64_t dv0, PhaseClocks& clk) {
+  named_sync(sw::BAR_M_A, 256);  // P_a and m_a written (tile a landed: warpgroup 0 saw it)
+  clk.stamp(2);
+  const float2 ma = make_float2(sMa[r0], sMa[r1]);
+  const float a0 = exp2f(m_run.x - wg_offset(ma.x)), a1 = exp2f(m_run.y - wg_offset(ma.y));
+  l0 *= a0;
+  l1 *= a1;
+  wg_rescale(o, a0, a1);
   wg_fence();
 #pragma unroll
-  for (int ks = 0; ks < DQK / 16; ++ks) {
-    const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
-    if (ks & 1)
-      Wgmma<E>::ss_n64(s_odd, dq + off, dk + off, ks > 1);
-    else
-      Wgmma<E>::ss_n64(s, dq + off, dk + off, ks > 0);
-  }
+  for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpa + kk * 2, dv0 + kk * (16 * 128 >> 4), 1);
   wg_commit();
-  wg_wait<0>();
-  pin(s);
-  pin(s_odd);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) s[i] += s_odd[i];
+  return ma;
 }
 
-// Masks the invisible keys of rows r0 (bits0) and r1 (bits1) to -inf; returns the quad-reduced
-// raw row maxima of rows r0, r1.
-__device__ __forceinline__ float2 sw_mask_max(float (&s)[32], bool full, uint64_t bits0,
-                                              uint64_t bits1, int q4) {
-  if (!full) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * j + 2 * q4 + e;
-        if (!((bits0 >> col) & 1u)) s[4 * j + e] = neg_inf();
-        if (!((bits1 >> col) & 1u)) s[4 * j + 2 + e] = neg_inf();
-      }
-    }
-  }
-  float a[8], c[8];  // pairwise trees: 3 dependent steps instead of 16
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    a[j] = fmaxf(s[4 * j + 0], s[4 * j + 1]);
-    c[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
-  }
-#pragma unroll
-  for (int w2 = 4; w2 >= 1; w2 >>= 1)
-#pragma unroll
-    for (int j = 0; j < w2; ++j) {
-      a[j] = fmaxf(a[j], a[j + w2]);
-      c[j] = fmaxf(c[j], c[j + w2]);
-    }
-  float mx0 = a[0], mx1 = c[0];
-  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-  return make_float2(mx0, mx1);
-}
-
-// A row max that may still be -inf (no visible key yet) as the exponent's offset: 0 then, so
-// exp2(-inf - offset) = 0 instead of NaN.
-__device__ __forceinline__ float sw_offset(float m) { return m == neg_inf() ? 0.f : m; }
-
-// s := exp2(s * scale - off) per row (r0: off0, r1: off1), packed into the A fragments of the
-// P V k-steps; returns this thread's partial row sums (its 16 keys of each row).
+// Warpgroup 0's tile a: S_a, its softmax against m_run (P_a and m_a out, barrier M_A), O_L and
+// the row sums moved to m_a, O_L += P_a V_a[:, :256] issued (A = P_a from registers; committed,
+// not waited; phase clocks 0-2). Returns m_a.
 template <typename E>
-__device__ __forceinline__ float2 sw_exp_pack(float (&s)[32], uint32_t (&pc)[4][4], float scale,
-                                              float off0, float off1) {
-  float a[8], c[8];
+__device__ __forceinline__ float2 sw_left_a(float (&o)[128], float (&s)[32], float (&s_odd)[32],
+                                            uint32_t (&pc)[4][4], float& l0, float& l1,
+                                            float2 m_run, const Params& p, const WgTiles& ts,
+                                            int b, int ta, int m0, int r0, int r1, int q4,
+                                            uint64_t dq, uint64_t dk, uint64_t dv0,
+                                            unsigned char* rope0, float* sMa, PhaseClocks& clk) {
+  bool full;
+  uint64_t bits0, bits1;
+  sw_tile_scores<E>(s, s_odd, full, bits0, bits1, p, ts, b, ta, m0 + r0, m0 + r1, 0, dq, dk, clk);
+  float2 ma;
+  const float2 sum = sw_softmax_out<E>(s, pc, full, bits0, bits1, m_run, p.qk_scale, rope0, sMa,
+                                       r0, r1, q4, sw::BAR_M_A, ma);
+  const float a0 = exp2f(m_run.x - wg_offset(ma.x)), a1 = exp2f(m_run.y - wg_offset(ma.y));
+  l0 = l0 * a0 + sum.x;
+  l1 = l1 * a1 + sum.y;
+  clk.stamp(2);
+  wg_rescale(o, a0, a1);
+  wg_fence();
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], scale, -off0));
-    s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale, -off0));
-    s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale, -off1));
-    s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale, -off1));
-    a[j] = s[4 * j + 0] + s[4 * j + 1];
-    c[j] = s[4 * j + 2] + s[4 * j + 3];
-  }
-#pragma unroll
-  for (int w2 = 4; w2 >= 1; w2 >>= 1)
-#pragma unroll
-    for (int j = 0; j < w2; ++j) {
-      a[j] += a[j + w2];
-      c[j] += c[j + w2];
-    }
-  // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
-    pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
-    pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
-    pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
-  }
-  return make_float2(a[0], c[0]);
-}
-
-// P fragments -> a 128B-swizzled K-major 64 x 64 slice (as wgmma reads it as the A operand).
-__device__ __forceinline__ void sw_store_p(unsigned char* slice, const uint32_t (&pc)[4][4],
-                                           int r0, int r1, int q4) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    *reinterpret_cast<uint32_t*>(slice + swz(r0, 2 * kk) + 4 * q4) = pc[kk][0];
-    *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk) + 4 * q4) = pc[kk][1];
-    *reinterpret_cast<uint32_t*>(slice + swz(r0, 2 * kk + 1) + 4 * q4) = pc[kk][2];
-    *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk + 1) + 4 * q4) = pc[kk][3];
-  }
-}
-// O (this warpgroup's 64 x 256 half) *= a0 (row r0), a1 (row r1); skipped when no row of the
-// warp changes (the running max rarely moves once settled).
-__device__ __forceinline__ void sw_rescale(float (&o)[128], float a0, float a1) {
-  if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j + 0] *= a0;
-      o[4 * j + 1] *= a0;
-      o[4 * j + 2] *= a1;
-      o[4 * j + 3] *= a1;
-    }
-  }
+  for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv0 + kk * (16 * 128 >> 4), 1);
+  wg_commit();
+  return ma;
 }
 
 template <typename E>
@@ -1552,19 +1570,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   const int m0 = blockIdx.x * BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z;
-  const int S = p.num_splits;
-
-  WgTiles ts;
-  ts.T = p.T;
-  ts.L = max(__ldg(p.prefix_lens + b), 0);
-  {
-    const int per = (ts.L + S - 1) / S;
-    const int chunk = (per + wg::BN - 1) / wg::BN * wg::BN;
-    ts.start = min(split * chunk, ts.L);
-    ts.end = min(ts.start + chunk, ts.L);
-    ts.n_pre = (ts.end - ts.start + wg::BN - 1) / wg::BN;
-    ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + wg::BN - 1) / wg::BN : 0);
-  }
+  const WgTiles ts = wg_tiles(p, split, b);
   const int32_t* pt_row = p.page_table + b * p.spt_b;
   const E* kv = static_cast<const E*>(p.kv);
   const int n = ts.n_tiles;
@@ -1576,21 +1582,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     const int half = pt >> 6;
     const int lt = pt & 63;
     const uint32_t stage = sKV + half * wg::SMEM_STAGE;
-    {
-      const E* qn = static_cast<const E*>(p.q_nope) + b * p.sqn_b;
-      const E* qp = static_cast<const E*>(p.q_pe) + b * p.sqp_b;
-      for (int idx = pt; idx < BLOCK_M * CHUNKS; idx += 128) {
-        const int r = idx / CHUNKS;
-        const int c = idx % CHUNKS;
-        const int row = m0 + r;
-        const bool valid = row < p.rows;
-        const int t = valid ? row / p.H : 0;
-        const int h = valid ? row % p.H : 0;
-        const E* src = c < Q_CHUNKS_NOPE ? qn + t * p.sqn_t + h * p.sqn_h + c * 8
-                                         : qp + t * p.sqp_t + h * p.sqp_h + (c - Q_CHUNKS_NOPE) * 8;
-        cp_async16(sQ + (c >> 3) * wg::REGION + swz(r, c & 7), src, valid ? 16 : 0);
-      }
-    }
+    wg_copy_q<E>(sQ, p, b, m0, pt);
     const uint32_t bar = sBar + 8 * half;
     if (pt == 0) {
       mbar_init(sBar, 1);
@@ -1632,7 +1624,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   unsigned char* rope0 = smem + wg::SMEM_Q + sw::ROPE_SLICE;  // P_a lives here (stage 0)
   unsigned char* rope1 = rope0 + wg::SMEM_STAGE;               // P_b (stage 1)
 
-  float m_run0 = neg_inf(), m_run1 = neg_inf();
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's 16 keys a row of this warpgroup's P tiles
   float o[128];
 #pragma unroll
@@ -1647,19 +1638,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   const uint64_t dpa = wg_desc(sKV + sw::ROPE_SLICE, 16, 1024);                   // P_a
   const uint64_t dpb = wg_desc(sKV + wg::SMEM_STAGE + sw::ROPE_SLICE, 16, 1024);  // P_b
 
-  const bool stamp = p.clocks && (tid & 127) == 0;
-  // 32-bit clocks and sums (a CTA's phase sums stay far below 2^32 cycles; unsigned
-  // differences are right across a wrap): half the registers of 64-bit ones, which the
-  // consumers do not have to spare
-  unsigned ck[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  unsigned t_prev = 0;
-#define SW_STAMP(i)                         \
-  if (stamp) {                              \
-    const unsigned t_now = clock();         \
-    ck[i] += t_now - t_prev;                \
-    t_prev = t_now;                         \
-  }
-  if (stamp) t_prev = clock();
+  PhaseClocks clk(p.clocks && (tid & 127) == 0);
 
   float s[32], s_odd[32];
   uint32_t pc[4][4];
@@ -1669,49 +1648,24 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   // around them: the last tile of an odd count is a tail after the loop.
   // (Session 10 also tried making the two S of a pair take turns, since two at once saturate
   // shared memory: 2.5 % slower than letting both issue S as soon as they can, call f.)
+  float2 m_run = make_float2(neg_inf(), neg_inf());
   if (w == 0) {
     int ta = 0;
     for (; ta + 1 < n; ta += 2) {
       const int tb = ta + 1;
-      const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
-      const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
-      const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
-      named_sync(BAR_FULL + 0, sw::FULL_COUNT);
-      SW_STAMP(0)
-      sw_scores<E>(s, s_odd, dq, dk, p.ablate);
-      SW_STAMP(1)
-      const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
-      const float ma0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
-      const float ma1 = fmaxf(m_run1, mx.y * scale);
-      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
-      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
-      sw_store_p(rope0, pc, r0, r1, q4);
-      if (q4 == 0) {
-        sMa[r0] = ma0;
-        sMa[r1] = ma1;
-      }
-      fence_async_smem();  // P_a is read by warpgroup 1's wgmma (the async proxy)
-      named_arrive(sw::BAR_M_A, 256);
-      const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
-      l_run0 = l_run0 * a0 + sum.x;
-      l_run1 = l_run1 * a1 + sum.y;
-      SW_STAMP(2)
-      sw_rescale(o, a0, a1);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv0 + kk * KSTEP_V, 1);
-      wg_commit();
-      SW_STAMP(3)
+      const float2 ma = sw_left_a<E>(o, s, s_odd, pc, l_run0, l_run1, m_run, p, ts, b, ta, m0, r0,
+                                     r1, q4, dq, dk, dv0, rope0, sMa, clk);
+      clk.stamp(3);
       named_sync(sw::BAR_P_B, 256);  // P_b and m_b written (tile tb landed: warpgroup 1 saw it)
-      SW_STAMP(4)
-      const float mb0 = sMb[r0], mb1 = sMb[r1];
-      const float b0 = exp2f(ma0 - sw_offset(mb0)), b1 = exp2f(ma1 - sw_offset(mb1));
+      clk.stamp(4);
+      const float2 mb = make_float2(sMb[r0], sMb[r1]);
+      const float b0 = exp2f(ma.x - wg_offset(mb.x)), b1 = exp2f(ma.y - wg_offset(mb.y));
       l_run0 *= b0;
       l_run1 *= b1;
       wg_wait<0>();
       pin(o);
       if (ta + 2 < n) named_arrive(BAR_EMPTY + 0, sw::EMPTY_COUNT);  // S_a, V_a[:, :256] read
-      sw_rescale(o, b0, b1);
+      wg_rescale(o, b0, b1);
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpb + kk * 2, dv1 + kk * KSTEP_V, 1);
@@ -1719,86 +1673,37 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       wg_wait<0>();
       pin(o);
       if (tb + 2 < n) named_arrive(BAR_EMPTY + 1, sw::EMPTY_COUNT);  // P_b, V_b[:, :256] read
-      m_run0 = mb0;
-      m_run1 = mb1;
-      SW_STAMP(5)
+      m_run = mb;
+      clk.stamp(5);
     }
     if (ta < n) {  // the last tile of an odd count (warpgroup 1 adds P_a V_a[:, 256:] only)
-      const uint64_t bits0 = wg_bits64(p, ts, b, ta, m0 + r0);
-      const uint64_t bits1 = wg_bits64(p, ts, b, ta, m0 + r1);
-      const bool full = ta < ts.n_pre && ts.end - (ts.start + ta * wg::BN) >= wg::BN;
-      named_sync(BAR_FULL + 0, sw::FULL_COUNT);
-      sw_scores<E>(s, s_odd, dq, dk, p.ablate);
-      const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
-      const float ma0 = fmaxf(m_run0, mx.x * scale);
-      const float ma1 = fmaxf(m_run1, mx.y * scale);
-      const float off0 = sw_offset(ma0), off1 = sw_offset(ma1);
-      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
-      sw_store_p(rope0, pc, r0, r1, q4);
-      if (q4 == 0) {
-        sMa[r0] = ma0;
-        sMa[r1] = ma1;
-      }
-      fence_async_smem();  // P_a is read by warpgroup 1's wgmma (the async proxy)
-      named_arrive(sw::BAR_M_A, 256);
-      const float a0 = exp2f(m_run0 - off0), a1 = exp2f(m_run1 - off1);
-      l_run0 = l_run0 * a0 + sum.x;
-      l_run1 = l_run1 * a1 + sum.y;
-      sw_rescale(o, a0, a1);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv0 + kk * KSTEP_V, 1);
-      wg_commit();
+      m_run = sw_left_a<E>(o, s, s_odd, pc, l_run0, l_run1, m_run, p, ts, b, ta, m0, r0, r1, q4, dq,
+                           dk, dv0, rope0, sMa, clk);
       wg_wait<0>();
       pin(o);
-      m_run0 = ma0;
-      m_run1 = ma1;
     }
   } else {
     int ta = 0;
     for (; ta + 1 < n; ta += 2) {
       const int tb = ta + 1;
-      const uint64_t bits0 = wg_bits64(p, ts, b, tb, m0 + r0);
-      const uint64_t bits1 = wg_bits64(p, ts, b, tb, m0 + r1);
-      const bool full = tb < ts.n_pre && ts.end - (ts.start + tb * wg::BN) >= wg::BN;
-      named_sync(BAR_FULL + 1, sw::FULL_COUNT);
-      SW_STAMP(0)
-      sw_scores<E>(s, s_odd, dq, dk, p.ablate);
-      SW_STAMP(1)
+      bool full;
+      uint64_t bits0, bits1;
+      sw_tile_scores<E>(s, s_odd, full, bits0, bits1, p, ts, b, tb, m0 + r0, m0 + r1, 1, dq, dk, clk);
       // P_a V_a[:, 256:] runs beside this warpgroup's softmax: P_a is relative to m_a, so O_R
       // and this warpgroup's row sums move to m_a first (and to m_b after the softmax)
-      named_sync(sw::BAR_M_A, 256);  // P_a and m_a written (tile ta landed: warpgroup 0 saw it)
-      SW_STAMP(2)
-      const float ma0 = sMa[r0], ma1 = sMa[r1];
-      const float aa0 = exp2f(m_run0 - sw_offset(ma0)), aa1 = exp2f(m_run1 - sw_offset(ma1));
-      l_run0 *= aa0;
-      l_run1 *= aa1;
-      sw_rescale(o, aa0, aa1);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpa + kk * 2, dv0 + kk * KSTEP_V, 1);
-      wg_commit();
-      SW_STAMP(3)
-      const float2 mx = sw_mask_max(s, full, bits0, bits1, q4);
-      const float mb0 = fmaxf(ma0, mx.x * scale);
-      const float mb1 = fmaxf(ma1, mx.y * scale);
-      const float off0 = sw_offset(mb0), off1 = sw_offset(mb1);
-      const float2 sum = sw_exp_pack<E>(s, pc, scale, off0, off1);
-      sw_store_p(rope1, pc, r0, r1, q4);
-      if (q4 == 0) {
-        sMb[r0] = mb0;
-        sMb[r1] = mb1;
-      }
-      fence_async_smem();  // P_b is read by warpgroup 0's wgmma (the async proxy)
-      named_arrive(sw::BAR_P_B, 256);
-      const float c0 = exp2f(ma0 - off0), c1 = exp2f(ma1 - off1);
+      const float2 ma = sw_pv_a_right<E>(o, l_run0, l_run1, m_run, sMa, r0, r1, dpa, dv0, clk);
+      clk.stamp(3);
+      float2 mb;
+      const float2 sum = sw_softmax_out<E>(s, pc, full, bits0, bits1, ma, scale, rope1, sMb, r0, r1,
+                                           q4, sw::BAR_P_B, mb);
+      const float c0 = exp2f(ma.x - wg_offset(mb.x)), c1 = exp2f(ma.y - wg_offset(mb.y));
       l_run0 = l_run0 * c0 + sum.x;
       l_run1 = l_run1 * c1 + sum.y;
-      SW_STAMP(4)
+      clk.stamp(4);
       wg_wait<0>();  // P_a V_a[:, 256:]
       pin(o);
       if (ta + 2 < n) named_arrive(BAR_EMPTY + 0, sw::EMPTY_COUNT);  // P_a, V_a[:, 256:] read
-      sw_rescale(o, c0, c1);
+      wg_rescale(o, c0, c1);
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv1 + kk * KSTEP_V, 1);
@@ -1806,34 +1711,16 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       wg_wait<0>();
       pin(o);
       if (tb + 2 < n) named_arrive(BAR_EMPTY + 1, sw::EMPTY_COUNT);  // S_b, V_b[:, 256:] read
-      m_run0 = mb0;
-      m_run1 = mb1;
-      SW_STAMP(5)
+      m_run = mb;
+      clk.stamp(5);
     }
     if (ta < n) {  // the last tile of an odd count: m_b = m_a
-      named_sync(sw::BAR_M_A, 256);
-      const float ma0 = sMa[r0], ma1 = sMa[r1];
-      const float a0 = exp2f(m_run0 - sw_offset(ma0)), a1 = exp2f(m_run1 - sw_offset(ma1));
-      l_run0 *= a0;
-      l_run1 *= a1;
-      sw_rescale(o, a0, a1);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpa + kk * 2, dv0 + kk * KSTEP_V, 1);
-      wg_commit();
+      m_run = sw_pv_a_right<E>(o, l_run0, l_run1, m_run, sMa, r0, r1, dpa, dv0, clk);
       wg_wait<0>();
       pin(o);
-      m_run0 = ma0;
-      m_run1 = ma1;
     }
   }
-#undef SW_STAMP
-  if (stamp) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) atomicAdd(&g_wg_clocks[w][i], static_cast<unsigned long long>(ck[i]));
-    atomicAdd(&g_wg_clocks[w][8], static_cast<unsigned long long>(n));
-    atomicAdd(&g_wg_clocks[w][9], 1ull);
-  }
+  clk.flush(w, n);
 
   // ---- epilogue: the row sums of both warpgroups' P tiles (both hold the same running max)
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
@@ -1847,7 +1734,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   named_sync(BAR_CONSUMERS, wg::CONSUMERS);
   l_run0 = sSum[r0] + sSum[BLOCK_M + r0];
   l_run1 = sSum[r1] + sSum[BLOCK_M + r1];
-  wg_store_out<E>(p, o, b, split, m0, r0, r1, q4, w, m_run0, m_run1, l_run0, l_run1);
+  wg_store_out<E>(p, o, b, split, m0, r0, r1, q4, w, m_run.x, m_run.y, l_run0, l_run1);
 }
 
 // One warpgroup checks the operand layouts of the wgmma kernel on given data (S with m64n32: the

@@ -129,6 +129,18 @@ def append_rows(path: str | Path, rows: Iterable[BenchRow], command: str | None 
     return len(records)
 
 
+def write_dicts(path: str | Path, rows: list[dict]) -> Path:
+    """Write ``rows`` (dicts with the same keys, in the first row's order) as a CSV with LF line
+    ends, creating the folder: the per-run CSVs of the device tools."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def read_rows(path: str | Path):
     """Load a bench CSV as a pandas DataFrame (config_json parsed lazily by the caller)."""
     import pandas as pd

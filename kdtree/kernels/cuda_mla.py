@@ -429,8 +429,8 @@ WGMMA_PHASES = (
     "wait_tile", "s_mma", "softmax", "p_free", "p_ready", "rescale", "pv_mma", "release",
 )  # fmt: skip
 #: Phases of the seesaw kernel's clocks, per consumer warpgroup (each loops over tile pairs;
-#: the sums are divided by the CTA's tiles, so a warpgroup's phases add up to its time a tile,
-#: except that the last tile of an odd count is counted and not stamped).
+#: the sums are divided by the CTA's tiles, so a warpgroup's phases add up to its time a tile;
+#: the last tile of an odd count is stamped only in part).
 #: Warpgroup 0: wait for tile a, S_a, softmax + P_a out, rescale +
 #: issue P_a V_a, wait for P_b, the rest (P_a V_a's wait, rescale, P_b V_b, releases).
 #: Warpgroup 1: wait for tile b, S_b, wait for P_a, rescale + issue P_a V_a, softmax

@@ -61,3 +61,10 @@ def test_time_cuda_on_gpu():
 
 def test_fmt_ms():
     assert fmt_ms(math.nan) == "nan" and fmt_ms(0.123456) == "0.1235"
+
+
+def test_write_dicts_writes_lf_csv_in_first_row_order(tmp_path):
+    from kdtree.bench.schema import write_dicts
+
+    path = write_dicts(tmp_path / "sub" / "rows.csv", [{"b": 1, "a": "x"}, {"b": 2, "a": "y"}])
+    assert path.read_bytes() == b"b,a\n1,x\n2,y\n"

@@ -1,8 +1,7 @@
 """Where the wgmma or seesaw MLA split kernel's time goes, at the verify bench's MLA points.
 
-1. Phase clocks (``KDTREE_MLA_CLOCKS=1``): thread 0 of each consumer warpgroup stamps the clock
-   (``clock64()`` in the wgmma kernel, 32-bit ``clock()`` in the seesaw kernel) at each phase
-   boundary; mean cycles per tile per phase (``cuda_mla.WGMMA_PHASES`` / ``SEESAW_PHASES``);
+1. Phase clocks (``KDTREE_MLA_CLOCKS=1``): thread 0 of each consumer warpgroup stamps the
+   32-bit ``clock()`` at each phase boundary; mean cycles per tile per phase (``cuda_mla.WGMMA_PHASES`` / ``SEESAW_PHASES``);
    ``cycles_per_tile`` is warpgroup 0's sum.
 2. Ablations (``KDTREE_MLA_ABLATE``, wrong results, timing only): graph-replayed p50 with the KV
    loads past tile 1 dropped (1), the S MMAs dropped (2), the P V MMAs dropped (4, wgmma only),
@@ -14,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shlex
 import sys
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from kdtree.bench.schema import run_env
+from kdtree.bench.schema import run_env, write_dicts
 from kdtree.bench.timing import time_cuda
 from kdtree.bench.verify_attention import (
     LAYOUTS,
@@ -86,12 +84,7 @@ def main() -> None:
         del wl, ti
         torch.cuda.empty_cache()
     if a.out:
-        path = Path(a.out) / "mla_phases.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
+        write_dicts(Path(a.out) / "mla_phases.csv", rows)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,13 @@ split's cost as whole waves of CTAs only: no per-CTA prologue, no merge).
 from __future__ import annotations
 
 import argparse
-import csv
 import shlex
 import sys
 from pathlib import Path
 
 import torch
 
-from kdtree.bench.schema import run_env
+from kdtree.bench.schema import run_env, write_dicts
 from kdtree.bench.timing import time_cuda
 from kdtree.bench.verify_attention import (
     LAYOUTS,
@@ -55,12 +54,7 @@ def main() -> None:
         del wl, ti
         torch.cuda.empty_cache()
     if a.out:
-        path = Path(a.out) / "mla_splits.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
+        write_dicts(Path(a.out) / "mla_splits.csv", rows)
 
 
 if __name__ == "__main__":
