@@ -207,18 +207,20 @@ struct TileSeq {
   int L, start, end, n_pre, n_tiles, T;
 };
 
-// Physical slot of key `row` (0..31) of tile `tile`, or -1 when the key is not a real key
-// (beyond the split's end / beyond T / beyond the page table): such rows are zero-filled.
+// Physical slot of key `row` (0..TILE_N-1) of tile `tile` (tiles of TILE_N keys: BLOCK_N in the
+// mma kernel, wg::BN in the wgmma ones), or -1 when the key is not a real key (beyond the
+// split's end / beyond T / beyond the page table): such rows are zero-filled.
+template <int TILE_N>
 __device__ __forceinline__ int64_t key_slot(const Params& p, const int32_t* pt_row,
                                             const TileSeq& ts, int tile, int row) {
   if (tile >= ts.n_tiles) return -1;
   int pos;
   bool valid;
   if (tile < ts.n_pre) {
-    pos = ts.start + tile * BLOCK_N + row;
+    pos = ts.start + tile * TILE_N + row;
     valid = pos < ts.end;
   } else {
-    const int j = (tile - ts.n_pre) * BLOCK_N + row;
+    const int j = (tile - ts.n_pre) * TILE_N + row;
     pos = ts.L + j;
     valid = j < ts.T;
   }
@@ -309,13 +311,13 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) mla_split_kernel(const Params 
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
     if (st < ts.n_tiles) {
-      load_kv_tile<E>(kv_base + st * SMEM_KV_STAGE, kv, key_slot(p, pt_row, ts, st, load_row),
+      load_kv_tile<E>(kv_base + st * SMEM_KV_STAGE, kv, key_slot<BLOCK_N>(p, pt_row, ts, st, load_row),
                       p.s_slot, tid);
     }
     cp_async_commit();
   }
   // page-table lookup of the next tile to issue (STAGES-1), one iteration ahead of its use
-  int64_t next_slot = key_slot(p, pt_row, ts, STAGES - 1, load_row);
+  int64_t next_slot = key_slot<BLOCK_N>(p, pt_row, ts, STAGES - 1, load_row);
 
   // ---- per-thread softmax state: rows r0 = 16*rg + lane/4 and r1 = r0 + 8 of the CTA
   const int g = lane >> 2;  // fragment row within the 8-row half
@@ -359,7 +361,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) mla_split_kernel(const Params 
         load_kv_tile<E>(kv_base + (nt % STAGES) * SMEM_KV_STAGE, kv, next_slot, p.s_slot, tid);
       }
       cp_async_commit();
-      next_slot = key_slot(p, pt_row, ts, nt + 1, load_row);  // used next iteration
+      next_slot = key_slot<BLOCK_N>(p, pt_row, ts, nt + 1, load_row);  // used next iteration
     }
     const uint32_t stage = kv_base + (tile % STAGES) * SMEM_KV_STAGE;
 
@@ -639,200 +641,91 @@ struct Wgmma {
 };
 
 // BEGIN GENERATED WGMMA (tools/gen_wgmma.py)
-template <>
-__device__ __forceinline__ void Wgmma<__nv_bfloat16>::ss_n32(float (&d)[16], uint64_t desc_a,
-                                                       uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<__nv_bfloat16>::ss_n64(float (&d)[32], uint64_t desc_a,
-                                                       uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<__nv_bfloat16>::ss_n256_tb(float (&d)[128], uint64_t desc_a,
-                                                       uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+#define KDTREE_WGMMA_D128_REGS \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define KDTREE_WGMMA_D128_CONS \
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#define KDTREE_WGMMA_WRAPPERS(CTYPE, PTX) \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n32(float (&d)[16], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX "." PTX " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+      "%16, %17, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n64(float (&d)[32], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+      "%32, %33, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n256_tb(float (&d)[128], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX "." PTX " {" \
+      KDTREE_WGMMA_D128_REGS "}, " \
+      "%128, %129, p, 1, 1, 0, 1;\n}\n" \
+      : KDTREE_WGMMA_D128_CONS \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::rs_n256_tb(float (&d)[128], const uint32_t (&a)[4], \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX "." PTX " {" \
+      KDTREE_WGMMA_D128_REGS "}, " \
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n" \
+      : KDTREE_WGMMA_D128_CONS \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)); \
 }
 
-template <>
-__device__ __forceinline__ void Wgmma<__nv_bfloat16>::rs_n256_tb(float (&d)[128], const uint32_t (&a)[4],
-                                                       uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<__half>::ss_n32(float (&d)[16], uint64_t desc_a,
-                                                       uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<__half>::ss_n64(float (&d)[32], uint64_t desc_a,
-                                                       uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<__half>::ss_n256_tb(float (&d)[128], uint64_t desc_a,
-                                                       uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<__half>::rs_n256_tb(float (&d)[128], const uint32_t (&a)[4],
-                                                       uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-
+KDTREE_WGMMA_WRAPPERS(__nv_bfloat16, "bf16")
+KDTREE_WGMMA_WRAPPERS(__half, "f16")
+#undef KDTREE_WGMMA_WRAPPERS
+#undef KDTREE_WGMMA_D128_REGS
+#undef KDTREE_WGMMA_D128_CONS
 // END GENERATED WGMMA
 
 // Phase clocks of the wgmma and seesaw kernels, summed over CTAs by thread 0 of each consumer
@@ -841,30 +734,6 @@ __device__ __forceinline__ void Wgmma<__half>::rs_n256_tb(float (&d)[128], const
 // at P_READY, O rescale, P V MMAs, stage release. The seesaw kernel: slots 0-5, per warpgroup
 // (kdtree.kernels.cuda_mla.SEESAW_PHASES).
 __device__ unsigned long long g_wg_clocks[2][10];
-
-struct WgTiles {
-  int L, start, end, n_pre, n_tiles, T;
-};
-
-// Physical slot of key `row` (0..63) of 64-key tile `tile`, or -1 (zero-filled, masked).
-__device__ __forceinline__ int64_t wg_key_slot(const Params& p, const int32_t* pt_row,
-                                               const WgTiles& ts, int tile, int row) {
-  if (tile >= ts.n_tiles) return -1;
-  int pos;
-  bool valid;
-  if (tile < ts.n_pre) {
-    pos = ts.start + tile * wg::BN + row;
-    valid = pos < ts.end;
-  } else {
-    const int j = (tile - ts.n_pre) * wg::BN + row;
-    pos = ts.L + j;
-    valid = j < ts.T;
-  }
-  const int page_idx = pos >> p.page_shift;
-  if (!valid || page_idx >= p.max_pages) return -1;
-  const int64_t page = static_cast<int64_t>(__ldg(pt_row + page_idx));
-  return (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
-}
 
 // Named barriers of the warp-specialised kernel. The non-.aligned forms: the producer and
 // warpgroup 0 meet at FULL / EMPTY from different code (bar.sync is barrier.sync.aligned, which
@@ -887,13 +756,13 @@ constexpr int BAR_P_FREE = 7;     // warpgroup 1 is done reading P_{j-1} (256)
 // pt & 7 (8 adjacent threads read one row's 128 contiguous bytes of a slice).
 template <typename E>
 __device__ __forceinline__ void wg_produce_tile(uint32_t stage, const E* kv, const Params& p,
-                                                const int32_t* pt_row, const WgTiles& ts,
+                                                const int32_t* pt_row, const TileSeq& ts,
                                                 int tile, int pt) {
   const int sub = pt & 7;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int r = (pt >> 3) + 16 * k;
-    const int64_t slot = wg_key_slot(p, pt_row, ts, tile, r);
+    const int64_t slot = key_slot<wg::BN>(p, pt_row, ts, tile, r);
     const E* src = slot >= 0 ? kv + slot * p.s_slot : kv;
     const int bytes = slot >= 0 ? 16 : 0;
     const uint32_t dst = stage + swz(r, sub);
@@ -903,7 +772,7 @@ __device__ __forceinline__ void wg_produce_tile(uint32_t stage, const E* kv, con
 }
 
 // Visibility bits of the 64 keys of tile `tile` for query row `row`.
-__device__ __forceinline__ uint64_t wg_bits64(const Params& p, const WgTiles& ts, int b, int tile,
+__device__ __forceinline__ uint64_t wg_bits64(const Params& p, const TileSeq& ts, int b, int tile,
                                               int row) {
   const auto low64 = [](int k) {
     return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
@@ -1042,8 +911,8 @@ __device__ __forceinline__ void wg_rescale(float (&o)[128], float a0, float a1) 
 
 // Which keys this CTA's split covers: 64-key prefix tiles from `start`, then (last split) the
 // tree tiles.
-__device__ __forceinline__ WgTiles wg_tiles(const Params& p, int split, int b) {
-  WgTiles ts;
+__device__ __forceinline__ TileSeq wg_tiles(const Params& p, int split, int b) {
+  TileSeq ts;
   const int S = p.num_splits;
   ts.T = p.T;
   ts.L = max(__ldg(p.prefix_lens + b), 0);
@@ -1163,7 +1032,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   const int m0 = blockIdx.x * BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z;
-  const WgTiles ts = wg_tiles(p, split, b);
+  const TileSeq ts = wg_tiles(p, split, b);
   const int32_t* pt_row = p.page_table + b * p.spt_b;
   const E* kv = static_cast<const E*>(p.kv);
 
@@ -1406,7 +1275,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 // Whether tile `tile` goes through TMA: a whole prefix tile inside the page table (the partial
 // and tree tiles keep the zero-filling cp.async path: a TMA box would bring whatever the unused
 // slots of a page hold, and P = 0 times a NaN there is NaN).
-__device__ __forceinline__ bool sw_tma_tile(const Params& p, const WgTiles& ts, int tile) {
+__device__ __forceinline__ bool sw_tma_tile(const Params& p, const TileSeq& ts, int tile) {
   if (p.tma_rows == 0 || tile >= ts.n_pre) return false;
   const int pos = ts.start + tile * wg::BN;
   return ts.end - pos >= wg::BN && ((pos + wg::BN - 1) >> p.page_shift) < p.max_pages;
@@ -1416,7 +1285,7 @@ __device__ __forceinline__ bool sw_tma_tile(const Params& p, const WgTiles& ts, 
 // slice), looked up before the producer waits for the stage so the page-table read overlaps
 // that wait instead of delaying the copies.
 __device__ __forceinline__ int sw_run_slot(const Params& p, const int32_t* pt_row,
-                                           const WgTiles& ts, int tile, int lt) {
+                                           const TileSeq& ts, int tile, int lt) {
   if (lt * p.tma_rows >= wg::BN) return 0;
   const int pos = ts.start + tile * wg::BN + lt * p.tma_rows;
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
@@ -1430,7 +1299,7 @@ __device__ __forceinline__ int sw_run_slot(const Params& p, const int32_t* pt_ro
 template <typename E>
 __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, const E* kv,
                                         const Params& p, const int32_t* pt_row,
-                                        const WgTiles& ts, int tile, int lt, uint32_t bar,
+                                        const TileSeq& ts, int tile, int lt, uint32_t bar,
                                         uint32_t& parity) {
   if (tma) {
     if (lt < 32) {
@@ -1450,7 +1319,7 @@ __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, 
 #pragma unroll 1
     for (int k = 0; k < 8; ++k) {
       const int r = (lt >> 3) + 8 * k;
-      const int64_t slot = wg_key_slot(p, pt_row, ts, tile, r);
+      const int64_t slot = key_slot<wg::BN>(p, pt_row, ts, tile, r);
       const E* src = slot >= 0 ? kv + slot * p.s_slot : kv;
       const int bytes = slot >= 0 ? 16 : 0;
       const uint32_t dst = stage + swz(r, sub);
@@ -1468,7 +1337,7 @@ __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, 
 template <typename E>
 __device__ __forceinline__ void sw_tile_scores(float (&s)[32], float (&s_odd)[32], bool& full,
                                                uint64_t& bits0, uint64_t& bits1, const Params& p,
-                                               const WgTiles& ts, int b, int tile, int row0,
+                                               const TileSeq& ts, int b, int tile, int row0,
                                                int row1, int stage, uint64_t dq, uint64_t dk,
                                                PhaseClocks& clk) {
   bits0 = wg_bits64(p, ts, b, tile, row0);
@@ -1531,7 +1400,7 @@ __device__ __forceinline__ float2 sw_pv_a_right(float (&o)[128], float& l0, floa
 template <typename E>
 __device__ __forceinline__ float2 sw_left_a(float (&o)[128], float (&s)[32], float (&s_odd)[32],
                                             uint32_t (&pc)[4][4], float& l0, float& l1,
-                                            float2 m_run, const Params& p, const WgTiles& ts,
+                                            float2 m_run, const Params& p, const TileSeq& ts,
                                             int b, int ta, int m0, int r0, int r1, int q4,
                                             uint64_t dq, uint64_t dk, uint64_t dv0,
                                             unsigned char* rope0, float* sMa, PhaseClocks& clk) {
@@ -1570,7 +1439,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   const int m0 = blockIdx.x * BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z;
-  const WgTiles ts = wg_tiles(p, split, b);
+  const TileSeq ts = wg_tiles(p, split, b);
   const int32_t* pt_row = p.page_table + b * p.spt_b;
   const E* kv = static_cast<const E*>(p.kv);
   const int n = ts.n_tiles;
