@@ -151,8 +151,9 @@ def resolve_backend(
     dtype: torch.dtype | None = None,
 ) -> str:
     """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``: for MLA with DeepSeek's dims (512 +
-    64) in bf16 / fp16 on an sm_90 GPU with nvcc, ``cuda`` (the CUDA C++ kernel, 2.4x the
-    Triton one at h=16, L=128k, T=65); else ``triton`` on CUDA if registered and it supports
+    64) in bf16 / fp16 on an sm_90 GPU whose nvcc builds it, ``cuda`` (the CUDA C++ kernel:
+    0.61 ms at h=16, L=128k, T=65 on the H200 against the Triton kernel's 1.50 ms, rows in
+    ``data/bench/verify_attention.csv``); else ``triton`` on CUDA if registered and it supports
     the head dims (``dims``, when given), else ``ref``. Any other name is returned as is (an
     explicit ``triton`` on unsupported dims then fails with the kernel's own error)."""
     if backend != "auto":
