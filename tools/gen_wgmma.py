@@ -1,4 +1,4 @@
-"""Print the inline-PTX wgmma wrappers of ``kernels/mla_tree_sm90.cu`` (between its
+"""Print the inline-PTX wgmma wrappers of ``kernels/sm90_common.cuh`` (between its
 ``BEGIN GENERATED WGMMA`` / ``END GENERATED WGMMA`` markers).
 
 An m64nNk16 fp32 accumulator is N/2 registers a thread, each one asm operand, so the wrappers
@@ -89,6 +89,8 @@ def main() -> None:
             for w, n, tnsp in (
                 (wrapper, 32, 0),
                 (wrapper, 64, 0),
+                (wrapper, 128, 0),
+                (wrapper_rs, 128, 1),
                 (wrapper, 256, 1),
                 (wrapper_rs, 256, 1),
             )

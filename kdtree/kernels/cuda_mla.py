@@ -48,7 +48,9 @@ __all__ = [
     "workspace_numel",
 ]
 
-_SRC = CudaSource("mla_tree_sm90.cu", "libkdtree_mla_sm90.so", "CUDA MLA backend")
+_SRC = CudaSource(
+    "mla_tree_sm90.cu", "libkdtree_mla_sm90.so", "CUDA MLA backend", headers=("sm90_common.cuh",)
+)
 SOURCE = _SRC.path
 LIB_NAME = _SRC.lib_name
 NVCC_FLAGS = _SRC.flags

@@ -1,0 +1,459 @@
+// sm_90 building blocks shared by the tree-verify kernels (kernels/mla_tree_sm90.cu,
+// kernels/gqa_tree_sm90.cu): cp.async / ldmatrix / mma.sync / wgmma / named-barrier / mbarrier /
+// TMA wrappers, the 128-byte swizzle and wgmma descriptors, the split's tile sequence and key
+// slots over a paged cache, and the online-softmax steps on wgmma accumulator fragments.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace kdtree_sm90 {
+
+// ------------------------------------------------------------------ small PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <typename E>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  // d += a (16x16, row) * b (16x8, col); fp32 accumulate.
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  }
+};
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void store2(__half* p, float a, float b) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  }
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Low `n` bits set (n clamped to [0, 32]).
+__device__ __forceinline__ uint32_t low_bits(int n) {
+  return n >= 32 ? 0xffffffffu : (n <= 0 ? 0u : ((1u << n) - 1u));
+}
+
+// ------------------------------------------------------------------ tile geometry
+
+// Which keys tile `tile` of this CTA covers. Tiles [0, n_pre) are prefix tiles starting at
+// `start`; tiles [n_pre, n_pre + n_tree) are tree tiles (key j at logical position L + j).
+struct TileSeq {
+  int L, start, end, n_pre, n_tiles, T;
+};
+
+// Physical slot of key `row` (0..TILE_N-1) of tile `tile` (tiles of TILE_N keys: BLOCK_N in the
+// MLA mma kernel, wg::BN in the MLA wgmma ones, BN in the GQA kernel), or -1 when the key is not a real key (beyond the
+// split's end / beyond T / beyond the page table): such rows are zero-filled.
+template <int TILE_N, class P>
+__device__ __forceinline__ int64_t key_slot(const P& p, const int32_t* pt_row,
+                                            const TileSeq& ts, int tile, int row) {
+  if (tile >= ts.n_tiles) return -1;
+  int pos;
+  bool valid;
+  if (tile < ts.n_pre) {
+    pos = ts.start + tile * TILE_N + row;
+    valid = pos < ts.end;
+  } else {
+    const int j = (tile - ts.n_pre) * TILE_N + row;
+    pos = ts.L + j;
+    valid = j < ts.T;
+  }
+  const int page_idx = pos >> p.page_shift;
+  if (!valid || page_idx >= p.max_pages) return -1;
+  const int64_t page = static_cast<int64_t>(__ldg(pt_row + page_idx));
+  return (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
+}
+
+
+// Which keys split `split` of request b covers (kernels whose Params have num_splits, T and
+// prefix_lens): BN-key prefix tiles from `start` (chunks a multiple of BN), then, on the last
+// split, the tree tiles.
+template <int BN, class P>
+__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
+  TileSeq ts;
+  const int S = p.num_splits;
+  ts.T = p.T;
+  ts.L = max(__ldg(p.prefix_lens + b), 0);
+  const int per = (ts.L + S - 1) / S;
+  const int chunk = (per + BN - 1) / BN * BN;
+  ts.start = min(split * chunk, ts.L);
+  ts.end = min(ts.start + chunk, ts.L);
+  ts.n_pre = (ts.end - ts.start + BN - 1) / BN;
+  ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + BN - 1) / BN : 0);
+  return ts;
+}
+// ------------------------------------------------------------------ wgmma
+
+// Byte offset of 16-byte chunk `c` (0..7) of row `r` inside a 128B-swizzled region.
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"):
+// start address, leading and stride byte offsets, all in 16-byte units.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Pin accumulator registers at this point (the compiler must not move their uses across a
+// wgmma wait, which has no register operands).
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <typename E>
+struct Wgmma {
+  // d (64 x 32) = / += A (64 x 16, K-major smem) * B (32 x 16, K-major smem)^T
+  static __device__ __forceinline__ void ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                int scale_d);
+  // d (64 x 64) = / += A (64 x 16, K-major smem) * B (64 x 16, K-major smem)^T
+  static __device__ __forceinline__ void ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                int scale_d);
+  // d (64 x 128) = / += A (64 x 16, K-major smem) * B (128 x 16, K-major smem)^T
+  static __device__ __forceinline__ void ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                 int scale_d);
+  // d (64 x 128) = / += A (64 x 16, registers) * B (16 x 128, MN-major smem)
+  static __device__ __forceinline__ void rs_n128_tb(float (&d)[64], const uint32_t (&a)[4],
+                                                    uint64_t desc_b, int scale_d);
+  // d (64 x 256) = / += A (64 x 16, K-major smem) * B (16 x 256, MN-major smem)
+  static __device__ __forceinline__ void ss_n256_tb(float (&d)[128], uint64_t desc_a,
+                                                    uint64_t desc_b, int scale_d);
+  // d (64 x 256) = / += A (64 x 16, registers: the mma.m16n8k16 A fragment of this warp's 16
+  // rows) * B (16 x 256, MN-major smem)
+  static __device__ __forceinline__ void rs_n256_tb(float (&d)[128], const uint32_t (&a)[4],
+                                                    uint64_t desc_b, int scale_d);
+};
+
+// BEGIN GENERATED WGMMA (tools/gen_wgmma.py)
+#define KDTREE_WGMMA_D128_REGS \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define KDTREE_WGMMA_D128_CONS \
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define KDTREE_WGMMA_WRAPPERS(CTYPE, PTX) \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n32(float (&d)[16], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX "." PTX " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+      "%16, %17, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n64(float (&d)[32], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+      "%32, %33, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n128(float (&d)[64], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+      "%64, %65, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::rs_n128_tb(float (&d)[64], const uint32_t (&a)[4], \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n256_tb(float (&d)[128], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX "." PTX " {" \
+      KDTREE_WGMMA_D128_REGS "}, " \
+      "%128, %129, p, 1, 1, 0, 1;\n}\n" \
+      : KDTREE_WGMMA_D128_CONS \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::rs_n256_tb(float (&d)[128], const uint32_t (&a)[4], \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX "." PTX " {" \
+      KDTREE_WGMMA_D128_REGS "}, " \
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n" \
+      : KDTREE_WGMMA_D128_CONS \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)); \
+}
+
+KDTREE_WGMMA_WRAPPERS(__nv_bfloat16, "bf16")
+KDTREE_WGMMA_WRAPPERS(__half, "f16")
+#undef KDTREE_WGMMA_WRAPPERS
+#undef KDTREE_WGMMA_D128_REGS
+#undef KDTREE_WGMMA_D128_CONS
+// END GENERATED WGMMA
+
+// Named barriers of the warp-specialised kernel. The non-.aligned forms: the producer and
+// warpgroup 0 meet at FULL / EMPTY from different code (bar.sync is barrier.sync.aligned, which
+// PTX defines only when every participating thread executes the same instruction).
+__device__ __forceinline__ void named_sync(int id, int n) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int n) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// mbarrier and TMA (cp.async.bulk.tensor) wrappers of the seesaw producer.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int col, int row,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
+      : "memory");
+}
+
+// ------------------------------------------------------------------ online softmax on wgmma fragments
+
+// Masks the invisible keys of rows r0 (bits0) and r1 (bits1) to -inf; returns the quad-reduced
+// raw row maxima of rows r0, r1. `s` is an m64nK accumulator of K = N / 2 keys: N / 4 8-key
+// blocks of 4 values (rows r0, r0, r1, r1); bits: one word per 64 keys.
+template <int N>
+__device__ __forceinline__ float2 wg_mask_max(float (&s)[N], bool full,
+                                              const uint64_t (&bits0)[N / 32],
+                                              const uint64_t (&bits1)[N / 32], int q4) {
+  constexpr int J = N / 4;
+  if (!full) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * (j & 7) + 2 * q4 + e;
+        if (!((bits0[j >> 3] >> col) & 1u)) s[4 * j + e] = neg_inf();
+        if (!((bits1[j >> 3] >> col) & 1u)) s[4 * j + 2 + e] = neg_inf();
+      }
+    }
+  }
+  float a[J], c[J];  // pairwise trees: log2(J) dependent steps instead of 2 J
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    a[j] = fmaxf(s[4 * j + 0], s[4 * j + 1]);
+    c[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
+  }
+#pragma unroll
+  for (int w2 = J / 2; w2 >= 1; w2 >>= 1)
+#pragma unroll
+    for (int j = 0; j < w2; ++j) {
+      a[j] = fmaxf(a[j], a[j + w2]);
+      c[j] = fmaxf(c[j], c[j + w2]);
+    }
+  float mx0 = a[0], mx1 = c[0];
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  return make_float2(mx0, mx1);
+}
+// The 64-key form with one mask word a row.
+__device__ __forceinline__ float2 wg_mask_max(float (&s)[32], bool full, uint64_t bits0,
+                                              uint64_t bits1, int q4) {
+  const uint64_t w0[1] = {bits0}, w1[1] = {bits1};
+  return wg_mask_max<32>(s, full, w0, w1, q4);
+}
+
+// A row max that may still be -inf (no visible key yet) as the exponent's offset: 0 then, so
+// exp2(-inf - offset) = 0 instead of NaN.
+__device__ __forceinline__ float wg_offset(float m) { return m == neg_inf() ? 0.f : m; }
+
+// s := exp2(s * scale - off) per row (r0: off0, r1: off1), packed into the A fragments of the
+// P V k-steps (N / 8 of 16 keys); returns this thread's partial row sums (its N / 4 keys of each
+// row).
+template <typename E, int N>
+__device__ __forceinline__ float2 wg_exp_pack(float (&s)[N], uint32_t (&pc)[N / 8][4], float scale,
+                                              float off0, float off1) {
+  constexpr int J = N / 4;
+  float a[J], c[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], scale, -off0));
+    s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale, -off0));
+    s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale, -off1));
+    s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale, -off1));
+    a[j] = s[4 * j + 0] + s[4 * j + 1];
+    c[j] = s[4 * j + 2] + s[4 * j + 3];
+  }
+#pragma unroll
+  for (int w2 = J / 2; w2 >= 1; w2 >>= 1)
+#pragma unroll
+    for (int j = 0; j < w2; ++j) {
+      a[j] += a[j + w2];
+      c[j] += c[j + w2];
+    }
+  // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
+#pragma unroll
+  for (int kk = 0; kk < N / 8; ++kk) {
+    pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
+    pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
+    pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
+    pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
+  }
+  return make_float2(a[0], c[0]);
+}
+
+}  // namespace kdtree_sm90
