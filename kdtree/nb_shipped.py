@@ -26,7 +26,14 @@ FLASHINFER_MLA_NOTES = {
 #: The GQA target of issue 4: ≥ 60 % of the floor for L ≥ 32k at T ∈ {17, 65}, batch 1.
 FLOOR_TARGET = 0.60
 #: providers that are our kernels (the Triton ones eager and graphed, the CUDA C++ MLA one)
-OURS = ("ours", "ours_graph", "ours_cuda_graph", "ours_wgmma_graph", "ours_seesaw_graph")
+OURS = (
+    "ours",
+    "ours_graph",
+    "ours_cuda_graph",
+    "ours_wgmma_graph",
+    "ours_seesaw_graph",
+    "ours_gqa_graph",
+)
 FLOOR_TARGET_MIN_L = 32_768
 
 _CASE = re.compile(r"^(?P<layout>[^/]+)/B(?P<B>\d+)/L(?P<L>\d+)/T(?P<T>\d+)$")

@@ -175,6 +175,15 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for A-fragment registers: pinned before a wgmma.fence, they are defined before the
+// batch starts (ptxas serialises wgmma whose inputs are written inside a batch, C7513).
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
 
 template <typename E>
 struct Wgmma {
@@ -396,12 +405,15 @@ __device__ __forceinline__ float2 wg_mask_max(float (&s)[N], bool full,
     a[j] = fmaxf(s[4 * j + 0], s[4 * j + 1]);
     c[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
   }
+  // (constant trip counts in both loops, so the arrays stay in registers at every J)
 #pragma unroll
   for (int w2 = J / 2; w2 >= 1; w2 >>= 1)
 #pragma unroll
-    for (int j = 0; j < w2; ++j) {
-      a[j] = fmaxf(a[j], a[j + w2]);
-      c[j] = fmaxf(c[j], c[j + w2]);
+    for (int j = 0; j < J / 2; ++j) {
+      if (j < w2) {
+        a[j] = fmaxf(a[j], a[j + w2]);
+        c[j] = fmaxf(c[j], c[j + w2]);
+      }
     }
   float mx0 = a[0], mx1 = c[0];
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
@@ -441,9 +453,11 @@ __device__ __forceinline__ float2 wg_exp_pack(float (&s)[N], uint32_t (&pc)[N / 
 #pragma unroll
   for (int w2 = J / 2; w2 >= 1; w2 >>= 1)
 #pragma unroll
-    for (int j = 0; j < w2; ++j) {
-      a[j] += a[j + w2];
-      c[j] += c[j + w2];
+    for (int j = 0; j < J / 2; ++j) {
+      if (j < w2) {
+        a[j] += a[j + w2];
+        c[j] += c[j + w2];
+      }
     }
   // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
 #pragma unroll

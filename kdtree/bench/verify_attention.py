@@ -9,6 +9,7 @@ set exceeds L2. Providers:
   mma.sync split kernel (``kernel="mma"``), replayed; ``ours_wgmma_graph``: the same with the
   warp-specialised wgmma split kernel (``kernel="wgmma"``), replayed; ``ours_seesaw_graph``: the
   same with the seesaw split kernel (``kernel="seesaw"``, the backend's default), replayed;
+  ``ours_gqa_graph``: the sm_90 CUDA C++ GQA kernel (``kernels/gqa_tree_sm90.cu``), replayed;
 * ``ref``: the torch reference backend (correctness anchor, small points only);
 * ``sdpa_dense``: SDPA over contiguous K/V with a prebuilt dense additive mask;
 * ``flex``: FlexAttention (compiled) with a tree ``mask_mod`` and a BlockMask built directly
@@ -67,6 +68,7 @@ ALL_PROVIDERS = (
     "ours_cuda_graph",
     "ours_wgmma_graph",
     "ours_seesaw_graph",
+    "ours_gqa_graph",
     "ref",
     "sdpa_dense",
     "flex",
@@ -450,6 +452,46 @@ def setup_ours_seesaw_graph(wl, ti, opts):
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_mla_fn(wl, ti, kernel="seesaw")
     return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits, "kernel": "seesaw"})
+
+
+def _cuda_gqa_fn(wl: Workload, ti: TreeInputs, num_splits: int | None = None):
+    """The sm_90 CUDA C++ GQA kernel (``kernels/gqa_tree_sm90.cu``) with its workspace and
+    split count (default :func:`~kdtree.kernels.cuda_gqa.choose_splits`) fixed up front."""
+    lay = wl.layout
+    if lay.kind != "gqa" or lay.d != 128:
+        raise Skip("the CUDA C++ GQA kernel is GQA with head dim 128")
+    from kdtree.kernels import cuda_gqa
+
+    if not cuda_gqa.available():
+        raise Skip("CUDA GQA kernel unavailable (needs sm_90 and nvcc)")
+    from kdtree.kernels.workspace import device_sm_count
+
+    rows = ti.t * (lay.hq // lay.hkv)
+    splits = num_splits or cuda_gqa.choose_splits(
+        wl.batch, lay.hkv, rows, wl.pages_per_req * wl.page_size, device_sm_count(wl.device)
+    )
+    ws = torch.empty(
+        max(cuda_gqa.workspace_numel(wl.batch, lay.hkv, rows, splits), 4),
+        dtype=torch.float32,
+        device=wl.device,
+    )
+    head = _head_tensors(wl, ti)
+    out = torch.empty_like(head[0])
+
+    def fn(r):
+        return cuda_gqa.tree_attention_gqa_cuda(
+            *head, wl.tables[r], wl.prefix_lens, ti.tree_mask, sm_scale=ti.scale,
+            out=out, num_splits=splits, workspace=ws,
+        )  # fmt: skip
+
+    return fn, splits
+
+
+def setup_ours_gqa_graph(wl, ti, opts):
+    if wl.device.type != "cuda":
+        raise Skip("CUDA graphs need a GPU")
+    fn, splits = _cuda_gqa_fn(wl, ti)
+    return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits, "kernel": "gqa_sm90"})
 
 
 def setup_ours_graph(wl, ti, opts):
@@ -875,6 +917,7 @@ SETUPS: dict[str, Callable] = {
     "ours_cuda_graph": setup_ours_cuda_graph,
     "ours_wgmma_graph": setup_ours_wgmma_graph,
     "ours_seesaw_graph": setup_ours_seesaw_graph,
+    "ours_gqa_graph": setup_ours_gqa_graph,
     "ref": setup_ref,
     "sdpa_dense": setup_sdpa_dense,
     "flex": setup_flex,

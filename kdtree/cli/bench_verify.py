@@ -10,7 +10,7 @@ import typer
 
 _HELP_PROVIDERS = (
     "Comma-separated providers (default: all): "
-    "ours,ours_graph,ours_cuda_graph,ours_wgmma_graph,ours_seesaw_graph,ref,sdpa_dense,flex,fi_mask,fi_cascade,fi_mla,eager_mla"
+    "ours,ours_graph,ours_cuda_graph,ours_wgmma_graph,ours_seesaw_graph,ours_gqa_graph,ref,sdpa_dense,flex,fi_mask,fi_cascade,fi_mla,eager_mla"
 )
 
 

@@ -28,10 +28,11 @@ def _register() -> None:
 
     register_backend("gqa", "triton", tree_attention_triton)
     register_backend("mla", "triton", tree_attention_mla_triton)
-    # the sm_90 CUDA C++ MLA kernel (kernels/mla_tree_sm90.cu) registers backend "cuda" for
-    # kind "mla"; it is built with nvcc on first call; "auto" picks it for 512 + 64 in bf16 /
-    # fp16 on sm_90 (kdtree.attention.resolve_backend)
-    from kdtree.kernels import cuda_mla  # noqa: F401
+    # the sm_90 CUDA C++ kernels register backend "cuda": kernels/mla_tree_sm90.cu for kind
+    # "mla" ("auto" picks it for 512 + 64 in bf16 / fp16 on sm_90,
+    # kdtree.attention.resolve_backend), kernels/gqa_tree_sm90.cu for kind "gqa" (head dim 128
+    # in bf16 / fp16); each is built with nvcc on first call
+    from kdtree.kernels import cuda_gqa, cuda_mla  # noqa: F401
 
 
 _register()

@@ -1,8 +1,12 @@
-"""Split-count sweep of the CUDA MLA kernel at the verify bench's MLA points: graph-replayed p50
-per split count next to the count ``cuda_mla.choose_splits`` picks (the heuristic models a
-split's cost as whole waves of CTAs only: no per-CTA prologue, no merge).
+"""Split-count sweep of the CUDA MLA and GQA kernels at verify bench points: graph-replayed p50
+per split count next to the count ``choose_splits`` picks (``cuda_mla.choose_splits`` models a
+split's cost as whole waves of CTAs only; ``cuda_gqa.choose_splits`` adds two tiles of fixed
+cost a CTA).
 
-    python3 tools/gpu/mla_splits.py [--points h16:131072:65,...] [--splits 7,8,15,23] [--out DIR]
+    python3 tools/gpu/mla_splits.py [--points h16:131072:65,gqa_8q1kv_d128:131072:65,...]
+        [--splits 7,8,15,23] [--out DIR]
+
+A point is ``layout:length:tree``; ``h8`` / ``h16`` are short for ``mla_h8`` / ``mla_h16``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from kdtree.bench.timing import time_cuda
 from kdtree.bench.verify_attention import (
     LAYOUTS,
     Workload,
+    _cuda_gqa_fn,
     _cuda_mla_fn,
     _graphed,
     make_tree_inputs,
@@ -35,21 +40,28 @@ def main() -> None:
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
     for spec in a.points.split(","):
-        h, length, t = spec.split(":")
+        name, length, t = spec.split(":")
+        layout = LAYOUTS[name if name in LAYOUTS else f"mla_{name}"]
         wl = Workload(
-            LAYOUTS[f"mla_{h}"], 1, int(length), int(t), 16, torch.bfloat16,
-            torch.device("cuda"), seed=0,
+            layout, 1, int(length), int(t), 16, torch.bfloat16, torch.device("cuda"), seed=0,
         )  # fmt: skip
         ti = make_tree_inputs(wl, int(t), seed=0)
-        _, chosen = _cuda_mla_fn(wl, ti, kernel=a.kernel)
+        kernel = a.kernel if layout.kind == "mla" else "gqa_sm90"
+
+        def make(splits=None, wl=wl, ti=ti, layout=layout):
+            if layout.kind == "mla":
+                return _cuda_mla_fn(wl, ti, kernel=a.kernel, num_splits=splits)
+            return _cuda_gqa_fn(wl, ti, num_splits=splits)
+
+        _, chosen = make()
         counts = sorted({chosen, *(int(x) for x in a.splits.split(","))})
         for splits in counts:
-            fn, _ = _cuda_mla_fn(wl, ti, kernel=a.kernel, num_splits=splits)
+            fn, _ = make(splits)
             replay, per = _graphed(fn, wl.n_rot, wl.device)
             ms = time_cuda(lambda replay=replay: replay(0)).p50 / per
             mark = " (chosen)" if splits == chosen else ""
             print(f"{spec} splits={splits:3d}: {ms * 1e3:8.1f} us{mark}", flush=True)
-            rows.append({"point": spec, "kernel": a.kernel, "splits": splits,
+            rows.append({"point": spec, "kernel": kernel, "splits": splits,
                          "chosen": splits == chosen, "ms": ms, **env})  # fmt: skip
         del wl, ti
         torch.cuda.empty_cache()

@@ -1,0 +1,347 @@
+"""CUDA C++ (sm_90) backend for GQA / MHA tree-verify attention, head dim 128.
+
+``tree_attention_gqa_cuda`` has the semantics and argument order of
+:func:`kdtree.kernels.tree_attention_triton`: ``q [B, T, Hq, 128]``, ``k_cache`` / ``v_cache``
+``[num_pages, page_size, Hkv, 128]``, ``page_table int32 [B, max_pages]``, ``prefix_lens int32
+[B]``, ``tree_mask int64 [B, T, W]``; returns ``[B, T, Hq, 128]``. bf16 and fp16 only.
+
+The kernel is ``kernels/gqa_tree_sm90.cu`` (with ``kernels/sm90_common.cuh``): a producer
+warpgroup of cp.async copies completing on per-stage mbarriers, two consumer warpgroups of 64
+packed query rows each (all query heads of a KV head times all tree tokens), ``wgmma`` for S
+and for P V with P kept in registers, and the softmax of one tile overlapped with the previous
+tile's P V. Partials of several KV splits are merged by the Triton merge kernel
+(:func:`kdtree.kernels._common.launch_merge`). Built with ``nvcc`` on first use like the MLA
+backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
+the split count depends on static shapes only, so a call can be captured in a CUDA graph (pass
+``workspace`` to keep allocations out of the call, see :func:`workspace_numel`).
+
+Importing this module registers backend ``"cuda"`` for kind ``"gqa"`` in :mod:`kdtree.attention`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import threading
+
+import torch
+
+from kdtree.kernels._common import launch_merge
+from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc
+from kdtree.kernels.cuda_mla import _aligned16, _is_sm90
+from kdtree.kernels.heuristics import MAX_TREE_TOKENS
+from kdtree.kernels.tree_attention import _check_lengths, _check_metadata
+
+__all__ = [
+    "BLOCK_M",
+    "BLOCK_N",
+    "HEAD_DIM",
+    "available",
+    "available_on",
+    "build",
+    "choose_splits",
+    "compile_only",
+    "launch_args",
+    "tree_attention_gqa_cuda",
+    "workspace_numel",
+]
+
+_SRC = CudaSource(
+    "gqa_tree_sm90.cu", "libkdtree_gqa_sm90.so", "CUDA GQA backend", headers=("sm90_common.cuh",)
+)
+SOURCE = _SRC.path
+HEAD_DIM = 128
+BLOCK_M = 128  # packed query rows per CTA (two consumer warpgroups of 64)
+BLOCK_N = 128  # keys per tile
+_DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
+_MAX_WAVES = 4
+
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+
+
+def build() -> BuildResult:
+    """The cached shared object, built on first use (keyed by source, headers, flags, nvcc)."""
+    return _SRC.build()
+
+
+def compile_only(out_dir) -> BuildResult:
+    """Build into ``out_dir`` with the local nvcc (no GPU, no cache); ``log`` holds the
+    ``--ptxas-options=-v`` report."""
+    return _SRC.compile_only(out_dir)
+
+
+def _load() -> ctypes.CDLL:
+    global _LIB
+    with _LOCK:
+        if _LIB is not None:
+            return _LIB
+        lib = ctypes.CDLL(str(build().path))
+        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        lib.kdtree_gqa_tree_launch.restype = i32
+        lib.kdtree_gqa_tree_launch.argtypes = (
+            [i32]  # dtype
+            + [ptr] * 9  # q k v page_table prefix_lens tree_mask out part lse
+            + [i64] * 13  # strides: q 3, k 2, v 2, page table row, mask 2, out 3
+            + [i32] * 8  # B T Hq Hkv head_dim page_size max_pages num_splits
+            + [ctypes.c_float, ctypes.c_size_t]  # sm_scale stream
+        )
+        lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
+        lib.kdtree_gqa_error_string.argtypes = [i32]
+        for name in ("kdtree_gqa_smem_bytes", "kdtree_gqa_block_m", "kdtree_gqa_block_n"):
+            getattr(lib, name).restype = i32
+        _LIB = lib
+        return lib
+
+
+@functools.cache
+def _library_ok() -> bool:
+    """nvcc is found and the library builds and loads (once a process). A failure warns once
+    and makes ``"auto"`` keep GQA on Triton."""
+    if find_nvcc() is None:
+        return False
+    try:
+        _load()
+    except Exception as exc:  # an nvcc without sm_90a, a broken toolchain
+        import warnings
+
+        warnings.warn(
+            f"the CUDA GQA kernel did not build ({exc}); backend 'auto' uses Triton for GQA",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def available_on(device: torch.device) -> bool:
+    """``device`` is an sm_90 GPU and the library builds with the local nvcc."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return _is_sm90(torch.device("cuda", device.index or 0)) and _library_ok()
+
+
+def available() -> bool:
+    """nvcc is found and an sm_90 device is present."""
+    if find_nvcc() is None or not torch.cuda.is_available():
+        return False
+    return any(_is_sm90(torch.device("cuda", i)) for i in range(torch.cuda.device_count()))
+
+
+# ----------------------------------------------------------------------------- launch planning
+
+
+def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sms: int) -> int:
+    """KV splits for ``batch`` requests of ``num_kv_heads`` KV heads with ``rows = G * T``
+    packed query rows and a prefix bound ``max_len`` (static shapes only). One CTA fits an SM
+    (~225 KB of shared memory). Modelled time of a split count ``s``: waves ``ceil(ctas * s /
+    num_sms)`` times the tiles a CTA streams (``ceil(max_len / s / BLOCK_N)``) plus two tiles of
+    fixed cost (Q load, pipeline fill, epilogue); the smallest ``s`` within 3 % of the best, at
+    most ``_MAX_WAVES`` waves and at least two tiles a split."""
+    ctas = batch * num_kv_heads * math.ceil(rows / BLOCK_M)
+    tiles = max(1, math.ceil(max_len / BLOCK_N))
+    cap = max(1, min(tiles // 2, (_MAX_WAVES * num_sms) // max(ctas, 1)))
+    costs = {
+        s: math.ceil(ctas * s / num_sms) * (math.ceil(tiles / s) + 2) for s in range(1, cap + 1)
+    }
+    best = min(costs.values())
+    return min(s for s, c in costs.items() if c <= best * 1.03)
+
+
+def workspace_numel(batch: int, num_kv_heads: int, rows: int, num_splits: int) -> int:
+    """fp32 elements of the split workspace (partials ``[B, Hkv, S, G*T, 128]`` + LSE
+    ``[B, Hkv, S, G*T]``); 0 with one split."""
+    if num_splits <= 1:
+        return 0
+    n = batch * num_kv_heads * num_splits * rows
+    return n * HEAD_DIM + n
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None:
+    if q.dim() != 4:
+        raise ValueError(f"q: expected [B, T, Hq, {HEAD_DIM}], got {tuple(q.shape)}")
+    b, t, hq, d = q.shape
+    if q.dtype not in _DTYPE_CODES:
+        raise TypeError(f"q: dtype {q.dtype}; the CUDA GQA backend supports {list(_DTYPE_CODES)}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {x.dtype} differs from q's {q.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: on {x.device}, expected q's device {q.device}")
+    if d != HEAD_DIM:
+        raise ValueError(f"q: head dim {d}; the CUDA GQA kernel is compiled for {HEAD_DIM}")
+    if b < 1 or t < 1 or hq < 1:
+        raise ValueError(f"q: expected B, T, Hq >= 1, got {tuple(q.shape)}")
+    if t > MAX_TREE_TOKENS:
+        raise ValueError(f"q: T={t} tree tokens is above the maximum {MAX_TREE_TOKENS}")
+    if q.device.type != "cuda":
+        raise RuntimeError(f"q: on {q.device}; the CUDA GQA backend needs CUDA tensors")
+    if not _is_sm90(q.device):
+        cap = torch.cuda.get_device_capability(q.device)
+        raise RuntimeError(
+            f"{q.device} has compute capability {cap}; the CUDA GQA kernel is built for sm_90a "
+            "(H100/H200) only"
+        )
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != d:
+        raise ValueError(
+            f"k_cache, v_cache: expected equal [num_pages, page_size, Hkv, {d}], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    page_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    if hq % hkv:
+        raise ValueError(f"q: {hq} query heads are not a multiple of {hkv} kv heads")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.stride(-1) != 1 or x.stride(0) != page_size * x.stride(1):
+            raise ValueError(
+                f"{name}: expected pages laid out contiguously (slot = page * page_size + "
+                f"offset) with a contiguous last dim; strides {tuple(x.stride())}"
+            )
+        if x.data_ptr() % 16 or x.stride(1) % 8 or x.stride(2) % 8:
+            raise ValueError(f"{name}: expected a 16-byte aligned base and slot / head strides")
+    if q.stride(-1) != 1:
+        raise ValueError("q: expected a contiguous last dim")
+    _check_metadata(b, t, page_size, page_table, prefix_lens, tree_mask, q.device)
+    if page_table.shape[1] < 1:
+        raise ValueError("page_table: expected >= 1 page")
+    if out is not None:
+        if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype:
+            raise ValueError(
+                f"out: expected {q.dtype} {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}"
+            )
+        if out.device != q.device:
+            raise ValueError(f"out: on {out.device}, expected {q.device}")
+        if out.stride(-1) != 1 or out.data_ptr() % 4 or any(s % 2 for s in out.stride()[:-1]):
+            raise ValueError("out: expected a contiguous last dim, 4-byte aligned, even strides")
+
+
+def launch_args(
+    q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
+    num_splits: int, sm_scale: float, stream: int,
+) -> tuple:  # fmt: skip
+    """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
+    of the signature in ``kernels/gqa_tree_sm90.cu``)."""
+    b, t, hq, d = q.shape
+    return (
+        _DTYPE_CODES.get(q.dtype, -1),
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        page_table.data_ptr(),
+        prefix_lens.data_ptr(),
+        tree_mask.data_ptr(),
+        out.data_ptr(),
+        part_ptr,
+        lse_ptr,
+        *q.stride()[:3],
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        page_table.stride(0),
+        tree_mask.stride(0),
+        tree_mask.stride(1),
+        *out.stride()[:3],
+        b,
+        t,
+        hq,
+        k_cache.shape[2],
+        d,
+        k_cache.shape[1],
+        page_table.shape[1],
+        int(num_splits),
+        float(sm_scale),
+        stream,
+    )
+
+
+def tree_attention_gqa_cuda(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    prefix_lens,
+    tree_mask,
+    *,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    workspace: torch.Tensor | None = None,
+    check_values: bool = False,
+    dense_mask=None,
+) -> torch.Tensor:
+    """GQA tree-verify attention on sm_90, head dim 128 (see
+    :func:`kdtree.attention.tree_attention`); returns ``[B, T, Hq, 128]`` in ``q``'s dtype.
+    ``num_splits`` forces the KV split count (default: :func:`choose_splits` from the page
+    table's capacity). ``workspace``: a contiguous float32 CUDA tensor of at least
+    :func:`workspace_numel` elements (else one is allocated per call when splitting).
+    ``check_values`` checks ``prefix_lens + T`` against the page table on the host (a sync);
+    the kernel never reads past the page table either way. ``dense_mask`` is ignored."""
+    del dense_mask
+    _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out)
+    b, t, hq, d = q.shape
+    page_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    g = hq // hkv
+    rows = g * t
+    max_pages = page_table.shape[1]
+    if check_values:
+        _check_lengths(prefix_lens, t, page_table, page_size)
+    device = q.device
+    if num_splits is None:
+        from kdtree.kernels.workspace import device_sm_count
+
+        num_splits = choose_splits(b, hkv, rows, max_pages * page_size, device_sm_count(device))
+    num_splits = int(num_splits)
+    if num_splits < 1:
+        raise ValueError(f"num_splits={num_splits}: expected >= 1")
+    if not _aligned16(q):
+        q = q.clone(memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    part = lse = None
+    need = workspace_numel(b, hkv, rows, num_splits)
+    if need:
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.float32, device=device)
+        elif (
+            workspace.dtype != torch.float32
+            or workspace.device != device
+            or not workspace.is_contiguous()
+            or workspace.numel() < need
+            or workspace.data_ptr() % 16
+        ):
+            raise ValueError(
+                f"workspace: expected a contiguous 16-byte aligned float32 tensor on {device} "
+                f"with >= {need} elements, got {workspace.dtype} {tuple(workspace.shape)} "
+                f"on {workspace.device}"
+            )
+        n = b * hkv * num_splits * rows
+        part = workspace[: n * HEAD_DIM].view(b, hkv, num_splits, rows, HEAD_DIM)
+        lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, rows)
+    lib = _load()
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        args = launch_args(
+            q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out,
+            None if part is None else part.data_ptr(), None if lse is None else lse.data_ptr(),
+            num_splits, sm_scale, stream,
+        )  # fmt: skip
+        rc = lib.kdtree_gqa_tree_launch(*args)
+        if rc != 0:
+            msg = lib.kdtree_gqa_error_string(rc).decode()
+            raise RuntimeError(f"CUDA GQA tree attention launch failed ({rc}): {msg}")
+        if num_splits > 1:
+            launch_merge(part, lse, out, hkv, g, rows, num_splits)
+    return out
+
+
+def _register() -> None:
+    from kdtree.attention import register_backend
+
+    register_backend("gqa", "cuda", tree_attention_gqa_cuda)
+
+
+_register()

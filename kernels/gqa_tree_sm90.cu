@@ -1,0 +1,528 @@
+// GQA / MHA tree-verify attention for sm_90 (H100/H200), head dim 128: split-KV, warp-specialised
+// wgmma. Semantics identical to kdtree.kernels.tree_attention_triton (kind "gqa"):
+//   q [B,T,Hq,D], k_cache / v_cache [num_pages, page_size, Hkv, D], page_table int32
+//   [B, max_pages], prefix_lens int32 [B], tree_mask int64 [B,T,W] (bit j%64 of word j//64 of row
+//   t: tree token t sees tree token j). Tree tokens' KV sit at logical positions L..L+T-1.
+//   out[b,t,h,:] = softmax(scale * q.k) . v over the whole prefix plus the visible tree keys,
+//   query head h reading KV head h / G (G = Hq / Hkv). fp32 accumulation, base-2 softmax.
+//
+// Schedule
+//   * Rows: the M dimension packs the G*T query rows of one (request, KV head), row r ->
+//     (t = r / G, h = kvh * G + r % G), so each KV tile is read once for all of them. A CTA owns
+//     BLOCK_M = 128 consecutive rows, 64 per consumer warpgroup; a warpgroup whose 64 rows are
+//     all past G*T only keeps the barriers.
+//   * Grid (ceil(G*T / 128), num_splits, B * Hkv); the row blocks of one split are the fastest
+//     axis, so they run together and read the split's KV from DRAM once (L2 serves the rest).
+//     Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of BN), the
+//     LAST split also the T tree keys through the ancestor bitmask (kdtree_sm90::split_tiles).
+//   * Warp specialisation: a producer warpgroup (40 registers) issues 16-byte cp.async copies of
+//     Q and of every KV tile (BN = 128 keys; K and V each two 128-key x 64-dim 128B-swizzled
+//     slices) into STAGES = 3 stages; its copies complete on the stage's mbarrier
+//     (cp.async.mbarrier.arrive.noinc), so the producer never waits for its own data, only for a
+//     stage to be released (named barrier EMPTY + s). Keys past the split's end, past T or past
+//     the page table are zero-filled.
+//   * Consumer warpgroup (232 registers), per tile j: S_j = Q K_j^T (8 x wgmma.m64n128k16, both
+//     operands from shared memory) is issued together with O += P_{j-1} V_{j-1} (8 x
+//     m64n128k16, P from registers: the accumulator fragments of S are the A fragments of P V,
+//     V MN-major); the softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores
+//     (FlashAttention-3's intra-warpgroup overlap), then O is rescaled. The two consumer
+//     warpgroups interleave on the SM's tensor cores by themselves.
+//   * One split: the CTA writes the normalised output. Several: normalised fp32 partials
+//     [B, Hkv, S, G*T, 128] + base-2 LSE [B, Hkv, S, G*T], merged by the Triton merge kernel
+//     (kdtree.kernels._common.launch_merge) in the same stream.
+//
+// Everything depends only on shapes and device pointers: graph-capturable.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "sm90_common.cuh"
+
+namespace kdtree_gqa {
+
+using namespace kdtree_sm90;
+
+constexpr int D = 128;                   // head dim
+constexpr int BN = 128;                  // keys per tile
+constexpr int WG_ROWS = 64;              // query rows per consumer warpgroup
+constexpr int CONSUMER_WGS = 2;
+constexpr int BLOCK_M = WG_ROWS * CONSUMER_WGS;
+constexpr int CONSUMERS = 128 * CONSUMER_WGS;
+constexpr int THREADS = CONSUMERS + 128;  // + the producer warpgroup
+constexpr int PRODUCER_REGS = 40;
+constexpr int CONSUMER_REGS = 232;
+constexpr int STAGES = 3;
+constexpr int Q_REGION = WG_ROWS * 128;  // 64 rows x 64 dims, 128B-swizzled (8 KB)
+constexpr int KV_REGION = BN * 128;      // 128 keys x 64 dims (16 KB)
+constexpr int SMEM_Q = CONSUMER_WGS * 2 * Q_REGION;
+constexpr int SMEM_STAGE = 4 * KV_REGION;  // K dims [0, 64), [64, 128); V likewise
+constexpr int ALIGN = 1024;                // swizzle atoms need 1024-byte aligned regions
+constexpr int SMEM_BARS = 8 * STAGES;      // one mbarrier a stage
+constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_BARS;
+constexpr int BAR_EMPTY = 1;               // + stage: consumers arrive, the producer syncs
+static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
+static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+static_assert(BAR_EMPTY + STAGES <= 16, "named barriers");
+
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  const int32_t* page_table;
+  const int32_t* prefix_lens;
+  const int64_t* tree_mask;
+  void* out;
+  float* part;  // [B, Hkv, S, rows, D] (num_splits > 1)
+  float* lse;   // [B, Hkv, S, rows]
+  int64_t sq_b, sq_t, sq_h;  // q strides (elements); last dim contiguous
+  int64_t sk_slot, sk_h;     // k_cache: between slots (stride(1)), between KV heads (stride(2))
+  int64_t sv_slot, sv_h;
+  int64_t spt_b;             // page_table row stride
+  int64_t sm_b, sm_t;        // tree_mask strides (words)
+  int64_t so_b, so_t, so_h;  // out strides
+  int T, G, Hkv, rows;       // rows = G * T
+  int max_pages;
+  int page_shift;            // log2(page_size)
+  int num_splits;
+  float qk_scale;            // sm_scale * log2(e)
+};
+
+// cp.async completion -> one arrival on `bar` (the pending count is not raised: the mbarrier's
+// expected count includes these arrivals).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// The producer's copies of the CTA's 128 query rows: row r -> warpgroup r / 64's two 64-dim
+// slices; rows past G*T are zero-filled.
+template <typename E>
+__device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int kvh, int m0,
+                                       int pt) {
+  const E* q = static_cast<const E*>(p.q);
+  for (int idx = pt; idx < BLOCK_M * 16; idx += 128) {
+    const int r = idx >> 4;
+    const int c = idx & 15;
+    const int row = m0 + r;
+    const bool valid = row < p.rows;
+    const int t = valid ? row / p.G : 0;
+    const int h = valid ? kvh * p.G + row % p.G : 0;
+    const E* src = q + b * p.sq_b + t * p.sq_t + h * p.sq_h + c * 8;
+    const uint32_t dst = sQ + ((r >> 6) * 2 + (c >> 3)) * Q_REGION + swz(r & 63, c & 7);
+    cp_async16(dst, src, valid ? 16 : 0);
+  }
+}
+
+// The producer's copies of one KV tile: keys (pt >> 3) + 16 k (k < 8), chunk pt & 7 of each of
+// the four slices (8 adjacent threads read one key's 128 contiguous bytes of a slice).
+template <typename E>
+__device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, const E* vbase,
+                                             const Params& p, const int32_t* pt_row,
+                                             const TileSeq& ts, int tile, int pt) {
+  const int sub = pt & 7;
+#pragma unroll 2
+  for (int k = 0; k < BN / 16; ++k) {
+    const int r = (pt >> 3) + 16 * k;
+    const int64_t slot = key_slot<BN>(p, pt_row, ts, tile, r);
+    const int bytes = slot >= 0 ? 16 : 0;
+    const E* ks = slot >= 0 ? kbase + slot * p.sk_slot : kbase;
+    const E* vs = slot >= 0 ? vbase + slot * p.sv_slot : vbase;
+    const uint32_t dst = stage + swz(r, sub);
+    cp_async16(dst, ks + sub * 8, bytes);
+    cp_async16(dst + KV_REGION, ks + 64 + sub * 8, bytes);
+    cp_async16(dst + 2 * KV_REGION, vs + sub * 8, bytes);
+    cp_async16(dst + 3 * KV_REGION, vs + 64 + sub * 8, bytes);
+  }
+}
+
+// Visibility of the 128 keys of tile `tile` for query row `row` (two words: keys 0-63, 64-127).
+__device__ __forceinline__ void tile_bits128(uint64_t (&bits)[2], const Params& p,
+                                             const TileSeq& ts, int b, int tile, int row) {
+  const auto low64 = [](int k) {
+    return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
+  };
+  if (tile < ts.n_pre) {
+    const int left = ts.end - (ts.start + tile * BN);
+    bits[0] = low64(left);
+    bits[1] = low64(left - 64);
+    return;
+  }
+  bits[0] = bits[1] = 0ull;
+  if (row >= p.rows) return;
+  const int j0 = (tile - ts.n_pre) * BN;  // multiple of 128: two mask words per tile
+  const int64_t* mrow = p.tree_mask + b * p.sm_b + (row / p.G) * p.sm_t + (j0 >> 6);
+  bits[0] = static_cast<uint64_t>(__ldg(mrow)) & low64(ts.T - j0);
+  if (j0 + 64 < ts.T) bits[1] = static_cast<uint64_t>(__ldg(mrow + 1)) & low64(ts.T - j0 - 64);
+}
+
+// Whether tile `tile` is a whole prefix tile (no mask).
+__device__ __forceinline__ bool tile_is_full(const TileSeq& ts, int tile) {
+  return tile < ts.n_pre && ts.end - (ts.start + tile * BN) >= BN;
+}
+
+// S (64 x 128) = Q K^T: 8 k-steps of m64n128k16, issued and committed (not waited for).
+template <typename E>
+__device__ __forceinline__ void issue_scores(float (&s)[64], uint64_t dq, uint64_t dk) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const uint64_t oq = static_cast<uint64_t>((ks >> 2) * (Q_REGION >> 4) + (ks & 3) * 2);
+    const uint64_t ok = static_cast<uint64_t>((ks >> 2) * (KV_REGION >> 4) + (ks & 3) * 2);
+    Wgmma<E>::ss_n128(s, dq + oq, dk + ok, ks > 0);
+  }
+  wg_commit();
+}
+
+// O (64 x 128) += P V: 8 k-steps of 16 keys, P from registers, V MN-major; committed.
+template <typename E>
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[8][4], uint64_t dv) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) Wgmma<E>::rs_n128_tb(o, pc[kk], dv + kk * (16 * 128 >> 4), 1);
+  wg_commit();
+}
+
+// Writes this warpgroup's rows r0, r1 of O (normalised by l0, l1), and with splits the base-2
+// log-sum-exp.
+template <typename E>
+__device__ __forceinline__ void store_out(const Params& p, const float (&o)[64], int b, int kvh,
+                                          int split, int row0, int row1, int q4, float m0,
+                                          float m1, float l0, float l1) {
+  const int S = p.num_splits;
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f;
+  const float inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  const bool ok0 = row0 < p.rows;
+  const bool ok1 = row1 < p.rows;
+  const int col0 = 2 * q4;  // + 8 j
+  if (S == 1) {
+    E* out = static_cast<E*>(p.out) + b * p.so_b;
+    if (ok0) {
+      E* dst = out + (row0 / p.G) * p.so_t + (kvh * p.G + row0 % p.G) * p.so_h + col0;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) Mma<E>::store2(dst + 8 * j, o[4 * j] * inv0, o[4 * j + 1] * inv0);
+    }
+    if (ok1) {
+      E* dst = out + (row1 / p.G) * p.so_t + (kvh * p.G + row1 % p.G) * p.so_h + col0;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        Mma<E>::store2(dst + 8 * j, o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+    return;
+  }
+  const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows;
+  if (ok0) {
+    float* dst = p.part + (rbase + row0) * D + col0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+  }
+  if (ok1) {
+    float* dst = p.part + (rbase + row1) * D + col0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j) =
+          make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+  }
+  if (q4 == 0) {
+    if (ok0) p.lse[rbase + row0] = l0 > 0.f ? m0 + __log2f(l0) : neg_inf();
+    if (ok1) p.lse[rbase + row1] = l1 > 0.f ? m1 + __log2f(l1) : neg_inf();
+  }
+}
+
+constexpr uint64_t STAGE_STEP = SMEM_STAGE >> 4;  // descriptor start-address units
+
+// One consumer step, tile j >= 1: S_j = Q K_j^T issued together with O += P_{j-1} V_{j-1}
+// (`pc`); the online softmax of S_j (into `pn`) runs while the latter is on the tensor cores;
+// then stage j-1 is released and O rescaled by alpha_j.
+template <typename E>
+__device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
+                                             uint32_t (&pc)[8][4], uint32_t (&pn)[8][4],
+                                             float& m_run0, float& m_run1, float& l_run0,
+                                             float& l_run1, const Params& p, const TileSeq& ts,
+                                             int b, int tile, int row0, int row1, int q4,
+                                             uint64_t dq, uint64_t dk0, uint64_t dv0,
+                                             uint32_t sBar) {
+  const int n = ts.n_tiles;
+  const int st = tile % STAGES;
+  const int pst = (tile - 1) % STAGES;  // the previous tile's stage
+  uint64_t bits0[2], bits1[2];
+  tile_bits128(bits0, p, ts, b, tile, row0);
+  tile_bits128(bits1, p, ts, b, tile, row1);
+  const uint64_t dk = dk0 + st * STAGE_STEP, dv = dv0 + pst * STAGE_STEP;
+  mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
+  pin(o);              // the rescale and P_{j-1} complete before the batch starts
+  pin(pc);
+  wg_fence();
+  issue_scores<E>(s, dq, dk);
+  issue_pv<E>(o, pc, dv);
+  wg_wait<1>();  // S_j done (groups retire in order)
+  pin(s);
+  // online softmax of S_j (base 2, the scale folded into the exponent's multiply-add)
+  const float scale = p.qk_scale;
+  const float2 mx = wg_mask_max<64>(s, tile_is_full(ts, tile), bits0, bits1, q4);
+  const float mnew0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
+  const float mnew1 = fmaxf(m_run1, mx.y * scale);
+  const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
+  const float alpha0 = exp2f(m_run0 - off0), alpha1 = exp2f(m_run1 - off1);
+  m_run0 = mnew0;
+  m_run1 = mnew1;
+  const float2 sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
+  l_run0 = l_run0 * alpha0 + sum.x;
+  l_run1 = l_run1 * alpha1 + sum.y;
+  wg_wait<0>();  // P_{j-1} V_{j-1} done
+  pin(o);
+  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, THREADS);  // tile j-1 released
+  // O *= alpha_j (skipped when no row of the warp moved)
+  if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j + 0] *= alpha0;
+      o[4 * j + 1] *= alpha0;
+      o[4 * j + 2] *= alpha1;
+      o[4 * j + 3] *= alpha1;
+    }
+  }
+}
+
+// The last tile's O += P V (a whole fence / MMA / commit / wait sequence: callable from either
+// side of a branch without ptxas serialising it).
+template <typename E>
+__device__ __forceinline__ void finish_pv(float (&o)[64], uint32_t (&pc)[8][4], uint64_t dv) {
+  pin(o);
+  pin(pc);
+  wg_fence();
+  issue_pv<E>(o, pc, dv);
+  wg_wait<0>();
+  pin(o);
+}
+
+template <typename E>
+__global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + ALIGN - 1) & ~static_cast<uint32_t>(ALIGN - 1);
+  const uint32_t sQ = base;
+  const uint32_t sKV = sQ + SMEM_Q;
+  const uint32_t sBar = sKV + STAGES * SMEM_STAGE;  // STAGES mbarriers ("full")
+
+  const int tid = threadIdx.x;
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int split = blockIdx.y;
+  const int b = blockIdx.z / p.Hkv;
+  const int kvh = blockIdx.z % p.Hkv;
+  const TileSeq ts = split_tiles<BN>(p, split, b);
+  const int n = ts.n_tiles;
+  const int32_t* pt_row = p.page_table + b * p.spt_b;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) mbar_init(sBar + 8 * st, 128);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (tid >= CONSUMERS) {
+    // ================= producer warpgroup ==================================================
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    const int pt = tid - CONSUMERS;
+    const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
+    const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
+    if (n > 0) copy_q<E>(sQ, p, b, kvh, m0, pt);  // lands with tile 0 (same mbarrier phase)
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile % STAGES;
+      if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
+      copy_kv_tile<E>(sKV + st * SMEM_STAGE, kbase, vbase, p, pt_row, ts, tile, pt);
+      cp_async_mbar_arrive(sBar + 8 * st);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ================= consumer warpgroups ===================================================
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+  const int lane = tid & 31;
+  const int w = tid >> 7;
+  const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows [16 wi, 16 wi + 16)
+  const int q4 = lane & 3;
+  const int r0 = wi * 16 + (lane >> 2);
+  const int row0 = m0 + w * WG_ROWS + r0;  // packed rows of this thread's fragments
+  const int row1 = row0 + 8;
+
+  if (m0 + w * WG_ROWS >= p.rows) {  // all 64 rows are padding: keep the stage protocol only
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile % STAGES;
+      mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+      if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, THREADS);
+    }
+    return;
+  }
+
+  const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
+  const uint64_t dk0 = wg_desc(sKV, 16, 1024);
+  // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
+  // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
+  const uint64_t dv0 = wg_desc(sKV + 2 * KV_REGION, KV_REGION, 1024);
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m_run0 = neg_inf(), m_run1 = neg_inf();
+  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's 32 keys a row (quad-reduced at the end)
+  if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
+    store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+    return;
+  }
+  const float scale = p.qk_scale;
+  float s[64];
+  uint32_t pc[8][4], pn[8][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
+  uint64_t bits0[2], bits1[2];
+
+  // ---- tile 0: S_0 and its softmax
+  tile_bits128(bits0, p, ts, b, 0, row0);
+  tile_bits128(bits1, p, ts, b, 0, row1);
+  mbar_wait(sBar, 0);
+  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
+  wg_fence();
+  issue_scores<E>(s, dq, dk0);
+  wg_wait<0>();
+  pin(s);
+  {
+    const float2 mx = wg_mask_max<64>(s, tile_is_full(ts, 0), bits0, bits1, q4);
+    m_run0 = mx.x * scale;
+    m_run1 = mx.y * scale;
+    const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
+    l_run0 = sum.x;
+    l_run1 = sum.y;
+  }
+
+  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
+  int tile = 1;
+  for (; tile + 1 < n; tile += 2) {
+    consume_tile<E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
+                    q4, dq, dk0, dv0, sBar);
+    consume_tile<E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0, row1,
+                    q4, dq, dk0, dv0, sBar);
+  }
+  const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * STAGE_STEP;
+  if (tile < n) {  // an even tile count: the last tile's P lands in pn
+    consume_tile<E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
+                    q4, dq, dk0, dv0, sBar);
+    finish_pv<E>(o, pn, dv_last);
+  } else {
+    finish_pv<E>(o, pc, dv_last);
+  }
+
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+  store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+}
+
+template <typename E>
+int launch(const Params& p, int B, cudaStream_t stream) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  static bool raised[128] = {};  // host-side only: capture-safe
+  if (dev < 0 || dev >= 128) return -9;
+  if (!raised[dev]) {
+    err = cudaFuncSetAttribute(gqa_split_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               SMEM_TOTAL);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    raised[dev] = true;
+  }
+  const dim3 grid((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B * p.Hkv);
+  gqa_split_kernel<E><<<grid, THREADS, SMEM_TOTAL, stream>>>(p);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? 0 : static_cast<int>(err);
+}
+
+}  // namespace kdtree_gqa
+
+// ------------------------------------------------------------------ C ABI
+
+extern "C" {
+
+int kdtree_gqa_smem_bytes() { return kdtree_gqa::SMEM_TOTAL; }
+int kdtree_gqa_block_m() { return kdtree_gqa::BLOCK_M; }
+int kdtree_gqa_block_n() { return kdtree_gqa::BN; }
+
+const char* kdtree_gqa_error_string(int code) {
+  switch (code) {
+    case -1: return "dtype code: expected 0 (bfloat16) or 1 (float16)";
+    case -2: return "head dim: the CUDA GQA kernel is compiled for 128";
+    case -3: return "page_size: expected a power of two";
+    case -4: return "shape: expected B, T, Hq, Hkv, max_pages >= 1 and Hq a multiple of Hkv";
+    case -5: return "num_splits: expected >= 1";
+    case -6: return "num_splits > 1 needs the part / lse workspace";
+    case -7: return "alignment: q, k, v and part 16-byte aligned, their strides multiples of 8 "
+                    "elements, out 4-byte aligned with even strides";
+    case -8: return "grid: B * Hkv, num_splits <= 65535 and G * T <= 2^30";
+    case -9: return "device ordinal above 127";
+    default: return cudaGetErrorString(static_cast<cudaError_t>(code));
+  }
+}
+
+int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
+                           const int32_t* page_table, const int32_t* prefix_lens,
+                           const int64_t* tree_mask, void* out, float* part, float* lse,
+                           int64_t sq_b, int64_t sq_t, int64_t sq_h, int64_t sk_slot,
+                           int64_t sk_h, int64_t sv_slot, int64_t sv_h, int64_t spt_b,
+                           int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
+                           int B, int T, int Hq, int Hkv, int head_dim, int page_size,
+                           int max_pages, int num_splits, float sm_scale, uintptr_t stream) {
+  using namespace kdtree_gqa;
+  if (dtype != 0 && dtype != 1) return -1;
+  if (head_dim != D) return -2;
+  if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
+  if (B < 1 || T < 1 || Hq < 1 || Hkv < 1 || max_pages < 1 || Hq % Hkv != 0) return -4;
+  if (num_splits < 1) return -5;
+  if (num_splits > 1 && (part == nullptr || lse == nullptr)) return -6;
+  const auto mis16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) != 0; };
+  if (mis16(q) || mis16(k) || mis16(v) || mis16(part) || (sq_b | sq_t | sq_h) & 7 ||
+      (sk_slot | sk_h | sv_slot | sv_h) & 7 || (reinterpret_cast<uintptr_t>(out) & 3) ||
+      (so_b | so_t | so_h) & 1)
+    return -7;
+  const int G = Hq / Hkv;
+  if (static_cast<int64_t>(B) * Hkv > 65535 || num_splits > 65535 ||
+      static_cast<int64_t>(G) * T > (1 << 30))
+    return -8;
+  int shift = 0;
+  while ((1 << shift) < page_size) ++shift;
+  Params p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.page_table = page_table;
+  p.prefix_lens = prefix_lens;
+  p.tree_mask = tree_mask;
+  p.out = out;
+  p.part = part;
+  p.lse = lse;
+  p.sq_b = sq_b;
+  p.sq_t = sq_t;
+  p.sq_h = sq_h;
+  p.sk_slot = sk_slot;
+  p.sk_h = sk_h;
+  p.sv_slot = sv_slot;
+  p.sv_h = sv_h;
+  p.spt_b = spt_b;
+  p.sm_b = sm_b;
+  p.sm_t = sm_t;
+  p.so_b = so_b;
+  p.so_t = so_t;
+  p.so_h = so_h;
+  p.T = T;
+  p.G = G;
+  p.Hkv = Hkv;
+  p.rows = G * T;
+  p.max_pages = max_pages;
+  p.page_shift = shift;
+  p.num_splits = num_splits;
+  p.qk_scale = sm_scale * 1.4426950408889634f;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  return dtype == 0 ? launch<__nv_bfloat16>(p, B, s) : launch<__half>(p, B, s);
+}
+
+}  // extern "C"

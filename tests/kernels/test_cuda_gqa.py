@@ -1,0 +1,181 @@
+"""CUDA C++ (sm_90) GQA tree-verify kernel: compile check and host-side checks on CPU, fp64
+comparisons on a GPU."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from _kernel_inputs import gqa_inputs
+from _kernel_reference import assert_close_to_truth, gqa_dense
+
+from kdtree.kernels import cuda_gqa
+from kdtree.kernels.cuda_build import find_nvcc, parse_ptxas
+
+ATOL = {torch.float16: 2e-4, torch.bfloat16: 2e-3}
+SCALE = 128**-0.5
+
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found (CUDA toolkit absent)")
+
+
+# ----------------------------------------------------------------------------- CPU / CI
+
+
+@needs_nvcc
+def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
+    res = cuda_gqa.compile_only(tmp_path)
+    kernels = parse_ptxas(res.log)
+    split = [k for k in kernels if "gqa_split_kernel" in k]
+    assert len(split) == 2, f"expected bf16 + fp16 kernels, got {kernels}"
+    # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
+    assert "serialized" not in res.log and "C75" not in res.log, res.log
+    for name, info in kernels.items():
+        assert name.endswith("@sm_90a"), name
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (name, info)
+        assert info["stack"] == 0, (name, info)  # a local array would be a per-tile round trip
+
+
+@needs_nvcc
+def test_ctypes_call_matches_the_c_signature(gen):
+    """The ctypes prototype, the C signature and the wrapper's argument tuple agree; the
+    launcher rejects an invalid dtype code (-1) and a head dim other than 128 (-2) before it
+    touches a GPU."""
+    src = cuda_gqa.SOURCE.read_text()
+    sig = re.search(r"int kdtree_gqa_tree_launch\(([^)]*)\)", src).group(1)
+    n_c = len([a for a in sig.split(",") if a.strip()])
+    lib = cuda_gqa._load()
+    assert len(lib.kdtree_gqa_tree_launch.argtypes) == n_c
+    q, k, v, pt, pl, m = gqa_inputs([10], 3, 8, 2, 128, 16, torch.float32, gen)
+    out = torch.empty_like(q)
+    args = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 1, SCALE, 0)
+    assert len(args) == n_c and args[0] == -1
+    assert lib.kdtree_gqa_tree_launch(*args) == -1
+    assert b"bfloat16" in lib.kdtree_gqa_error_string(-1)
+    args = (0, *args[1:])
+    d_at = args.index(128, 23)  # B T Hq Hkv head_dim ...
+    assert lib.kdtree_gqa_tree_launch(*args[:d_at], 64, *args[d_at + 1 :]) == -2
+    assert b"128" in lib.kdtree_gqa_error_string(-2)
+    assert lib.kdtree_gqa_block_m() == cuda_gqa.BLOCK_M
+    assert lib.kdtree_gqa_block_n() == cuda_gqa.BLOCK_N
+    assert lib.kdtree_gqa_smem_bytes() <= 227 * 1024
+
+
+def test_choose_splits_is_static_and_bounded():
+    assert cuda_gqa.choose_splits(1, 8, 4 * 65, 256, 132) == 1  # two tiles: no split
+    for b, hkv, rows, max_len in [
+        (1, 1, 8 * 65, 131072),
+        (1, 8, 4 * 17, 131072),
+        (1, 1, 8 * 17, 16384),
+        (8, 8, 4 * 65, 262144),
+    ]:
+        s = cuda_gqa.choose_splits(b, hkv, rows, max_len, 132)
+        ctas = b * hkv * -(-rows // cuda_gqa.BLOCK_M) * s
+        assert s >= 1 and ctas <= cuda_gqa._MAX_WAVES * 132
+        assert max_len // s >= 2 * cuda_gqa.BLOCK_N
+    # one CTA a split per request and KV head fills the GPU with many splits
+    assert cuda_gqa.choose_splits(1, 1, 8 * 17, 131072, 132) >= 60
+    assert cuda_gqa.workspace_numel(2, 8, 68, 1) == 0
+    assert cuda_gqa.workspace_numel(2, 8, 68, 3) == 2 * 8 * 3 * 68 * 129
+
+
+def test_registered_as_gqa_backend():
+    from kdtree.attention import available_backends, resolve_backend
+
+    assert "cuda" in available_backends("gqa")
+    assert resolve_backend("gqa", "auto", torch.device("cpu"), (128,)) != "cuda"
+
+
+def test_rejects_bad_inputs(gen):
+    q, k, v, pt, pl, m = gqa_inputs([10], 3, 8, 2, 128, 16, torch.float32, gen)
+    with pytest.raises(TypeError, match="dtype"):
+        cuda_gqa.tree_attention_gqa_cuda(q, k, v, pt, pl, m, sm_scale=SCALE)
+    bf = [x.to(torch.bfloat16) if x.is_floating_point() else x for x in (q, k, v)]
+    with pytest.raises(RuntimeError, match="CUDA tensors"):
+        cuda_gqa.tree_attention_gqa_cuda(*bf, pt, pl, m, sm_scale=SCALE)
+    with pytest.raises(ValueError, match="head dim 64"):
+        cuda_gqa.tree_attention_gqa_cuda(*(x[..., :64] for x in bf), pt, pl, m, sm_scale=SCALE)
+    with pytest.raises(TypeError, match="k_cache: dtype"):
+        cuda_gqa.tree_attention_gqa_cuda(bf[0], k.half(), bf[2], pt, pl, m, sm_scale=SCALE)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+needs_sm90 = pytest.mark.skipif(
+    not (torch.cuda.is_available() and cuda_gqa.available()),
+    reason="needs nvcc and an sm_90 GPU",
+)
+
+# (prefix lengths, T, Hq, Hkv, page size, forced splits or None)
+GPU_CASES = [
+    ([1], 1, 8, 1, 1, None),
+    ([97], 17, 32, 8, 16, None),
+    ([257, 1, 40], 17, 8, 1, 64, 3),
+    ([5000], 65, 8, 1, 16, None),  # 520 rows: five CTAs, the last with one idle warpgroup
+    ([5000], 65, 32, 8, 16, 1),
+    ([2000, 9], 17, 32, 8, 64, None),
+    ([1234, 4000], 65, 8, 8, 1, 7),  # MHA (G = 1)
+    ([300], 1, 16, 2, 16, 2),
+    ([33, 700, 64], 65, 32, 8, 64, 5),
+    ([0, 100], 17, 8, 1, 16, 4),  # an empty prefix: the tree alone, splits with no keys
+    ([64], 257, 8, 2, 16, 3),  # T above 256: five mask words, three tree tiles
+    ([4096], 9, 12, 4, 16, 40),  # more splits than tiles: empty partials
+]
+
+
+def _run(case, dtype, gen, graph=False):
+    lens, t, hq, hkv, ps, splits = case
+    cpu = gqa_inputs(lens, t, hq, hkv, 128, ps, dtype, gen)
+    dev = [x.cuda() for x in cpu]
+    out = torch.full((len(lens), t, hq, 128), float("nan"), dtype=dtype, device="cuda")
+    if graph:
+        cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
+        ws = torch.empty(
+            max(cuda_gqa.workspace_numel(len(lens), hkv, t * hq // hkv, splits or 1), 1),
+            dtype=torch.float32,
+            device="cuda",
+        )
+        out.fill_(float("nan"))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            cuda_gqa.tree_attention_gqa_cuda(
+                *dev, sm_scale=SCALE, out=out, num_splits=splits, workspace=ws
+            )
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        got = out
+    else:
+        got = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
+        assert got is out
+    truth = gqa_dense(*dev, SCALE, torch.float64)
+    base = gqa_dense(*dev, SCALE, dtype)
+    assert_close_to_truth(got.cpu(), truth, base, ATOL[dtype], f"cuda gqa {case} {dtype}")
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "case", GPU_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}x{c[3]}-ps{c[4]}-s{c[5]}"
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_matches_fp64(case, dtype, gen):
+    _run(case, dtype, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("splits", [1, 6])
+def test_cuda_graph_replay(splits, gen):
+    _run(([3000, 17], 17, 32, 8, 16, splits), torch.bfloat16, gen, graph=True)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_matches_triton(gen):
+    from kdtree.kernels import tree_attention_triton
+
+    dev = [x.cuda() for x in gqa_inputs([9000, 3000], 65, 32, 8, 128, 16, torch.bfloat16, gen)]
+    got = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE)
+    ref = tree_attention_triton(*dev, sm_scale=SCALE)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=2e-2)
