@@ -37,6 +37,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "sm90_common.cuh"
 
@@ -62,9 +63,10 @@ constexpr int ALIGN = 1024;                // swizzle atoms need 1024-byte align
 constexpr int SMEM_BARS = 8 * STAGES;      // one mbarrier a stage
 constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_BARS;
 constexpr int BAR_EMPTY = 1;               // + stage: consumers arrive, the producer syncs
+constexpr int BAR_TURN = BAR_EMPTY + STAGES;  // + warpgroup: its turn to issue MMAs (256)
 static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
 static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-static_assert(BAR_EMPTY + STAGES <= 16, "named barriers");
+static_assert(BAR_TURN + CONSUMER_WGS <= 16, "named barriers");
 
 struct Params {
   const void* q;
@@ -87,7 +89,17 @@ struct Params {
   int page_shift;            // log2(page_size)
   int num_splits;
   float qk_scale;            // sm_scale * log2(e)
+  int pingpong;              // consumer warpgroups take turns issuing their MMAs
+                             // (KDTREE_GQA_PINGPONG, default 1)
+  int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
+  int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results): bit 0 no KV
+                             // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
+                             // bit 4 consumers only wait and release (no MMAs, no softmax)
 };
+
+// Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [0], [1] thread 0 of consumer warpgroup
+// 0 / 1 (kdtree.kernels.cuda_gqa.CONSUMER_PHASES), [2] the producer's thread 0 (PRODUCER_PHASES).
+__device__ unsigned long long g_gqa_clocks[3][10];
 
 // cp.async completion -> one arrival on `bar` (the pending count is not raised: the mbarrier's
 // expected count includes these arrivals).
@@ -240,7 +252,8 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
                                              float& l_run1, const Params& p, const TileSeq& ts,
                                              int b, int tile, int row0, int row1, int q4,
                                              uint64_t dq, uint64_t dk0, uint64_t dv0,
-                                             uint32_t sBar) {
+                                             uint32_t sBar, int turns, int w,
+                                             PhaseClocks& clk) {
   const int n = ts.n_tiles;
   const int st = tile % STAGES;
   const int pst = (tile - 1) % STAGES;  // the previous tile's stage
@@ -250,27 +263,44 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
   const uint64_t dk = dk0 + st * STAGE_STEP, dv = dv0 + pst * STAGE_STEP;
   mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
+  clk.stamp(0);
   pin(o);              // the rescale and P_{j-1} complete before the batch starts
   pin(pc);
+  if (turns) named_sync(BAR_TURN + w, 256);  // the other warpgroup issued its batch
   wg_fence();
   issue_scores<E>(s, dq, dk);
   issue_pv<E>(o, pc, dv);
+  // hand the turn over (warpgroup 1's last batch has no taker: warpgroup 0 is done issuing)
+  if (turns && !(w == 1 && tile == n - 1)) named_arrive(BAR_TURN + (w ^ 1), 256);
+  clk.stamp(1);
   wg_wait<1>();  // S_j done (groups retire in order)
   pin(s);
+  clk.stamp(2);
   // online softmax of S_j (base 2, the scale folded into the exponent's multiply-add)
-  const float scale = p.qk_scale;
-  const float2 mx = wg_mask_max<64>(s, tile_is_full(ts, tile), bits0, bits1, q4);
-  const float mnew0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
-  const float mnew1 = fmaxf(m_run1, mx.y * scale);
-  const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
-  const float alpha0 = exp2f(m_run0 - off0), alpha1 = exp2f(m_run1 - off1);
-  m_run0 = mnew0;
-  m_run1 = mnew1;
-  const float2 sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
-  l_run0 = l_run0 * alpha0 + sum.x;
-  l_run1 = l_run1 * alpha1 + sum.y;
+  float alpha0 = 1.f, alpha1 = 1.f;
+  if (p.ablate & 8) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pn[kk][i] = Mma<E>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+  } else {
+    const float scale = p.qk_scale;
+    const float2 mx = wg_mask_max<64>(s, tile_is_full(ts, tile), bits0, bits1, q4);
+    const float mnew0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
+    const float mnew1 = fmaxf(m_run1, mx.y * scale);
+    const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
+    alpha0 = exp2f(m_run0 - off0);
+    alpha1 = exp2f(m_run1 - off1);
+    m_run0 = mnew0;
+    m_run1 = mnew1;
+    const float2 sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
+    l_run0 = l_run0 * alpha0 + sum.x;
+    l_run1 = l_run1 * alpha1 + sum.y;
+  }
+  clk.stamp(3);
   wg_wait<0>();  // P_{j-1} V_{j-1} done
   pin(o);
+  clk.stamp(4);
   if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, THREADS);  // tile j-1 released
   // O *= alpha_j (skipped when no row of the warp moved)
   if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
@@ -282,6 +312,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
       o[4 * j + 3] *= alpha1;
     }
   }
+  clk.stamp(5);
 }
 
 // The last tile's O += P V (a whole fence / MMA / commit / wait sequence: callable from either
@@ -327,14 +358,19 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
     const int pt = tid - CONSUMERS;
     const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
     const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
+    PhaseClocks clk(p.clocks && pt == 0);
     if (n > 0) copy_q<E>(sQ, p, b, kvh, m0, pt);  // lands with tile 0 (same mbarrier phase)
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
-      copy_kv_tile<E>(sKV + st * SMEM_STAGE, kbase, vbase, p, pt_row, ts, tile, pt);
+      clk.stamp(0);
+      if (tile < STAGES || !(p.ablate & 1))
+        copy_kv_tile<E>(sKV + st * SMEM_STAGE, kbase, vbase, p, pt_row, ts, tile, pt);
       cp_async_mbar_arrive(sBar + 8 * st);
+      clk.stamp(1);
     }
     cp_async_wait<0>();
+    clk.flush(g_gqa_clocks[2], n);
     return;
   }
 
@@ -348,7 +384,8 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   const int row0 = m0 + w * WG_ROWS + r0;  // packed rows of this thread's fragments
   const int row1 = row0 + 8;
 
-  if (m0 + w * WG_ROWS >= p.rows) {  // all 64 rows are padding: keep the stage protocol only
+  if (m0 + w * WG_ROWS >= p.rows || (p.ablate & 16)) {  // all 64 rows are padding: keep the
+                                                          // stage protocol only
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
@@ -377,6 +414,13 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   uint32_t pc[8][4], pn[8][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
   uint64_t bits0[2], bits1[2];
 
+  PhaseClocks clk(p.clocks && (tid & 127) == 0);
+  // Turns (FlashAttention-3's ping-pong): the two warpgroups alternate issuing their S_j + P V
+  // batches, so one's softmax runs while the other's MMAs hold the tensor cores. Only when both
+  // warpgroups of the CTA have rows (an idle one takes no turns); warpgroup 1 gives warpgroup 0
+  // the first turn.
+  const int turns = p.pingpong && m0 + WG_ROWS < p.rows;
+  if (turns && w == 1 && n > 1) named_arrive(BAR_TURN, 256);
   // ---- tile 0: S_0 and its softmax
   tile_bits128(bits0, p, ts, b, 0, row0);
   tile_bits128(bits1, p, ts, b, 0, row1);
@@ -399,19 +443,20 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   int tile = 1;
   for (; tile + 1 < n; tile += 2) {
     consume_tile<E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
-                    q4, dq, dk0, dv0, sBar);
+                    q4, dq, dk0, dv0, sBar, turns, w, clk);
     consume_tile<E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0, row1,
-                    q4, dq, dk0, dv0, sBar);
+                    q4, dq, dk0, dv0, sBar, turns, w, clk);
   }
   const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * STAGE_STEP;
   if (tile < n) {  // an even tile count: the last tile's P lands in pn
     consume_tile<E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
-                    q4, dq, dk0, dv0, sBar);
+                    q4, dq, dk0, dv0, sBar, turns, w, clk);
     finish_pv<E>(o, pn, dv_last);
   } else {
     finish_pv<E>(o, pc, dv_last);
   }
 
+  clk.flush(g_gqa_clocks[w], n);
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
@@ -447,6 +492,14 @@ extern "C" {
 int kdtree_gqa_smem_bytes() { return kdtree_gqa::SMEM_TOTAL; }
 int kdtree_gqa_block_m() { return kdtree_gqa::BLOCK_M; }
 int kdtree_gqa_block_n() { return kdtree_gqa::BN; }
+
+// Copy the phase clocks (30 values, see g_gqa_clocks) to `host` and zero them.
+int kdtree_gqa_clocks(unsigned long long* host) {
+  cudaError_t err = cudaMemcpyFromSymbol(host, kdtree_gqa::g_gqa_clocks, 30 * 8);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  static const unsigned long long zero[30] = {};
+  return static_cast<int>(cudaMemcpyToSymbol(kdtree_gqa::g_gqa_clocks, zero, 30 * 8));
+}
 
 const char* kdtree_gqa_error_string(int code) {
   switch (code) {
@@ -521,6 +574,12 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.page_shift = shift;
   p.num_splits = num_splits;
   p.qk_scale = sm_scale * 1.4426950408889634f;
+  const char* env_clocks = getenv("KDTREE_GQA_CLOCKS");
+  const char* env_ablate = getenv("KDTREE_GQA_ABLATE");
+  const char* env_pingpong = getenv("KDTREE_GQA_PINGPONG");
+  p.pingpong = !(env_pingpong != nullptr && env_pingpong[0] == '0');
+  p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
+  p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return dtype == 0 ? launch<__nv_bfloat16>(p, B, s) : launch<__half>(p, B, s);
 }

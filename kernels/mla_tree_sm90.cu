@@ -602,33 +602,6 @@ __device__ __forceinline__ void wg_copy_q(uint32_t sQ, const Params& p, int b, i
   }
 }
 
-// Phase clocks of one consumer warpgroup's thread 0 (KDTREE_MLA_CLOCKS=1): 32-bit clock() and
-// sums (a CTA's phase sums stay far below 2^32 cycles; unsigned differences are right across a
-// wrap), half the registers of 64-bit ones; flushed into g_wg_clocks once a CTA.
-struct PhaseClocks {
-  bool on;
-  unsigned t;
-  unsigned ck[8];
-  __device__ __forceinline__ explicit PhaseClocks(bool enabled) : on(enabled), t(0u) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ck[i] = 0u;
-    if (on) t = clock();
-  }
-  __device__ __forceinline__ void stamp(int i) {
-    if (on) {
-      const unsigned now = clock();
-      ck[i] += now - t;
-      t = now;
-    }
-  }
-  __device__ __forceinline__ void flush(int w, int tiles) const {
-    if (!on) return;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) atomicAdd(&g_wg_clocks[w][i], static_cast<unsigned long long>(ck[i]));
-    atomicAdd(&g_wg_clocks[w][8], static_cast<unsigned long long>(tiles));
-    atomicAdd(&g_wg_clocks[w][9], 1ull);
-  }
-};
 
 // Writes this consumer warpgroup's O columns [256 w, 256 w + 256) of rows r0, r1 (normalised by
 // the row sums l0, l1), and with splits the log-sum-exp (base 2: m + log2 l) from warpgroup 0.
@@ -836,7 +809,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
     if (tile + 2 < n) named_arrive(BAR_EMPTY + st, wg::THREADS);  // done with stage st
     clk.stamp(7);
   }
-  clk.flush(w, n);
+  clk.flush(g_wg_clocks[w], n);
 
   // ---- epilogue: warpgroup 0 holds the row statistics; full row sums over the quad
   float* sStat = sL;  // [0][row] = m, [1][row] = l
@@ -1225,7 +1198,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       pin(o);
     }
   }
-  clk.flush(w, n);
+  clk.flush(g_wg_clocks[w], n);
 
   // ---- epilogue: the row sums of both warpgroups' P tiles (both hold the same running max)
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);

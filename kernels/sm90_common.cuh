@@ -378,6 +378,35 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// Phase clocks of one thread (KDTREE_MLA_CLOCKS=1 / KDTREE_GQA_CLOCKS=1): 32-bit clock() and
+// sums (a CTA's phase sums stay far below 2^32 cycles; unsigned differences are right across a
+// wrap), half the registers of 64-bit ones; flushed into a kernel's global clock row once a CTA:
+// [0..7] cycles by phase, [8] tiles, [9] CTAs.
+struct PhaseClocks {
+  bool on;
+  unsigned t;
+  unsigned ck[8];
+  __device__ __forceinline__ explicit PhaseClocks(bool enabled) : on(enabled), t(0u) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ck[i] = 0u;
+    if (on) t = clock();
+  }
+  __device__ __forceinline__ void stamp(int i) {
+    if (on) {
+      const unsigned now = clock();
+      ck[i] += now - t;
+      t = now;
+    }
+  }
+  __device__ __forceinline__ void flush(unsigned long long* row, int tiles) const {
+    if (!on) return;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) atomicAdd(row + i, static_cast<unsigned long long>(ck[i]));
+    atomicAdd(row + 8, static_cast<unsigned long long>(tiles));
+    atomicAdd(row + 9, 1ull);
+  }
+};
+
 // ------------------------------------------------------------------ online softmax on wgmma fragments
 
 // Masks the invisible keys of rows r0 (bits0) and r1 (bits1) to -inf; returns the quad-reduced

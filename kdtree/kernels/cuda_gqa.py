@@ -43,6 +43,7 @@ __all__ = [
     "choose_splits",
     "compile_only",
     "launch_args",
+    "phase_clocks",
     "tree_attention_gqa_cuda",
     "workspace_numel",
 ]
@@ -91,6 +92,8 @@ def _load() -> ctypes.CDLL:
         lib.kdtree_gqa_error_string.argtypes = [i32]
         for name in ("kdtree_gqa_smem_bytes", "kdtree_gqa_block_m", "kdtree_gqa_block_n"):
             getattr(lib, name).restype = i32
+        lib.kdtree_gqa_clocks.restype = i32
+        lib.kdtree_gqa_clocks.argtypes = [ptr]
         _LIB = lib
         return lib
 
@@ -159,6 +162,27 @@ def workspace_numel(batch: int, num_kv_heads: int, rows: int, num_splits: int) -
 
 
 # ----------------------------------------------------------------------------- entry point
+
+
+_ABLATE_WARNED = False
+
+
+def _warn_if_ablating() -> None:
+    """``KDTREE_GQA_ABLATE`` makes the kernel skip work (a measurement knob of
+    ``tools/gpu/gqa_phases.py`` whose results are wrong by design): say so once per process."""
+    global _ABLATE_WARNED
+    import os
+    import warnings
+
+    value = os.environ.get("KDTREE_GQA_ABLATE", "0").strip()
+    if value not in ("", "0") and not _ABLATE_WARNED:
+        _ABLATE_WARNED = True
+        warnings.warn(
+            f"KDTREE_GQA_ABLATE={value}: the CUDA GQA kernel skips work and its results are wrong "
+            "(a measurement setting of tools/gpu/gqa_phases.py)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None:
@@ -281,6 +305,7 @@ def tree_attention_gqa_cuda(
     ``check_values`` checks ``prefix_lens + T`` against the page table on the host (a sync);
     the kernel never reads past the page table either way. ``dense_mask`` is ignored."""
     del dense_mask
+    _warn_if_ablating()
     _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out)
     b, t, hq, d = q.shape
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -335,6 +360,33 @@ def tree_attention_gqa_cuda(
             raise RuntimeError(f"CUDA GQA tree attention launch failed ({rc}): {msg}")
         if num_splits > 1:
             launch_merge(part, lse, out, hkv, g, rows, num_splits)
+    return out
+
+
+#: Phases of the consumer warpgroups' clocks (``KDTREE_GQA_CLOCKS=1``; tiles j >= 1; the
+#: first "wait_tile" of a CTA also holds its tile-0 prologue): wait for the tile, issue S_j and
+#: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale.
+CONSUMER_PHASES = ("wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale")
+#: Phases of the producer's clocks: wait for a free stage, issue the tile's copies.
+PRODUCER_PHASES = ("wait_empty", "copies")
+
+
+def phase_clocks() -> dict[str, float]:
+    """Phase clocks accumulated since the last read (launches made with ``KDTREE_GQA_CLOCKS=1``),
+    then reset: mean cycles per tile of each phase of thread 0 of each consumer warpgroup
+    (``wg0.<phase>``, ``wg1.<phase>``) and of the producer (``prod.<phase>``), with ``tiles``
+    and ``ctas`` (consumer warpgroup 0's)."""
+    buf = (ctypes.c_ulonglong * 30)()
+    rc = _load().kdtree_gqa_clocks(ctypes.cast(buf, ctypes.c_void_p))
+    if rc != 0:
+        raise RuntimeError(f"reading the GQA clocks failed ({rc})")
+    out: dict[str, float] = {}
+    for w, names in ((0, CONSUMER_PHASES), (1, CONSUMER_PHASES), (2, PRODUCER_PHASES)):
+        tiles = max(int(buf[10 * w + 8]), 1)
+        key = "prod" if w == 2 else f"wg{w}"
+        for i, name in enumerate(names):
+            out[f"{key}.{name}"] = buf[10 * w + i] / tiles
+    out.update(tiles=int(buf[8]), ctas=int(buf[9]))
     return out
 
 

@@ -179,3 +179,20 @@ def test_matches_triton(gen):
     got = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE)
     ref = tree_attention_triton(*dev, sm_scale=SCALE)
     torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=2e-2)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", [GPU_CASES[3], GPU_CASES[8], GPU_CASES[10]], ids=str)
+def test_without_turns_matches_fp64(case, gen, monkeypatch):
+    """KDTREE_GQA_PINGPONG=0 (the consumer warpgroups issue their MMAs without taking turns)
+    gives the same attention."""
+    monkeypatch.setenv("KDTREE_GQA_PINGPONG", "0")
+    _run(case, torch.bfloat16, gen)
+
+
+def test_ablation_setting_warns(monkeypatch):
+    monkeypatch.setattr(cuda_gqa, "_ABLATE_WARNED", False)
+    monkeypatch.setenv("KDTREE_GQA_ABLATE", "8")
+    with pytest.warns(RuntimeWarning, match="wrong"):
+        cuda_gqa._warn_if_ablating()

@@ -1,0 +1,88 @@
+"""Where the CUDA GQA split kernel's time goes, at verify bench GQA points.
+
+1. Phase clocks (``KDTREE_GQA_CLOCKS=1``): thread 0 of each consumer warpgroup and of the
+   producer stamp ``clock()`` at each phase boundary; mean cycles per tile per phase
+   (``cuda_gqa.CONSUMER_PHASES``, ``PRODUCER_PHASES``).
+2. Ablations (``KDTREE_GQA_ABLATE``, wrong results, timing only), graph-replayed p50: no KV
+   loads past the first stages (1: the compute alone), no softmax (8), consumers that only wait
+   and release (16: the copies alone); and the kernel without turns (``KDTREE_GQA_PINGPONG=0``,
+   clocks and time).
+
+    python3 tools/gpu/gqa_phases.py [--points gqa_8q1kv_d128:131072:65,...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from kdtree.bench.schema import run_env, write_dicts
+from kdtree.bench.timing import time_cuda
+from kdtree.bench.verify_attention import (
+    LAYOUTS,
+    Workload,
+    _cuda_gqa_fn,
+    _graphed,
+    make_tree_inputs,
+)
+from kdtree.kernels import cuda_gqa
+
+ABLATIONS = (0, 1, 8, 9, 16)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--points",
+        default="gqa_8q1kv_d128:131072:65,gqa_8q1kv_d128:131072:17,"
+        "gqa_32q8kv_d128:131072:65,gqa_32q8kv_d128:131072:17",
+    )
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    env = run_env(shlex.join(["python3", *sys.argv]))
+    rows = []
+    for spec in a.points.split(","):
+        name, length, t = spec.split(":")
+        wl = Workload(
+            LAYOUTS[name], 1, int(length), int(t), 16, torch.bfloat16, torch.device("cuda"), seed=0
+        )
+        ti = make_tree_inputs(wl, int(t), seed=0)
+        os.environ["KDTREE_GQA_ABLATE"] = "0"
+        for turns in ("1", "0"):
+            os.environ["KDTREE_GQA_PINGPONG"] = turns
+            os.environ["KDTREE_GQA_CLOCKS"] = "1"
+            fn, splits = _cuda_gqa_fn(wl, ti)
+            fn(0)
+            torch.cuda.synchronize()
+            cuda_gqa.phase_clocks()  # drop the warm-up call's sums
+            fn(0)
+            torch.cuda.synchronize()
+            ck = cuda_gqa.phase_clocks()
+            os.environ["KDTREE_GQA_CLOCKS"] = "0"
+            print(f"{spec} turns={turns} splits={splits} "
+                  f"tiles/CTA={ck['tiles'] / max(ck['ctas'], 1):.1f}: "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in ck.items() if "." in k), flush=True)  # fmt: skip
+            rec = {"point": spec, "turns": int(turns), "splits": splits, **ck}
+            for ab in ABLATIONS if turns == "1" else (0,):
+                os.environ["KDTREE_GQA_ABLATE"] = str(ab)
+                fn, _ = _cuda_gqa_fn(wl, ti)
+                replay, per = _graphed(fn, wl.n_rot, wl.device)
+                ms = time_cuda(lambda replay=replay: replay(0)).p50 / per
+                rec[f"ms_ablate{ab}"] = ms
+                print(f"  turns {turns} ablate {ab:2d}: {ms * 1e3:8.1f} us", flush=True)
+            os.environ["KDTREE_GQA_ABLATE"] = "0"
+            rows.append({**rec, **env})
+        os.environ.pop("KDTREE_GQA_PINGPONG")
+        del wl, ti
+        torch.cuda.empty_cache()
+    if a.out:
+        write_dicts(Path(a.out) / "gqa_phases.csv", rows)
+
+
+if __name__ == "__main__":
+    main()
