@@ -33,6 +33,8 @@
 //
 // Everything depends only on shapes and device pointers: graph-capturable.
 
+#include <cuda.h>  // CUtensorMap
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -60,7 +62,7 @@ constexpr int KV_REGION = BN * 128;      // 128 keys x 64 dims (16 KB)
 constexpr int SMEM_Q = CONSUMER_WGS * 2 * Q_REGION;
 constexpr int SMEM_STAGE = 4 * KV_REGION;  // K dims [0, 64), [64, 128); V likewise
 constexpr int ALIGN = 1024;                // swizzle atoms need 1024-byte aligned regions
-constexpr int SMEM_BARS = 8 * STAGES;      // one mbarrier a stage
+constexpr int SMEM_BARS = 8 * (STAGES + 1);  // one mbarrier a stage, one for Q
 constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_BARS;
 constexpr int BAR_EMPTY = 1;               // + stage: consumers arrive, the producer syncs
 constexpr int BAR_TURN = BAR_EMPTY + STAGES;  // + warpgroup: its turn to issue MMAs (256)
@@ -89,6 +91,9 @@ struct Params {
   int page_shift;            // log2(page_size)
   int num_splits;
   float qk_scale;            // sm_scale * log2(e)
+  int tma_rows;              // rows of one TMA box of k_map / v_map (0: cp.async only)
+  CUtensorMap k_map, v_map;  // the pools as [slots, Hkv, 128] tensors, 64 x 1 x tma_rows boxes,
+                             // 128-byte swizzle (encoded on the host per launch)
   int pingpong;              // consumer warpgroups take turns issuing their MMAs
                              // (KDTREE_GQA_PINGPONG, default 1)
   int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
@@ -105,6 +110,24 @@ __device__ unsigned long long g_gqa_clocks[3][10];
 // expected count includes these arrivals).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Whether tile `tile` goes through TMA: a whole prefix tile inside the page table (partial and
+// tree tiles keep the zero-filling cp.async path: a TMA box would bring whatever the unused
+// slots of a page hold, and P = 0 times a NaN there is NaN).
+__device__ __forceinline__ bool tma_tile(const Params& p, const TileSeq& ts, int tile) {
+  if (p.tma_rows == 0 || tile >= ts.n_pre) return false;
+  const int pos = ts.start + tile * BN;
+  return ts.end - pos >= BN && ((pos + BN - 1) >> p.page_shift) < p.max_pages;
+}
+
+// A TMA tile's first slot of page run `lt` (lanes lt < BN / tma_rows issue one run's boxes),
+// read before the producer waits for the stage so the page-table read overlaps that wait.
+__device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, const TileSeq& ts,
+                                        int tile, int lt) {
+  if (!tma_tile(p, ts, tile) || lt * p.tma_rows >= BN) return 0;
+  const int pos = ts.start + tile * BN + lt * p.tma_rows;
+  return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
 // The producer's copies of the CTA's 128 query rows: row r -> warpgroup r / 64's two 64-dim
@@ -347,7 +370,7 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
 
   if (tid == 0) {
 #pragma unroll
-    for (int st = 0; st < STAGES; ++st) mbar_init(sBar + 8 * st, 128);
+    for (int st = 0; st <= STAGES; ++st) mbar_init(sBar + 8 * st, 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -359,14 +382,38 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
     const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
     const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
     PhaseClocks clk(p.clocks && pt == 0);
-    if (n > 0) copy_q<E>(sQ, p, b, kvh, m0, pt);  // lands with tile 0 (same mbarrier phase)
+    if (n > 0) {
+      copy_q<E>(sQ, p, b, kvh, m0, pt);
+      cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
+    }
+    int next_slot = pt < 32 ? run_slot(p, pt_row, ts, 0, pt) : 0;
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
+      const uint32_t bar = sBar + 8 * st;
+      const uint32_t stage = sKV + st * SMEM_STAGE;
+      const int slot = next_slot;
+      next_slot = pt < 32 ? run_slot(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
-      if (tile < STAGES || !(p.ablate & 1))
-        copy_kv_tile<E>(sKV + st * SMEM_STAGE, kbase, vbase, p, pt_row, ts, tile, pt);
-      cp_async_mbar_arrive(sBar + 8 * st);
+      if (tile >= STAGES && (p.ablate & 1)) {
+        mbar_arrive(bar);
+      } else if (tma_tile(p, ts, tile)) {
+        // one warp: lane 0 sets the byte count (its arrival), lanes < BN / tma_rows issue one
+        // page run's four boxes (K and V, dims [0, 64) and [64, 128)); the rest arrive
+        if (pt == 0) mbar_expect_tx(bar, SMEM_STAGE);
+        if (pt < 32) __syncwarp();
+        if (pt * p.tma_rows < BN) {
+          const uint32_t dst = stage + pt * p.tma_rows * 128;
+          tma_load_3d(dst, &p.k_map, 0, kvh, slot, bar);
+          tma_load_3d(dst + KV_REGION, &p.k_map, 64, kvh, slot, bar);
+          tma_load_3d(dst + 2 * KV_REGION, &p.v_map, 0, kvh, slot, bar);
+          tma_load_3d(dst + 3 * KV_REGION, &p.v_map, 64, kvh, slot, bar);
+        }
+        if (pt != 0) mbar_arrive(bar);
+      } else {
+        copy_kv_tile<E>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
+        cp_async_mbar_arrive(bar);
+      }
       clk.stamp(1);
     }
     cp_async_wait<0>();
@@ -424,6 +471,7 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   // ---- tile 0: S_0 and its softmax
   tile_bits128(bits0, p, ts, b, 0, row0);
   tile_bits128(bits1, p, ts, b, 0, row1);
+  mbar_wait(sBar + 8 * STAGES, 0);  // Q
   mbar_wait(sBar, 0);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   wg_fence();
@@ -524,7 +572,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sk_h, int64_t sv_slot, int64_t sv_h, int64_t spt_b,
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
-                           int max_pages, int num_splits, float sm_scale, uintptr_t stream) {
+                           int max_pages, int num_splits, float sm_scale, int64_t num_slots,
+                           uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
   if (head_dim != D) return -2;
@@ -580,6 +629,22 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.pingpong = !(env_pingpong != nullptr && env_pingpong[0] == '0');
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
+  // Whole prefix tiles go through TMA when a page holds >= 8 slots (fewer would take 64+ boxes a
+  // tile); KDTREE_GQA_TMA=0, or a layout the driver will not map, keeps them on cp.async.
+  p.tma_rows = 0;
+  const char* env_tma = getenv("KDTREE_GQA_TMA");
+  if (page_size >= 8 && num_slots >= 1 && num_slots <= INT32_MAX &&
+      !(env_tma != nullptr && env_tma[0] == '0')) {
+    const int rows = page_size < BN ? page_size : BN;
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(Hkv),
+                                static_cast<cuuint64_t>(num_slots)};
+    const cuuint64_t ks[2] = {static_cast<cuuint64_t>(sk_h) * 2, static_cast<cuuint64_t>(sk_slot) * 2};
+    const cuuint64_t vs[2] = {static_cast<cuuint64_t>(sv_h) * 2, static_cast<cuuint64_t>(sv_slot) * 2};
+    const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(rows)};
+    if (encode_swizzled_map(&p.k_map, k, dtype, 3, dims, ks, box) == 0 &&
+        encode_swizzled_map(&p.v_map, v, dtype, 3, dims, vs, box) == 0)
+      p.tma_rows = rows;
+  }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return dtype == 0 ? launch<__nv_bfloat16>(p, B, s) : launch<__half>(p, B, s);
 }

@@ -1322,31 +1322,14 @@ int launch(const Params& p, int B, int kernel, cudaStream_t stream) {
 
 // The seesaw kernel's KV tensor map: the pool as a 2-D [num_slots, 576] tensor (row pitch
 // s_slot elements), boxes of 64 dims x `rows` slots, 128-byte swizzle (the layout its wgmma
-// operands use). cuTensorMapEncodeTiled is a host-only driver call (capture-safe), fetched
-// through the runtime so the library needs no -lcuda. Returns 0 or -12.
+// operands use). Returns 0 or -12.
 static int encode_kv_map(CUtensorMap* map, const void* kv, int dtype, int64_t num_slots,
                          int64_t s_slot, int rows) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || fn == nullptr)
-      return -12;
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kdtree_mla::DQK),
                               static_cast<cuuint64_t>(num_slots)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(s_slot) * 2};
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
-  const cuuint32_t estr[2] = {1, 1};
-  const CUresult r = encode(
-      map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-      const_cast<void*>(kv), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? 0 : -12;
+  return kdtree_sm90::encode_swizzled_map(map, kv, dtype, 2, dims, strides, box) ? -12 : 0;
 }
 
 // ------------------------------------------------------------------ C ABI

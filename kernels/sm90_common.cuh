@@ -4,7 +4,8 @@
 // slots over a paged cache, and the online-softmax steps on wgmma accumulator fragments.
 #pragma once
 
-#include <cuda.h>  // CUtensorMap
+#include <cuda.h>  // CUtensorMap (the driver entry point is fetched at run time: no -lcuda)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -406,6 +407,45 @@ struct PhaseClocks {
     atomicAdd(row + 9, 1ull);
   }
 };
+
+// A 16-bit tensor map of `rank` dims (dims[0] contiguous; strides in bytes for dims 1..),
+// boxes `box`, 128-byte swizzle (the layout of the kernels' wgmma operands), for TMA.
+// cuTensorMapEncodeTiled is a host-only driver call (capture-safe), fetched through the runtime
+// so the libraries need no -lcuda. dtype 0: bf16, 1: fp16. Returns 0 or 1 (no driver entry
+// point, or the driver rejected the map).
+static inline int encode_swizzled_map(CUtensorMap* map, const void* base, int dtype, int rank,
+                                      const cuuint64_t* dims, const cuuint64_t* strides,
+                                      const cuuint32_t* box) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || fn == nullptr)
+      return 1;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint32_t estr[5] = {1, 1, 1, 1, 1};
+  const CUresult r = encode(
+      map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, strides, box, estr,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? 0 : 1;
+}
+
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 
 // ------------------------------------------------------------------ online softmax on wgmma fragments
 

@@ -86,7 +86,7 @@ def _load() -> ctypes.CDLL:
             + [ptr] * 9  # q k v page_table prefix_lens tree_mask out part lse
             + [i64] * 13  # strides: q 3, k 2, v 2, page table row, mask 2, out 3
             + [i32] * 8  # B T Hq Hkv head_dim page_size max_pages num_splits
-            + [ctypes.c_float, ctypes.c_size_t]  # sm_scale stream
+            + [ctypes.c_float, i64, ctypes.c_size_t]  # sm_scale num_slots stream
         )
         lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
         lib.kdtree_gqa_error_string.argtypes = [i32]
@@ -278,6 +278,7 @@ def launch_args(
         page_table.shape[1],
         int(num_splits),
         float(sm_scale),
+        k_cache.shape[0] * k_cache.shape[1],  # num_slots (the TMA maps)
         stream,
     )
 

@@ -196,3 +196,16 @@ def test_ablation_setting_warns(monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_ABLATE", "8")
     with pytest.warns(RuntimeWarning, match="wrong"):
         cuda_gqa._warn_if_ablating()
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("tma", ["0", "1"])
+@pytest.mark.parametrize("ps", [8, 16, 64, 256])
+@pytest.mark.parametrize("t", [17, 65])
+def test_tma_and_cp_async_paths(tma, ps, t, gen, monkeypatch):
+    """Whole prefix tiles go through TMA (page size >= 8) unless KDTREE_GQA_TMA=0; both paths
+    match fp64. Three splits of 977 and 1900 keys: whole, partial and tree tiles, in both
+    requests."""
+    monkeypatch.setenv("KDTREE_GQA_TMA", tma)
+    _run(([977, 1900], t, 32, 8, ps, 3), torch.bfloat16, gen)
