@@ -209,3 +209,18 @@ def test_tma_and_cp_async_paths(tma, ps, t, gen, monkeypatch):
     requests."""
     monkeypatch.setenv("KDTREE_GQA_TMA", tma)
     _run(([977, 1900], t, 32, 8, ps, 3), torch.bfloat16, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("cluster", ["0", "1"])
+@pytest.mark.parametrize(
+    "hq,t", [(8, 17), (32, 65), (8, 65), (16, 65), (8, 129)], ids=lambda x: str(x)
+)
+def test_cluster_multicast_and_local_paths(cluster, hq, t, gen, monkeypatch):
+    """The row blocks of a split (G*T = 136, 260, 520, 1040, 1032 rows: 2, 3, 5, 8 and 9 blocks,
+    clusters of 2, 3, 5, 8 and 3) share each TMA tile by multicast unless KDTREE_GQA_CLUSTER=0;
+    both match fp64, with whole, partial and tree tiles and two requests."""
+    monkeypatch.setenv("KDTREE_GQA_CLUSTER", cluster)
+    hkv = 1 if hq != 32 else 8
+    _run(([3000, 1111], t, hq, hkv, 16, 4), torch.bfloat16, gen)
