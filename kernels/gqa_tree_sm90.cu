@@ -65,10 +65,12 @@ constexpr int ALIGN = 1024;                // swizzle atoms need 1024-byte align
 constexpr int SMEM_BARS = 8 * (2 * STAGES + 1);  // full and empty mbarriers a stage, one for Q
 constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_BARS;
 constexpr int BAR_TURN = 1;                // + warpgroup: its turn to issue MMAs (256)
+constexpr int BAR_EMPTY = BAR_TURN + CONSUMER_WGS;  // + stage, no cluster: consumers arrive,
+                                                    // the producer syncs (384)
 constexpr int MAX_CLUSTER = 8;
 static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
 static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-static_assert(BAR_TURN + CONSUMER_WGS <= 16, "named barriers");
+static_assert(BAR_EMPTY + STAGES <= 16, "named barriers");
 
 // Shared-memory offsets of the mbarriers after the stages: full[s] (the tile landed: 128 producer
 // arrivals + TMA bytes), empty[s] (the tile was read: one arrival per consumer warp of every CTA
@@ -79,12 +81,23 @@ __device__ __forceinline__ uint32_t empty_bar(uint32_t sBar, int st) {
 }
 __device__ __forceinline__ uint32_t q_bar(uint32_t sBar) { return sBar + 8 * 2 * STAGES; }
 
-// One consumer warp's release of stage `st`: lane 0 arrives on the stage's empty mbarrier in
-// every CTA of the cluster (each of them multicasts into this CTA's stage). Called after the
-// warp's wgmma reads of the stage completed (its wgmma.wait_group).
+// One consumer warp's release of stage `st`, after the warp's wgmma reads of it completed (its
+// wgmma.wait_group). A cluster: lane 0 arrives on the stage's empty mbarrier in every CTA of the
+// cluster (each of them multicasts into this CTA's stage). One CTA: the named barrier (cheaper:
+// call e's self-arrivals on the mbarrier made the one-CTA case ~10 % slower).
 __device__ __forceinline__ void release_stage(uint32_t sBar, int st, int cluster, int lane) {
-  if (lane == 0)
+  if (cluster == 1) {
+    named_arrive(BAR_EMPTY + st, THREADS);
+  } else if (lane == 0) {
     for (int r = 0; r < cluster; ++r) mbar_arrive_cluster(empty_bar(sBar, st), r);
+  }
+}
+// The producer's wait for stage `st` to be released by every consumer of the cluster.
+__device__ __forceinline__ void wait_stage(uint32_t sBar, int st, int tile, int cluster) {
+  if (cluster == 1)
+    named_sync(BAR_EMPTY + st, THREADS);
+  else
+    mbar_wait(empty_bar(sBar, st), ((tile / STAGES) - 1) & 1);
 }
 
 struct Params {
@@ -430,7 +443,7 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
         next1 = run_slot(p, pt_row, ts, tile + 1, (pt + 32) >> 2);
       }
       // tile - STAGES was read by every CTA of the cluster (all of them write this stage)
-      if (tile >= STAGES) mbar_wait(empty_bar(sBar, st), ((tile / STAGES) - 1) & 1);
+      if (tile >= STAGES) wait_stage(sBar, st, tile, p.cluster);
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {
         mbar_arrive(bar);
@@ -458,8 +471,8 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
     }
     cp_async_wait<0>();
     clk.flush(g_gqa_clocks[2], n);
-    cluster_sync();  // no CTA leaves while a peer may still multicast into it or arrive on it
-    return;
+    if (p.cluster > 1) cluster_sync();  // no CTA leaves while a peer may still multicast into
+    return;                             // it or arrive on it
   }
 
   // ================= consumer warpgroups ===================================================
@@ -479,7 +492,7 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
       mbar_wait(full_bar(sBar, st), (tile / STAGES) & 1);
       if (tile + STAGES < n) release_stage(sBar, st, p.cluster, lane);
     }
-    cluster_sync();
+    if (p.cluster > 1) cluster_sync();
     return;
   }
 
@@ -496,7 +509,7 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's 32 keys a row (quad-reduced at the end)
   if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
     store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-    cluster_sync();
+    if (p.cluster > 1) cluster_sync();
     return;
   }
   const float scale = p.qk_scale;
@@ -553,7 +566,7 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
   store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-  cluster_sync();
+  if (p.cluster > 1) cluster_sync();
 }
 
 template <typename E>
@@ -601,6 +614,29 @@ extern "C" {
 int kdtree_gqa_smem_bytes() { return kdtree_gqa::SMEM_TOTAL; }
 int kdtree_gqa_block_m() { return kdtree_gqa::BLOCK_M; }
 int kdtree_gqa_block_n() { return kdtree_gqa::BN; }
+
+// Clusters of `cluster` split CTAs that can be resident at once on the current device (0 when
+// none fits; negative: a CUDA error).
+int kdtree_gqa_max_active_clusters(int cluster) {
+  using namespace kdtree_gqa;
+  cudaError_t err = cudaFuncSetAttribute(gqa_split_kernel<__nv_bfloat16>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
+  if (err != cudaSuccess) return -static_cast<int>(err);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cluster, 1, 1);
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = SMEM_TOTAL;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  err = cudaOccupancyMaxActiveClusters(&n, gqa_split_kernel<__nv_bfloat16>, &cfg);
+  return err == cudaSuccess ? n : -static_cast<int>(err);
+}
 
 // Copy the phase clocks (30 values, see g_gqa_clocks) to `host` and zero them.
 int kdtree_gqa_clocks(unsigned long long* host) {
@@ -706,12 +742,14 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
         encode_swizzled_map(&p.v_map, v, dtype, 3, dims, vs, box) == 0)
       p.tma_rows = rows;
   }
-  // Cluster: the row blocks of one split and KV head read the same KV tiles; with TMA, a cluster
-  // of them (the largest divisor of the row-block count <= 8) multicasts each tile once from L2
-  // into all of them. KDTREE_GQA_CLUSTER=0 keeps one CTA a cluster.
+  // Cluster (opt-in, KDTREE_GQA_CLUSTER=1): the row blocks of one split and KV head read the same
+  // KV tiles; with TMA, a cluster of them (the largest divisor of the row-block count <= 8)
+  // multicasts each tile once from L2 into all of them. Off by default: clusters of 1-CTA-an-SM
+  // blocks fit a GPC only in whole groups, so the split grid took two waves where it fit one
+  // (session 11, call e: 1.7x slower at 8q/1kv, T=65, 128k).
   p.cluster = 1;
   const char* env_cluster = getenv("KDTREE_GQA_CLUSTER");
-  if (p.tma_rows > 0 && !(env_cluster != nullptr && env_cluster[0] == '0')) {
+  if (p.tma_rows > 0 && env_cluster != nullptr && env_cluster[0] == '1') {
     const int blocks = (p.rows + BLOCK_M - 1) / BLOCK_M;
     for (int c = MAX_CLUSTER; c > 1; --c)
       if (blocks % c == 0) {

@@ -221,6 +221,6 @@ def test_cluster_multicast_and_local_paths(cluster, hq, t, gen, monkeypatch):
     """The row blocks of a split (G*T = 136, 260, 520, 1040, 1032 rows: 2, 3, 5, 8 and 9 blocks,
     clusters of 2, 3, 5, 8 and 3) share each TMA tile by multicast unless KDTREE_GQA_CLUSTER=0;
     both match fp64, with whole, partial and tree tiles and two requests."""
-    monkeypatch.setenv("KDTREE_GQA_CLUSTER", cluster)
+    monkeypatch.setenv("KDTREE_GQA_CLUSTER", cluster)  # "1" opts in
     hkv = 1 if hq != 32 else 8
     _run(([3000, 1111], t, hq, hkv, 16, 4), torch.bfloat16, gen)
