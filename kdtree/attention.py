@@ -149,13 +149,22 @@ def resolve_backend(
     device: torch.device,
     dims: tuple[int, ...] | None = None,
     dtype: torch.dtype | None = None,
+    rows: int | None = None,
 ) -> str:
-    """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``: for MLA with DeepSeek's dims (512 +
-    64) in bf16 / fp16 on an sm_90 GPU whose nvcc builds it, ``cuda`` (the CUDA C++ kernel:
-    0.61 ms at h=16, L=128k, T=65 on the H200 against the Triton kernel's 1.50 ms, rows in
-    ``data/bench/verify_attention.csv``); else ``triton`` on CUDA if registered and it supports
-    the head dims (``dims``, when given), else ``ref``. Any other name is returned as is (an
-    explicit ``triton`` on unsupported dims then fails with the kernel's own error)."""
+    """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``, else by measurement on the H200 (rows in
+    ``data/bench/verify_attention.csv``):
+
+    * MLA with DeepSeek's dims (512 + 64) in bf16 / fp16 on an sm_90 GPU whose nvcc builds it:
+      ``cuda`` (0.61 ms at h=16, L=128k, T=65 against the Triton kernel's 1.50 ms);
+    * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
+      G * T`` number at least 64 and do not spill a few rows (<= 16) past one 128-row block:
+      ``cuda`` (1.1-1.2x the Triton kernel at 32q/8kv, T=17 and 65, and at 8q/1kv, T=65; at
+      8q/1kv, T=17 (136 rows) the Triton kernel's small tail tile is 1-5 % faster);
+    * else ``triton`` on CUDA if registered and it supports the head dims (``dims``, when
+      given), else ``ref``.
+
+    Any other name is returned as is (an explicit ``triton`` on unsupported dims then fails with
+    the kernel's own error)."""
     if backend != "auto":
         return backend
     chosen = env.VERIFY_BACKEND
@@ -171,6 +180,20 @@ def resolve_backend(
         from kdtree.kernels import cuda_mla
 
         if cuda_mla.available_on(device):
+            return "cuda"
+    if (
+        kind == "gqa"
+        and device.type == "cuda"
+        and dims == (128,)
+        and dtype in (torch.bfloat16, torch.float16)
+        and rows is not None
+        and rows >= 64
+        and not 128 < rows <= 144
+        and "cuda" in available_backends(kind)
+    ):
+        from kdtree.kernels import cuda_gqa
+
+        if cuda_gqa.available_on(device):
             return "cuda"
     if (
         device.type == "cuda"
@@ -338,7 +361,8 @@ def tree_attention(
     if dense_mask is not None:
         _check_dense_mask(dense_mask, q.shape[0], q.shape[1], q.device)
         extra["dense_mask"] = dense_mask
-    name = resolve_backend("gqa", backend, q.device, (q.shape[3],))
+    g = q.shape[2] // k_cache.shape[2]
+    name = resolve_backend("gqa", backend, q.device, (q.shape[3],), q.dtype, g * q.shape[1])
     fn = get_backend("gqa", name)
     return fn(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=sm_scale, **extra)
 

@@ -32,6 +32,13 @@
 //     (kdtree.kernels._common.launch_merge) in the same stream.
 //
 // Everything depends only on shapes and device pointers: graph-capturable.
+//
+// History (session 11, tools/gpu/gqa_phases.py, docs/kernels_notes.md): the first version issued
+// every KV copy as 16-byte cp.async from the producer warpgroup, ~3600 cycles a tile, longer than
+// the consumers' work; whole prefix tiles now come by TMA. A thread-block cluster of a split's
+// row blocks with each TMA tile multicast once into all of them (commits 0dcb8c1..e074de9) was
+// slower everywhere (8q/1kv, T=65, 128k: 111 us at its best one-wave split count, against 98 us
+// here) and was taken out.
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>
@@ -62,43 +69,13 @@ constexpr int KV_REGION = BN * 128;      // 128 keys x 64 dims (16 KB)
 constexpr int SMEM_Q = CONSUMER_WGS * 2 * Q_REGION;
 constexpr int SMEM_STAGE = 4 * KV_REGION;  // K dims [0, 64), [64, 128); V likewise
 constexpr int ALIGN = 1024;                // swizzle atoms need 1024-byte aligned regions
-constexpr int SMEM_BARS = 8 * (2 * STAGES + 1);  // full and empty mbarriers a stage, one for Q
+constexpr int SMEM_BARS = 8 * (STAGES + 1);  // one mbarrier a stage, one for Q
 constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_BARS;
-constexpr int BAR_TURN = 1;                // + warpgroup: its turn to issue MMAs (256)
-constexpr int BAR_EMPTY = BAR_TURN + CONSUMER_WGS;  // + stage, no cluster: consumers arrive,
-                                                    // the producer syncs (384)
-constexpr int MAX_CLUSTER = 8;
+constexpr int BAR_EMPTY = 1;               // + stage: consumers arrive, the producer syncs
+constexpr int BAR_TURN = BAR_EMPTY + STAGES;  // + warpgroup: its turn to issue MMAs (256)
 static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
 static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-static_assert(BAR_EMPTY + STAGES <= 16, "named barriers");
-
-// Shared-memory offsets of the mbarriers after the stages: full[s] (the tile landed: 128 producer
-// arrivals + TMA bytes), empty[s] (the tile was read: one arrival per consumer warp of every CTA
-// in the cluster, 8 x cluster), then Q's.
-__device__ __forceinline__ uint32_t full_bar(uint32_t sBar, int st) { return sBar + 8 * st; }
-__device__ __forceinline__ uint32_t empty_bar(uint32_t sBar, int st) {
-  return sBar + 8 * (STAGES + st);
-}
-__device__ __forceinline__ uint32_t q_bar(uint32_t sBar) { return sBar + 8 * 2 * STAGES; }
-
-// One consumer warp's release of stage `st`, after the warp's wgmma reads of it completed (its
-// wgmma.wait_group). A cluster: lane 0 arrives on the stage's empty mbarrier in every CTA of the
-// cluster (each of them multicasts into this CTA's stage). One CTA: the named barrier (cheaper:
-// call e's self-arrivals on the mbarrier made the one-CTA case ~10 % slower).
-__device__ __forceinline__ void release_stage(uint32_t sBar, int st, int cluster, int lane) {
-  if (cluster == 1) {
-    named_arrive(BAR_EMPTY + st, THREADS);
-  } else if (lane == 0) {
-    for (int r = 0; r < cluster; ++r) mbar_arrive_cluster(empty_bar(sBar, st), r);
-  }
-}
-// The producer's wait for stage `st` to be released by every consumer of the cluster.
-__device__ __forceinline__ void wait_stage(uint32_t sBar, int st, int tile, int cluster) {
-  if (cluster == 1)
-    named_sync(BAR_EMPTY + st, THREADS);
-  else
-    mbar_wait(empty_bar(sBar, st), ((tile / STAGES) - 1) & 1);
-}
+static_assert(BAR_TURN + CONSUMER_WGS <= 16, "named barriers");
 
 struct Params {
   const void* q;
@@ -124,8 +101,6 @@ struct Params {
   int tma_rows;              // rows of one TMA box of k_map / v_map (0: cp.async only)
   CUtensorMap k_map, v_map;  // the pools as [slots, Hkv, 128] tensors, 64 x 1 x tma_rows boxes,
                              // 128-byte swizzle (encoded on the host per launch)
-  int cluster;               // CTAs a cluster (row blocks of one split and KV head): whole
-                             // prefix tiles are multicast by TMA, each CTA issuing 1/cluster
   int pingpong;              // consumer warpgroups take turns issuing their MMAs
                              // (KDTREE_GQA_PINGPONG, default 1)
   int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
@@ -316,7 +291,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
   tile_bits128(bits0, p, ts, b, tile, row0);
   tile_bits128(bits1, p, ts, b, tile, row1);
   const uint64_t dk = dk0 + st * STAGE_STEP, dv = dv0 + pst * STAGE_STEP;
-  mbar_wait(full_bar(sBar, st), (tile / STAGES) & 1);
+  mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   clk.stamp(0);
   pin(o);              // the rescale and P_{j-1} complete before the batch starts
@@ -356,7 +331,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
   wg_wait<0>();  // P_{j-1} V_{j-1} done
   pin(o);
   clk.stamp(4);
-  if (tile - 1 + STAGES < n) release_stage(sBar, pst, p.cluster, threadIdx.x & 31);  // tile j-1
+  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, THREADS);  // tile j-1 released
   // O *= alpha_j (skipped when no row of the warp moved)
   if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
@@ -402,14 +377,10 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
 
   if (tid == 0) {
 #pragma unroll
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(full_bar(sBar, st), 128);
-      mbar_init(empty_bar(sBar, st), 8 * p.cluster);
-    }
-    mbar_init(q_bar(sBar), 128);
+    for (int st = 0; st <= STAGES; ++st) mbar_init(sBar + 8 * st, 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  cluster_sync();  // the peers' barriers exist before any multicast or remote arrival
+  __syncthreads();
 
   if (tid >= CONSUMERS) {
     // ================= producer warpgroup ==================================================
@@ -420,47 +391,30 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
     PhaseClocks clk(p.clocks && pt == 0);
     if (n > 0) {
       copy_q<E>(sQ, p, b, kvh, m0, pt);
-      cp_async_mbar_arrive(q_bar(sBar));
+      cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
-    // TMA boxes of a tile: BN / tma_rows page runs x 4 (K, V x dims [0, 64), [64, 128)); box i
-    // is issued by lane i % 32 (lanes hold the page entries of their runs, read before the stage
-    // wait) of the CTA of cluster rank i % cluster, multicast to the whole cluster.
-    const int rank = cluster_rank();
-    const int nbox = p.tma_rows ? 4 * (BN / p.tma_rows) : 0;
-    const uint16_t all = static_cast<uint16_t>((1u << p.cluster) - 1u);
-    int next0 = 0, next1 = 0;
-    if (pt < 32) {
-      next0 = run_slot(p, pt_row, ts, 0, pt >> 2);
-      next1 = run_slot(p, pt_row, ts, 0, (pt + 32) >> 2);
-    }
+    int next_slot = pt < 32 ? run_slot(p, pt_row, ts, 0, pt) : 0;
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
-      const uint32_t bar = full_bar(sBar, st);
+      const uint32_t bar = sBar + 8 * st;
       const uint32_t stage = sKV + st * SMEM_STAGE;
-      const int slot0 = next0, slot1 = next1;
-      if (pt < 32) {
-        next0 = run_slot(p, pt_row, ts, tile + 1, pt >> 2);
-        next1 = run_slot(p, pt_row, ts, tile + 1, (pt + 32) >> 2);
-      }
-      // tile - STAGES was read by every CTA of the cluster (all of them write this stage)
-      if (tile >= STAGES) wait_stage(sBar, st, tile, p.cluster);
+      const int slot = next_slot;
+      next_slot = pt < 32 ? run_slot(p, pt_row, ts, tile + 1, pt) : 0;
+      if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {
         mbar_arrive(bar);
       } else if (tma_tile(p, ts, tile)) {
-        // thread 0 sets the byte count of the whole tile (its arrival); the others arrive
+        // one warp: lane 0 sets the byte count (its arrival), lanes < BN / tma_rows issue one
+        // page run's four boxes (K and V, dims [0, 64) and [64, 128)); the rest arrive
         if (pt == 0) mbar_expect_tx(bar, SMEM_STAGE);
         if (pt < 32) __syncwarp();
-        for (int i = pt; i < nbox && pt < 32; i += 32) {
-          if (i % p.cluster != rank) continue;
-          const int run = i >> 2, part = i & 3;
-          const uint32_t dst = stage + part * KV_REGION + run * p.tma_rows * 128;
-          const CUtensorMap* map = part < 2 ? &p.k_map : &p.v_map;
-          const int slot = i < 32 ? slot0 : slot1;
-          if (p.cluster > 1)
-            tma_load_3d_multicast(dst, map, (part & 1) * 64, kvh, slot, bar, all);
-          else
-            tma_load_3d(dst, map, (part & 1) * 64, kvh, slot, bar);
+        if (pt * p.tma_rows < BN) {
+          const uint32_t dst = stage + pt * p.tma_rows * 128;
+          tma_load_3d(dst, &p.k_map, 0, kvh, slot, bar);
+          tma_load_3d(dst + KV_REGION, &p.k_map, 64, kvh, slot, bar);
+          tma_load_3d(dst + 2 * KV_REGION, &p.v_map, 0, kvh, slot, bar);
+          tma_load_3d(dst + 3 * KV_REGION, &p.v_map, 64, kvh, slot, bar);
         }
         if (pt != 0) mbar_arrive(bar);
       } else {
@@ -471,8 +425,7 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
     }
     cp_async_wait<0>();
     clk.flush(g_gqa_clocks[2], n);
-    if (p.cluster > 1) cluster_sync();  // no CTA leaves while a peer may still multicast into
-    return;                             // it or arrive on it
+    return;
   }
 
   // ================= consumer warpgroups ===================================================
@@ -489,10 +442,9 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
                                                           // stage protocol only
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
-      mbar_wait(full_bar(sBar, st), (tile / STAGES) & 1);
-      if (tile + STAGES < n) release_stage(sBar, st, p.cluster, lane);
+      mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+      if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, THREADS);
     }
-    if (p.cluster > 1) cluster_sync();
     return;
   }
 
@@ -509,7 +461,6 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's 32 keys a row (quad-reduced at the end)
   if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
     store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-    if (p.cluster > 1) cluster_sync();
     return;
   }
   const float scale = p.qk_scale;
@@ -527,8 +478,8 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   // ---- tile 0: S_0 and its softmax
   tile_bits128(bits0, p, ts, b, 0, row0);
   tile_bits128(bits1, p, ts, b, 0, row1);
-  mbar_wait(q_bar(sBar), 0);
-  mbar_wait(full_bar(sBar, 0), 0);
+  mbar_wait(sBar + 8 * STAGES, 0);  // Q
+  mbar_wait(sBar, 0);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   wg_fence();
   issue_scores<E>(s, dq, dk0);
@@ -566,7 +517,6 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
   store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-  if (p.cluster > 1) cluster_sync();
 }
 
 template <typename E>
@@ -583,24 +533,7 @@ int launch(const Params& p, int B, cudaStream_t stream) {
     raised[dev] = true;
   }
   const dim3 grid((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B * p.Hkv);
-  if (p.cluster > 1) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = SMEM_TOTAL;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = p.cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<E>, p);
-    if (err != cudaSuccess) return static_cast<int>(err);
-  } else {
-    gqa_split_kernel<E><<<grid, THREADS, SMEM_TOTAL, stream>>>(p);
-  }
+  gqa_split_kernel<E><<<grid, THREADS, SMEM_TOTAL, stream>>>(p);
   err = cudaGetLastError();
   return err == cudaSuccess ? 0 : static_cast<int>(err);
 }
@@ -614,29 +547,6 @@ extern "C" {
 int kdtree_gqa_smem_bytes() { return kdtree_gqa::SMEM_TOTAL; }
 int kdtree_gqa_block_m() { return kdtree_gqa::BLOCK_M; }
 int kdtree_gqa_block_n() { return kdtree_gqa::BN; }
-
-// Clusters of `cluster` split CTAs that can be resident at once on the current device (0 when
-// none fits; negative: a CUDA error).
-int kdtree_gqa_max_active_clusters(int cluster) {
-  using namespace kdtree_gqa;
-  cudaError_t err = cudaFuncSetAttribute(gqa_split_kernel<__nv_bfloat16>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
-  if (err != cudaSuccess) return -static_cast<int>(err);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cluster, 1, 1);
-  cfg.blockDim = dim3(THREADS);
-  cfg.dynamicSmemBytes = SMEM_TOTAL;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  err = cudaOccupancyMaxActiveClusters(&n, gqa_split_kernel<__nv_bfloat16>, &cfg);
-  return err == cudaSuccess ? n : -static_cast<int>(err);
-}
 
 // Copy the phase clocks (30 values, see g_gqa_clocks) to `host` and zero them.
 int kdtree_gqa_clocks(unsigned long long* host) {
@@ -741,21 +651,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     if (encode_swizzled_map(&p.k_map, k, dtype, 3, dims, ks, box) == 0 &&
         encode_swizzled_map(&p.v_map, v, dtype, 3, dims, vs, box) == 0)
       p.tma_rows = rows;
-  }
-  // Cluster (opt-in, KDTREE_GQA_CLUSTER=1): the row blocks of one split and KV head read the same
-  // KV tiles; with TMA, a cluster of them (the largest divisor of the row-block count <= 8)
-  // multicasts each tile once from L2 into all of them. Off by default: clusters of 1-CTA-an-SM
-  // blocks fit a GPC only in whole groups, so the split grid took two waves where it fit one
-  // (session 11, call e: 1.7x slower at 8q/1kv, T=65, 128k).
-  p.cluster = 1;
-  const char* env_cluster = getenv("KDTREE_GQA_CLUSTER");
-  if (p.tma_rows > 0 && env_cluster != nullptr && env_cluster[0] == '1') {
-    const int blocks = (p.rows + BLOCK_M - 1) / BLOCK_M;
-    for (int c = MAX_CLUSTER; c > 1; --c)
-      if (blocks % c == 0) {
-        p.cluster = c;
-        break;
-      }
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return dtype == 0 ? launch<__nv_bfloat16>(p, B, s) : launch<__half>(p, B, s);

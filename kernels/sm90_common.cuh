@@ -447,38 +447,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// TMA multicast: the box lands at the same shared-memory offset of every CTA in `mask` (cluster
-// ranks) and completes bytes on the mbarrier at `bar`'s offset in each of them.
-__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, int c0,
-                                                      int c1, int c2, uint32_t bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
-      : "memory");
-}
-// One arrival on the mbarrier at local offset `bar` of cluster CTA `rank` (the default
-// semantics: a release at CTA scope, as CUTLASS's cluster barrier; the .release.cluster form
-// cost ~1-2k cycles a stage release in session 11's call d).
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, int rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-// All threads of all CTAs of the cluster (a plain CTA is a cluster of one): arrive (release),
-// then wait (acquire). Not .aligned: callable from divergent exits, once per thread.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ int cluster_rank() {
-  int r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-
 // ------------------------------------------------------------------ online softmax on wgmma fragments
 
 // Masks the invisible keys of rows r0 (bits0) and r1 (bits1) to -inf; returns the quad-reduced

@@ -92,8 +92,6 @@ def _load() -> ctypes.CDLL:
         lib.kdtree_gqa_error_string.argtypes = [i32]
         for name in ("kdtree_gqa_smem_bytes", "kdtree_gqa_block_m", "kdtree_gqa_block_n"):
             getattr(lib, name).restype = i32
-        lib.kdtree_gqa_max_active_clusters.restype = i32
-        lib.kdtree_gqa_max_active_clusters.argtypes = [i32]
         lib.kdtree_gqa_clocks.restype = i32
         lib.kdtree_gqa_clocks.argtypes = [ptr]
         _LIB = lib

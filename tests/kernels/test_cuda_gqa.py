@@ -86,6 +86,39 @@ def test_registered_as_gqa_backend():
     assert resolve_backend("gqa", "auto", torch.device("cpu"), (128,)) != "cuda"
 
 
+def test_auto_picks_the_cuda_kernel_where_it_was_measured_faster(monkeypatch):
+    from kdtree.attention import resolve_backend
+
+    cuda = torch.device("cuda")
+    bf = torch.bfloat16
+    monkeypatch.setattr(cuda_gqa, "available_on", lambda device: True)
+    for rows in (64, 68, 128, 260, 520):  # 32q/8kv T=17, 65; 8q/1kv T=65
+        assert resolve_backend("gqa", "auto", cuda, (128,), bf, rows) == "cuda"
+    assert resolve_backend("gqa", "auto", cuda, (128,), torch.float16, 260) == "cuda"
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136) == "triton"  # 8q/1kv T=17
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 17) == "triton"  # few rows
+    assert resolve_backend("gqa", "auto", cuda, (64,), bf, 260) == "triton"  # head dim 64
+    assert resolve_backend("gqa", "auto", cuda, (128,), torch.float32, 260) == "triton"
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf) == "triton"  # rows unknown
+    assert resolve_backend("gqa", "auto", torch.device("cpu"), (128,), bf, 260) == "ref"
+    monkeypatch.setattr(cuda_gqa, "available_on", lambda device: False)
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 260) == "triton"
+
+
+def test_a_library_that_does_not_build_leaves_auto_on_triton(monkeypatch):
+    def broken():
+        raise RuntimeError("nvcc: unsupported gpu architecture 'sm_90a'")
+
+    monkeypatch.setattr(cuda_gqa, "find_nvcc", lambda: "/usr/bin/nvcc")
+    monkeypatch.setattr(cuda_gqa, "_load", broken)
+    cuda_gqa._library_ok.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="uses Triton"):
+            assert cuda_gqa._library_ok() is False
+    finally:
+        cuda_gqa._library_ok.cache_clear()
+
+
 def test_rejects_bad_inputs(gen):
     q, k, v, pt, pl, m = gqa_inputs([10], 3, 8, 2, 128, 16, torch.float32, gen)
     with pytest.raises(TypeError, match="dtype"):
@@ -172,6 +205,19 @@ def test_cuda_graph_replay(splits, gen):
 
 @pytest.mark.gpu
 @needs_sm90
+def test_auto_backend_runs_the_cuda_kernel(gen):
+    """kdtree.attention.tree_attention with backend="auto" (what the GQA model calls) runs this
+    kernel for head dim 128 in bf16 on sm_90 at 32q/8kv, T=65: bitwise the explicit call."""
+    from kdtree.attention import tree_attention
+
+    dev = [x.cuda() for x in gqa_inputs([700, 33], 65, 32, 8, 128, 16, torch.bfloat16, gen)]
+    got = tree_attention(*dev, sm_scale=SCALE)
+    want = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_matches_triton(gen):
     from kdtree.kernels import tree_attention_triton
 
@@ -209,18 +255,3 @@ def test_tma_and_cp_async_paths(tma, ps, t, gen, monkeypatch):
     requests."""
     monkeypatch.setenv("KDTREE_GQA_TMA", tma)
     _run(([977, 1900], t, 32, 8, ps, 3), torch.bfloat16, gen)
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("cluster", ["0", "1"])
-@pytest.mark.parametrize(
-    "hq,t", [(8, 17), (32, 65), (8, 65), (16, 65), (8, 129)], ids=lambda x: str(x)
-)
-def test_cluster_multicast_and_local_paths(cluster, hq, t, gen, monkeypatch):
-    """The row blocks of a split (G*T = 136, 260, 520, 1040, 1032 rows: 2, 3, 5, 8 and 9 blocks,
-    clusters of 2, 3, 5, 8 and 3) share each TMA tile by multicast unless KDTREE_GQA_CLUSTER=0;
-    both match fp64, with whole, partial and tree tiles and two requests."""
-    monkeypatch.setenv("KDTREE_GQA_CLUSTER", cluster)  # "1" opts in
-    hkv = 1 if hq != 32 else 8
-    _run(([3000, 1111], t, hq, hkv, 16, 4), torch.bfloat16, gen)

@@ -12,7 +12,6 @@ A point is ``layout:length:tree``; ``h8`` / ``h16`` are short for ``mla_h8`` / `
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -40,12 +39,6 @@ def main() -> None:
     a = ap.parse_args()
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
-    if os.environ.get("KDTREE_GQA_CLUSTER") == "1":
-        from kdtree.kernels import cuda_gqa
-
-        lib = cuda_gqa._load()
-        print("max active clusters (size: count): " + ", ".join(
-            f"{c}: {lib.kdtree_gqa_max_active_clusters(c)}" for c in range(1, 9)), flush=True)  # fmt: skip
     for spec in a.points.split(","):
         name, length, t = spec.split(":")
         layout = LAYOUTS[name if name in LAYOUTS else f"mla_{name}"]
@@ -69,7 +62,6 @@ def main() -> None:
             mark = " (chosen)" if splits == chosen else ""
             print(f"{spec} splits={splits:3d}: {ms * 1e3:8.1f} us{mark}", flush=True)
             rows.append({"point": spec, "kernel": kernel, "splits": splits,
-                         "gqa_cluster": os.environ.get("KDTREE_GQA_CLUSTER", "0"),
                          "chosen": splits == chosen, "ms": ms, **env})  # fmt: skip
         del wl, ti
         torch.cuda.empty_cache()

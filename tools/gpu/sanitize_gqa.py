@@ -1,0 +1,75 @@
+"""A few CUDA GQA tree-verify calls for compute-sanitizer (memcheck / racecheck): TMA and
+cp.async tiles (page sizes 16 / 64 and 1), forced and automatic splits, splits with no keys,
+T 1..257, an idle second consumer warpgroup, batch 3; each checked against the torch reference
+(fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16 reference's +
+2e-3). argv[1]
+keeps only the first N cases (racecheck is slow). Exits 1 on a mismatch."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from kdtree.attention import tree_attention_ref
+from kdtree.kernels import cuda_gqa
+
+CASES = [  # prefix lengths, T, Hq, Hkv, page size, splits
+    ([3000], 65, 8, 1, 16, None),
+    ([300, 0, 70], 17, 32, 8, 64, 3),
+    ([1000], 257, 8, 2, 1, 2),
+    ([129], 1, 16, 16, 16, None),
+    ([4096], 9, 12, 4, 16, 40),
+]
+
+
+def _inputs(lens, t, hq, hkv, ps, gen):
+    b = len(lens)
+    pages = [-(-(n + t) // ps) for n in lens]
+    width = max(pages)
+    perm = torch.randperm(sum(pages), generator=gen)
+    table = torch.zeros(b, width, dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(pages):
+        table[i, :n] = perm[at : at + n]
+        at += n
+    k = torch.randn(sum(pages), ps, hkv, 128, generator=gen)
+    v = torch.randn(sum(pages), ps, hkv, 128, generator=gen)
+    q = torch.randn(b, t, hq, 128, generator=gen)
+    mask = torch.zeros(b, t, -(-t // 64), dtype=torch.int64)
+    for i in range(b):
+        for r in range(t):
+            anc = {r, *(j for j in range(r) if torch.rand((), generator=gen) < 0.3)}
+            for j in anc:
+                mask[i, r, j // 64] |= 1 << (j % 64) if j % 64 < 63 else -(1 << 63)
+    plen = torch.tensor(lens, dtype=torch.int32)
+    return q, k, v, table, plen, mask
+
+
+def main() -> int:
+    gen = torch.Generator().manual_seed(5)
+    cases = CASES[: int(sys.argv[1])] if len(sys.argv) > 1 else CASES
+    scale = 128**-0.5
+    bad = 0
+    for lens, t, hq, hkv, ps, splits in cases:
+        cpu = _inputs(lens, t, hq, hkv, ps, gen)
+        q, k, v, pt, plen, mask = (x.cuda() for x in cpu)
+        out = cuda_gqa.tree_attention_gqa_cuda(
+            q.bfloat16(), k.bfloat16(), v.bfloat16(), pt, plen, mask, sm_scale=scale,
+            num_splits=splits,
+        )  # fmt: skip
+        truth = tree_attention_ref(q.double(), k.double(), v.double(), pt, plen, mask,
+                                   sm_scale=scale).double()  # fmt: skip
+        base = tree_attention_ref(q.bfloat16(), k.bfloat16(), v.bfloat16(), pt, plen, mask,
+                                  sm_scale=scale)  # fmt: skip
+        err = (out.double() - truth).abs().max().item()
+        tol = 2 * (base.double() - truth).abs().max().item() + 2e-3
+        ok = err <= tol
+        bad += not ok
+        print(f"L={lens} T={t} {hq}q/{hkv}kv ps={ps} splits={splits}: err {err:.2e} "
+              f"tol {tol:.2e} {'ok' if ok else 'FAIL'}", flush=True)  # fmt: skip
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
