@@ -38,7 +38,9 @@
 // the consumers' work; whole prefix tiles now come by TMA. A thread-block cluster of a split's
 // row blocks with each TMA tile multicast once into all of them (commits 0dcb8c1..e074de9) was
 // slower everywhere (8q/1kv, T=65, 128k: 111 us at its best one-wave split count, against 98 us
-// here) and was taken out.
+// here) and was taken out. Reading the TMA runs' page entries three tiles ahead instead of one
+// (commit 140ec86, call i) changed nothing (99.0 against 98.2 us): the box issue's ~2.8k cycles a
+// tile are the TMA unit's back-pressure, not the page-table read.
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>
@@ -393,23 +395,13 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
       copy_q<E>(sQ, p, b, kvh, m0, pt);
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
-    // page entries of the TMA runs, read three tiles ahead (a ring of three registers): one
-    // tile ahead, a page-table line's first read from DRAM outlasted the stage wait and held
-    // up the copies (call c: ~2.8k cycles a tile issuing 8-32 boxes)
-    int slot0 = 0, slot1 = 0, slot2 = 0;
-    if (pt < 32) {
-      slot0 = run_slot(p, pt_row, ts, 0, pt);
-      slot1 = run_slot(p, pt_row, ts, 1, pt);
-      slot2 = run_slot(p, pt_row, ts, 2, pt);
-    }
+    int next_slot = pt < 32 ? run_slot(p, pt_row, ts, 0, pt) : 0;
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;
       const uint32_t stage = sKV + st * SMEM_STAGE;
-      const int slot = slot0;
-      slot0 = slot1;
-      slot1 = slot2;
-      slot2 = pt < 32 ? run_slot(p, pt_row, ts, tile + 3, pt) : 0;
+      const int slot = next_slot;
+      next_slot = pt < 32 ? run_slot(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {
