@@ -694,6 +694,60 @@ def mla_seesaw_history(df: pd.DataFrame, point: str = "h16:131072:65") -> pd.Dat
     })  # fmt: skip
 
 
+#: What each session-11 device call measured of the CUDA GQA kernel
+#: (``data/bench/logs/gqa_phases_session11.csv``, ``tools/gpu/stages_s11<call>.txt``).
+GQA_PHASE_ORDER = (
+    "wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale", "wait_empty", "copies",
+)  # fmt: skip
+
+
+def gqa_cuda_history(
+    df: pd.DataFrame, point: str = "gqa_8q1kv_d128:131072:65", turns: int = 1
+) -> pd.DataFrame:
+    """One row per session-11 version of the CUDA GQA kernel at ``point`` (``layout:L:T``) with
+    warpgroup turns on or off: call, version, the graph-replayed time, the slower consumer
+    warpgroup's and the producer's cycles per KV tile, and the ablations (``KDTREE_GQA_ABLATE``):
+    the time of the compute alone (1: no KV loads past the first stages) and of the copies alone
+    (16: the consumers only wait and release)."""
+    need = {"call", "version", "point", "turns", "ms_ablate0", "ms_ablate1", "ms_ablate16"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"GQA phase rows: missing columns {sorted(missing)}")
+    d = df[(df["point"] == point) & (df["turns"] == turns)]
+    if d.empty:
+        raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
+    per = {k: d[[c for c in df.columns if c.startswith(f"{k}.")]].sum(axis=1)
+           for k in ("wg0", "wg1", "prod")}  # fmt: skip
+    return pd.DataFrame({
+        "call": d["call"].to_numpy(),
+        "version": d["version"].to_numpy(),
+        "us": d["ms_ablate0"].to_numpy() * 1e3,
+        "consumer_cycles": np.maximum(per["wg0"], per["wg1"]).to_numpy(),
+        "producer_cycles": per["prod"].to_numpy(),
+        "compute_alone_us": d["ms_ablate1"].to_numpy() * 1e3,
+        "copies_alone_us": d["ms_ablate16"].to_numpy() * 1e3,
+    })  # fmt: skip
+
+
+def gqa_cuda_phases(
+    df: pd.DataFrame, call: str = "c", point: str = "gqa_8q1kv_d128:131072:65", turns: int = 1
+) -> pd.DataFrame:
+    """Cycles per KV tile by phase for the two consumer warpgroups and the producer (rows
+    ``wg0``, ``wg1``, ``prod``; 0 where a role has no such phase) of one call."""
+    d = df[(df["call"] == call) & (df["point"] == point) & (df["turns"] == turns)]
+    if d.empty:
+        raise ValueError(f"no rows for call {call!r} at {point!r}")
+    row = d.iloc[-1]
+    roles = ("wg0", "wg1", "prod")
+    phases = [ph for ph in GQA_PHASE_ORDER if any(f"{r}.{ph}" in df.columns for r in roles)]
+    table = pd.DataFrame(
+        [[row.get(f"{r}.{ph}", np.nan) for ph in phases] for r in roles],
+        index=list(roles),
+        columns=phases,
+    )
+    return table.astype(float).fillna(0.0)
+
+
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     """Heap vs every device builder of ``tree_build.csv``: ms per step by (batch, budget) and
     provider, plus the fastest device provider and its speed-up over the heap."""

@@ -30,7 +30,8 @@ NEW_TOKENS: int = 6  # tokens decoded per backend in the engine check
 
 # %%
 ctx = nb.setup(device=DEVICE, seed=SEED, out_dir=OUT_DIR)
-backends = attention.available_backends("gqa")
+# the CUDA GQA kernel runs head dim 128 on sm_90 only: it gets its own cell below
+backends = [b for b in attention.available_backends("gqa") if b != "cuda"]
 dtype = torch.bfloat16 if ctx.live_gpu else torch.float32
 gpu_rows = nb.load_bench("verify_attention", gpu_only=True)
 tidy = ns.verify_rows(gpu_rows) if gpu_rows is not None else None
@@ -225,6 +226,64 @@ else:
     nb.note(
         "The seesaw kernel's phase rows are not shipped (data/bench/logs/mla_phases_session10.csv)."
     )
+
+# %% [markdown]
+# ### The CUDA GQA kernel (session 11)
+# `kernels/gqa_tree_sm90.cu` brings the MLA kernels' warp-specialised structure to GQA with head
+# dim 128: a producer warpgroup (TMA for whole prefix tiles, zero-filling cp.async for the rest,
+# one mbarrier a stage), two consumer warpgroups of 64 packed rows (query heads x tree tokens of
+# one KV head), S and P V by `wgmma` with P kept in registers, and the softmax of a 128-key tile
+# overlapped with the previous tile's P V. `backend="auto"` runs it for head dim 128 in bf16 /
+# fp16 on sm_90 where it was measured faster than the Triton kernel. Each row is one version at
+# 8q/1kv, L=128k, T=65 (`python3 tools/gpu/gqa_phases.py`, stage files `tools/gpu/stages_s11b.txt`
+# ... `stages_s11i.txt`): the time, cycles per KV tile (thread 0's `clock()` stamps,
+# `KDTREE_GQA_CLOCKS=1`), and the compute alone / the copies alone (`KDTREE_GQA_ABLATE`). The
+# thread-block-cluster versions (d, e) multicast each TMA tile into a split's row blocks; they
+# were slower and were taken out.
+
+# %%
+gqa_csv = nb.data_path("bench", "logs", "gqa_phases_session11.csv")
+if gqa_csv.exists():
+    gqa_phases = pd.read_csv(gqa_csv)
+    gqa_hist = ns.gqa_cuda_history(gqa_phases)
+    nb.show(
+        nf.make_bar_compare_fig(
+            gqa_hist.assign(label=gqa_hist["call"] + ": " + gqa_hist["version"], kernel="gqa"),
+            "label",
+            "us",
+            "kernel",
+            "CUDA GQA kernel by version, 8q/1kv, L=128k, T=65 (H200, graph replay)",
+            "µs",
+        ),  # fmt: skip
+        "gqa_cuda_history",
+    )
+    display(gqa_hist.round(1))
+    nb.show(
+        nf.make_stacked_phase_fig(
+            ns.gqa_cuda_phases(gqa_phases, call="c"),
+            "CUDA GQA cycles per 128-key tile by phase, call c (consumers wait for tiles)",
+            "cycles per tile",
+        ),
+        "gqa_cuda_phases",
+    )
+else:
+    nb.note(
+        "The GQA kernel's phase rows are not shipped (data/bench/logs/gqa_phases_session11.csv)."
+    )
+
+# %% [markdown]
+# On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
+# head dim 128, both at 32q/8kv and 8q/1kv with T=65).
+
+# %%
+from kdtree.kernels import cuda_gqa  # noqa: E402
+
+if ctx.live_gpu and cuda_gqa.available_on(torch.device(ctx.device)):
+    display(nb_live.check_backends([(4000, 65, 32, 8, 128), (3000, 65, 8, 1, 128)],
+                                   ["cuda", "triton"], dtype=torch.bfloat16, device=ctx.device,
+                                   seed=SEED))  # fmt: skip
+else:
+    nb.note("No sm_90 GPU with nvcc here: the CUDA GQA kernel's live check is skipped.")
 
 # %% [markdown]
 # ### Live timing on this machine

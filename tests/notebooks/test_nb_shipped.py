@@ -399,3 +399,34 @@ def test_mla_seesaw_history():
         ns.mla_seesaw_history(df.drop(columns=["ms_ablate3"]))
     with pytest.raises(ValueError, match="no rows"):
         ns.mla_seesaw_history(df, point="h16:1:1")
+
+
+def test_gqa_cuda_history_and_phases():
+    base = dict(point="gqa_8q1kv_d128:131072:65", turns=1, ms_ablate1=0.078, ms_ablate16=0.073)
+    df = pd.DataFrame(
+        [
+            {"call": "b", "version": "cp.async", **base, "ms_ablate0": 0.102,
+             "wg0.wait_tile": 1200.0, "wg0.softmax": 1800.0, "wg1.issue": 1900.0,
+             "wg1.softmax": 1300.0, "prod.wait_empty": 270.0, "prod.copies": 3640.0},
+            {"call": "c", "version": "TMA", **base, "ms_ablate0": 0.098,
+             "wg0.wait_tile": 1500.0, "wg0.softmax": 1400.0, "wg1.issue": 1700.0,
+             "wg1.softmax": 1100.0, "prod.wait_empty": 900.0, "prod.copies": 2840.0},
+            {"call": "c", "version": "TMA", **base, "turns": 0, "ms_ablate0": 0.097},
+        ]
+    )  # fmt: skip
+    h = ns.gqa_cuda_history(df)
+    assert list(h["call"]) == ["b", "c"]
+    assert h["us"].tolist() == pytest.approx([102.0, 98.0])
+    # the slower consumer warpgroup: b 3200 (wg1) vs 3000; c 2900 (wg0) vs 2800
+    assert h["consumer_cycles"].tolist() == pytest.approx([3200.0, 2900.0])
+    assert h["producer_cycles"].tolist() == pytest.approx([3910.0, 3740.0])
+    assert h["compute_alone_us"].tolist() == pytest.approx([78.0, 78.0])
+    assert ns.gqa_cuda_history(df, turns=0)["us"].tolist() == pytest.approx([97.0])
+    t = ns.gqa_cuda_phases(df, call="c")
+    assert list(t.index) == ["wg0", "wg1", "prod"]
+    assert list(t.columns) == ["wait_tile", "issue", "softmax", "wait_empty", "copies"]
+    assert t.loc["prod", "copies"] == 2840.0 and t.loc["wg0", "issue"] == 0.0
+    with pytest.raises(ValueError, match="missing"):
+        ns.gqa_cuda_history(df.drop(columns=["ms_ablate16"]))
+    with pytest.raises(ValueError, match="no rows"):
+        ns.gqa_cuda_phases(df, call="z")
