@@ -50,6 +50,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <type_traits>
+
 #include "sm90_common.cuh"
 
 namespace kdtree_gqa {
@@ -57,27 +59,51 @@ namespace kdtree_gqa {
 using namespace kdtree_sm90;
 
 constexpr int D = 128;                   // head dim
-constexpr int BN = 128;                  // keys per tile
 constexpr int WG_ROWS = 64;              // query rows per consumer warpgroup
-constexpr int CONSUMER_WGS = 2;
-constexpr int BLOCK_M = WG_ROWS * CONSUMER_WGS;
-constexpr int CONSUMERS = 128 * CONSUMER_WGS;
-constexpr int THREADS = CONSUMERS + 128;  // + the producer warpgroup
-constexpr int PRODUCER_REGS = 40;
-constexpr int CONSUMER_REGS = 232;
-constexpr int STAGES = 3;
 constexpr int Q_REGION = WG_ROWS * 128;  // 64 rows x 64 dims, 128B-swizzled (8 KB)
-constexpr int KV_REGION = BN * 128;      // 128 keys x 64 dims (16 KB)
-constexpr int SMEM_Q = CONSUMER_WGS * 2 * Q_REGION;
-constexpr int SMEM_STAGE = 4 * KV_REGION;  // K dims [0, 64), [64, 128); V likewise
-constexpr int ALIGN = 1024;                // swizzle atoms need 1024-byte aligned regions
-constexpr int SMEM_BARS = 8 * (STAGES + 1);  // one mbarrier a stage, one for Q
-constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + SMEM_BARS;
-constexpr int BAR_EMPTY = 1;               // + stage: consumers arrive, the producer syncs
-constexpr int BAR_TURN = BAR_EMPTY + STAGES;  // + warpgroup: its turn to issue MMAs (256)
-static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
-static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-static_assert(BAR_TURN + CONSUMER_WGS <= 16, "named barriers");
+constexpr int ALIGN = 1024;              // swizzle atoms need 1024-byte aligned regions
+constexpr int MAX_STAGES = 5;
+constexpr int BAR_EMPTY = 1;                    // + stage: consumers arrive, the producer syncs
+constexpr int BAR_TURN = BAR_EMPTY + MAX_STAGES;  // + warpgroup: its turn to issue MMAs (256)
+
+// A split kernel's shape: CWG consumer warpgroups of 64 rows, BN-key tiles in STAGES stages, the
+// producer's and consumers' register budgets (setmaxnreg).
+template <int CWG_, int BN_, int STAGES_, int PRODUCER_REGS_, int CONSUMER_REGS_, bool CLOCKS_>
+struct Cfg {
+  static constexpr int CWG = CWG_, BN = BN_, STAGES = STAGES_;
+  static constexpr bool CLOCKS = CLOCKS_;  // compile the phase clocks in (their 10 registers)
+  static constexpr int PRODUCER_REGS = PRODUCER_REGS_, CONSUMER_REGS = CONSUMER_REGS_;
+  static constexpr int BLOCK_M = WG_ROWS * CWG;
+  static constexpr int CONSUMERS = 128 * CWG;
+  static constexpr int THREADS = CONSUMERS + 128;  // + the producer warpgroup
+  static constexpr int KV_REGION = BN * 128;       // BN keys x 64 dims
+  static constexpr int SMEM_Q = CWG * 2 * Q_REGION;
+  static constexpr int SMEM_STAGE = 4 * KV_REGION;  // K dims [0, 64), [64, 128); V likewise
+  static constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1);
+  static constexpr uint64_t STAGE_STEP = SMEM_STAGE >> 4;  // descriptor start-address units
+  static constexpr int SN = BN / 2;     // S accumulator registers a thread
+  static constexpr int KS = BN / 16;    // P V k-steps a tile
+  static constexpr int WORDS = BN / 64;  // tree-mask words a tile
+  static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
+  static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+  static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= 16, "named barriers");
+  static_assert(BN == 64 || BN == 128, "tiles of 64 or 128 keys");
+};
+// Two consumer warpgroups (128 rows a CTA) over 128-key tiles: the FlashAttention-3 shape.
+using Wide = Cfg<2, 128, 3, 40, 232, true>;
+// Three consumer warpgroups (192 rows a CTA, so fewer CTAs read each KV tile) over 64-key
+// tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
+// the S, P and O fragments fit, the phase clocks' registers do not (spills), so it has none.
+using Tall = Cfg<3, 64, 5, 32, 160, false>;
+
+// The clocks of a configuration without them: nothing.
+struct NoClocks {
+  __device__ __forceinline__ explicit NoClocks(bool) {}
+  __device__ __forceinline__ void stamp(int) {}
+  __device__ __forceinline__ void flush(unsigned long long*, int) const {}
+};
+template <class C>
+using ClocksOf = typename std::conditional<C::CLOCKS, PhaseClocks, NoClocks>::type;
 
 struct Params {
   const void* q;
@@ -111,9 +137,9 @@ struct Params {
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
 };
 
-// Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [0], [1] thread 0 of consumer warpgroup
-// 0 / 1 (kdtree.kernels.cuda_gqa.CONSUMER_PHASES), [2] the producer's thread 0 (PRODUCER_PHASES).
-__device__ unsigned long long g_gqa_clocks[3][10];
+// Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [0..2] thread 0 of consumer warpgroup
+// 0..2 (kdtree.kernels.cuda_gqa.CONSUMER_PHASES), [3] the producer's thread 0 (PRODUCER_PHASES).
+__device__ unsigned long long g_gqa_clocks[4][10];
 
 // cp.async completion -> one arrival on `bar` (the pending count is not raised: the mbarrier's
 // expected count includes these arrivals).
@@ -124,28 +150,30 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 // Whether tile `tile` goes through TMA: a whole prefix tile inside the page table (partial and
 // tree tiles keep the zero-filling cp.async path: a TMA box would bring whatever the unused
 // slots of a page hold, and P = 0 times a NaN there is NaN).
+template <class C>
 __device__ __forceinline__ bool tma_tile(const Params& p, const TileSeq& ts, int tile) {
   if (p.tma_rows == 0 || tile >= ts.n_pre) return false;
-  const int pos = ts.start + tile * BN;
-  return ts.end - pos >= BN && ((pos + BN - 1) >> p.page_shift) < p.max_pages;
+  const int pos = ts.start + tile * C::BN;
+  return ts.end - pos >= C::BN && ((pos + C::BN - 1) >> p.page_shift) < p.max_pages;
 }
 
 // A TMA tile's first slot of page run `lt` (lanes lt < BN / tma_rows issue one run's boxes),
 // read before the producer waits for the stage so the page-table read overlaps that wait.
+template <class C>
 __device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, const TileSeq& ts,
                                         int tile, int lt) {
-  if (!tma_tile(p, ts, tile) || lt * p.tma_rows >= BN) return 0;
-  const int pos = ts.start + tile * BN + lt * p.tma_rows;
+  if (!tma_tile<C>(p, ts, tile) || lt * p.tma_rows >= C::BN) return 0;
+  const int pos = ts.start + tile * C::BN + lt * p.tma_rows;
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
-// The producer's copies of the CTA's 128 query rows: row r -> warpgroup r / 64's two 64-dim
-// slices; rows past G*T are zero-filled.
-template <typename E>
+// The producer's copies of the CTA's query rows: row r -> warpgroup r / 64's two 64-dim slices;
+// rows past G*T are zero-filled.
+template <class C, typename E>
 __device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int kvh, int m0,
                                        int pt) {
   const E* q = static_cast<const E*>(p.q);
-  for (int idx = pt; idx < BLOCK_M * 16; idx += 128) {
+  for (int idx = pt; idx < C::BLOCK_M * 16; idx += 128) {
     const int r = idx >> 4;
     const int c = idx & 15;
     const int row = m0 + r;
@@ -158,17 +186,18 @@ __device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int 
   }
 }
 
-// The producer's copies of one KV tile: keys (pt >> 3) + 16 k (k < 8), chunk pt & 7 of each of
-// the four slices (8 adjacent threads read one key's 128 contiguous bytes of a slice).
-template <typename E>
+// The producer's copies of one KV tile: keys (pt >> 3) + 16 k (k < BN / 16), chunk pt & 7 of
+// each of the four slices (8 adjacent threads read one key's 128 contiguous bytes of a slice).
+template <class C, typename E>
 __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, const E* vbase,
                                              const Params& p, const int32_t* pt_row,
                                              const TileSeq& ts, int tile, int pt) {
+  constexpr int KV_REGION = C::KV_REGION;
   const int sub = pt & 7;
 #pragma unroll 2
-  for (int k = 0; k < BN / 16; ++k) {
+  for (int k = 0; k < C::BN / 16; ++k) {
     const int r = (pt >> 3) + 16 * k;
-    const int64_t slot = key_slot<BN>(p, pt_row, ts, tile, r);
+    const int64_t slot = key_slot<C::BN>(p, pt_row, ts, tile, r);
     const int bytes = slot >= 0 ? 16 : 0;
     const E* ks = slot >= 0 ? kbase + slot * p.sk_slot : kbase;
     const E* vs = slot >= 0 ? vbase + slot * p.sv_slot : vbase;
@@ -180,48 +209,58 @@ __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, con
   }
 }
 
-// Visibility of the 128 keys of tile `tile` for query row `row` (two words: keys 0-63, 64-127).
-__device__ __forceinline__ void tile_bits128(uint64_t (&bits)[2], const Params& p,
-                                             const TileSeq& ts, int b, int tile, int row) {
+// Visibility of the BN keys of tile `tile` for query row `row` (one word per 64 keys).
+template <class C>
+__device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Params& p,
+                                          const TileSeq& ts, int b, int tile, int row) {
   const auto low64 = [](int k) {
     return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
   };
   if (tile < ts.n_pre) {
-    const int left = ts.end - (ts.start + tile * BN);
-    bits[0] = low64(left);
-    bits[1] = low64(left - 64);
+    const int left = ts.end - (ts.start + tile * C::BN);
+#pragma unroll
+    for (int w = 0; w < C::WORDS; ++w) bits[w] = low64(left - 64 * w);
     return;
   }
-  bits[0] = bits[1] = 0ull;
+#pragma unroll
+  for (int w = 0; w < C::WORDS; ++w) bits[w] = 0ull;
   if (row >= p.rows) return;
-  const int j0 = (tile - ts.n_pre) * BN;  // multiple of 128: two mask words per tile
+  const int j0 = (tile - ts.n_pre) * C::BN;  // a multiple of 64: whole mask words
   const int64_t* mrow = p.tree_mask + b * p.sm_b + (row / p.G) * p.sm_t + (j0 >> 6);
-  bits[0] = static_cast<uint64_t>(__ldg(mrow)) & low64(ts.T - j0);
-  if (j0 + 64 < ts.T) bits[1] = static_cast<uint64_t>(__ldg(mrow + 1)) & low64(ts.T - j0 - 64);
+#pragma unroll
+  for (int w = 0; w < C::WORDS; ++w)
+    if (j0 + 64 * w < ts.T)
+      bits[w] = static_cast<uint64_t>(__ldg(mrow + w)) & low64(ts.T - j0 - 64 * w);
 }
 
 // Whether tile `tile` is a whole prefix tile (no mask).
+template <class C>
 __device__ __forceinline__ bool tile_is_full(const TileSeq& ts, int tile) {
-  return tile < ts.n_pre && ts.end - (ts.start + tile * BN) >= BN;
+  return tile < ts.n_pre && ts.end - (ts.start + tile * C::BN) >= C::BN;
 }
 
-// S (64 x 128) = Q K^T: 8 k-steps of m64n128k16, issued and committed (not waited for).
-template <typename E>
-__device__ __forceinline__ void issue_scores(float (&s)[64], uint64_t dq, uint64_t dk) {
+// S (64 x BN) = Q K^T: 8 k-steps of m64nBNk16, issued and committed (not waited for).
+template <class C, typename E>
+__device__ __forceinline__ void issue_scores(float (&s)[C::SN], uint64_t dq, uint64_t dk) {
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const uint64_t oq = static_cast<uint64_t>((ks >> 2) * (Q_REGION >> 4) + (ks & 3) * 2);
-    const uint64_t ok = static_cast<uint64_t>((ks >> 2) * (KV_REGION >> 4) + (ks & 3) * 2);
-    Wgmma<E>::ss_n128(s, dq + oq, dk + ok, ks > 0);
+    const uint64_t ok = static_cast<uint64_t>((ks >> 2) * (C::KV_REGION >> 4) + (ks & 3) * 2);
+    if constexpr (C::BN == 128)
+      Wgmma<E>::ss_n128(s, dq + oq, dk + ok, ks > 0);
+    else
+      Wgmma<E>::ss_n64(s, dq + oq, dk + ok, ks > 0);
   }
   wg_commit();
 }
 
-// O (64 x 128) += P V: 8 k-steps of 16 keys, P from registers, V MN-major; committed.
-template <typename E>
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[8][4], uint64_t dv) {
+// O (64 x 128) += P V: BN / 16 k-steps of 16 keys, P from registers, V MN-major; committed.
+template <class C, typename E>
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[C::KS][4],
+                                         uint64_t dv) {
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) Wgmma<E>::rs_n128_tb(o, pc[kk], dv + kk * (16 * 128 >> 4), 1);
+  for (int kk = 0; kk < C::KS; ++kk)
+    Wgmma<E>::rs_n128_tb(o, pc[kk], dv + kk * (16 * 128 >> 4), 1);
   wg_commit();
 }
 
@@ -272,27 +311,26 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
   }
 }
 
-constexpr uint64_t STAGE_STEP = SMEM_STAGE >> 4;  // descriptor start-address units
-
 // One consumer step, tile j >= 1: S_j = Q K_j^T issued together with O += P_{j-1} V_{j-1}
 // (`pc`); the online softmax of S_j (into `pn`) runs while the latter is on the tensor cores;
 // then stage j-1 is released and O rescaled by alpha_j.
-template <typename E>
-__device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
-                                             uint32_t (&pc)[8][4], uint32_t (&pn)[8][4],
+template <class C, typename E>
+__device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
+                                             uint32_t (&pc)[C::KS][4], uint32_t (&pn)[C::KS][4],
                                              float& m_run0, float& m_run1, float& l_run0,
                                              float& l_run1, const Params& p, const TileSeq& ts,
                                              int b, int tile, int row0, int row1, int q4,
                                              uint64_t dq, uint64_t dk0, uint64_t dv0,
                                              uint32_t sBar, int turns, int w,
-                                             PhaseClocks& clk) {
+                                             ClocksOf<C>& clk) {
+  constexpr int STAGES = C::STAGES;
   const int n = ts.n_tiles;
   const int st = tile % STAGES;
   const int pst = (tile - 1) % STAGES;  // the previous tile's stage
-  uint64_t bits0[2], bits1[2];
-  tile_bits128(bits0, p, ts, b, tile, row0);
-  tile_bits128(bits1, p, ts, b, tile, row1);
-  const uint64_t dk = dk0 + st * STAGE_STEP, dv = dv0 + pst * STAGE_STEP;
+  uint64_t bits0[C::WORDS], bits1[C::WORDS];
+  tile_bits<C>(bits0, p, ts, b, tile, row0);
+  tile_bits<C>(bits1, p, ts, b, tile, row1);
+  const uint64_t dk = dk0 + st * C::STAGE_STEP, dv = dv0 + pst * C::STAGE_STEP;
   mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   clk.stamp(0);
@@ -300,8 +338,8 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
   pin(pc);
   if (turns) named_sync(BAR_TURN + w, 256);  // the other warpgroup issued its batch
   wg_fence();
-  issue_scores<E>(s, dq, dk);
-  issue_pv<E>(o, pc, dv);
+  issue_scores<C, E>(s, dq, dk);
+  issue_pv<C, E>(o, pc, dv);
   // hand the turn over (warpgroup 1's last batch has no taker: warpgroup 0 is done issuing)
   if (turns && !(w == 1 && tile == n - 1)) named_arrive(BAR_TURN + (w ^ 1), 256);
   clk.stamp(1);
@@ -312,12 +350,12 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
   float alpha0 = 1.f, alpha1 = 1.f;
   if (p.ablate & 8) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
+    for (int kk = 0; kk < C::KS; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) pn[kk][i] = Mma<E>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
   } else {
     const float scale = p.qk_scale;
-    const float2 mx = wg_mask_max<64>(s, tile_is_full(ts, tile), bits0, bits1, q4);
+    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, tile), bits0, bits1, q4);
     const float mnew0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
     const float mnew1 = fmaxf(m_run1, mx.y * scale);
     const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
@@ -333,7 +371,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
   wg_wait<0>();  // P_{j-1} V_{j-1} done
   pin(o);
   clk.stamp(4);
-  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, THREADS);  // tile j-1 released
+  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
   // O *= alpha_j (skipped when no row of the warp moved)
   if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
@@ -349,27 +387,30 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[64],
 
 // The last tile's O += P V (a whole fence / MMA / commit / wait sequence: callable from either
 // side of a branch without ptxas serialising it).
-template <typename E>
-__device__ __forceinline__ void finish_pv(float (&o)[64], uint32_t (&pc)[8][4], uint64_t dv) {
+template <class C, typename E>
+__device__ __forceinline__ void finish_pv(float (&o)[64], uint32_t (&pc)[C::KS][4], uint64_t dv) {
   pin(o);
   pin(pc);
   wg_fence();
-  issue_pv<E>(o, pc, dv);
+  issue_pv<C, E>(o, pc, dv);
   wg_wait<0>();
   pin(o);
 }
 
-template <typename E>
-__global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_constant__ Params p) {
+template <class C, typename E>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    gqa_split_kernel(const __grid_constant__ Params p) {
+  constexpr int STAGES = C::STAGES, BN = C::BN, KV_REGION = C::KV_REGION;
+  constexpr int CONSUMERS = C::CONSUMERS, THREADS = C::THREADS;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + ALIGN - 1) & ~static_cast<uint32_t>(ALIGN - 1);
   const uint32_t sQ = base;
-  const uint32_t sKV = sQ + SMEM_Q;
-  const uint32_t sBar = sKV + STAGES * SMEM_STAGE;  // STAGES mbarriers ("full")
+  const uint32_t sKV = sQ + C::SMEM_Q;
+  const uint32_t sBar = sKV + STAGES * C::SMEM_STAGE;  // STAGES mbarriers ("full"), then Q's
 
   const int tid = threadIdx.x;
-  const int m0 = blockIdx.x * BLOCK_M;
+  const int m0 = blockIdx.x * C::BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
@@ -386,30 +427,30 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
 
   if (tid >= CONSUMERS) {
     // ================= producer warpgroup ==================================================
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
     const int pt = tid - CONSUMERS;
     const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
     const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
-    PhaseClocks clk(p.clocks && pt == 0);
+    ClocksOf<C> clk(p.clocks && pt == 0);
     if (n > 0) {
-      copy_q<E>(sQ, p, b, kvh, m0, pt);
+      copy_q<C, E>(sQ, p, b, kvh, m0, pt);
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
-    int next_slot = pt < 32 ? run_slot(p, pt_row, ts, 0, pt) : 0;
+    int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;
-      const uint32_t stage = sKV + st * SMEM_STAGE;
+      const uint32_t stage = sKV + st * C::SMEM_STAGE;
       const int slot = next_slot;
-      next_slot = pt < 32 ? run_slot(p, pt_row, ts, tile + 1, pt) : 0;
+      next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {
         mbar_arrive(bar);
-      } else if (tma_tile(p, ts, tile)) {
+      } else if (tma_tile<C>(p, ts, tile)) {
         // one warp: lane 0 sets the byte count (its arrival), lanes < BN / tma_rows issue one
         // page run's four boxes (K and V, dims [0, 64) and [64, 128)); the rest arrive
-        if (pt == 0) mbar_expect_tx(bar, SMEM_STAGE);
+        if (pt == 0) mbar_expect_tx(bar, C::SMEM_STAGE);
         if (pt < 32) __syncwarp();
         if (pt * p.tma_rows < BN) {
           const uint32_t dst = stage + pt * p.tma_rows * 128;
@@ -420,18 +461,18 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
         }
         if (pt != 0) mbar_arrive(bar);
       } else {
-        copy_kv_tile<E>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
+        copy_kv_tile<C, E>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
         cp_async_mbar_arrive(bar);
       }
       clk.stamp(1);
     }
     cp_async_wait<0>();
-    clk.flush(g_gqa_clocks[2], n);
+    clk.flush(g_gqa_clocks[3], n);
     return;
   }
 
   // ================= consumer warpgroups ===================================================
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::CONSUMER_REGS));
   const int lane = tid & 31;
   const int w = tid >> 7;
   const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows [16 wi, 16 wi + 16)
@@ -460,35 +501,35 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m_run0 = neg_inf(), m_run1 = neg_inf();
-  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's 32 keys a row (quad-reduced at the end)
+  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
   if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
     store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
     return;
   }
   const float scale = p.qk_scale;
-  float s[64];
-  uint32_t pc[8][4], pn[8][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
-  uint64_t bits0[2], bits1[2];
+  float s[C::SN];
+  uint32_t pc[C::KS][4], pn[C::KS][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
+  uint64_t bits0[C::WORDS], bits1[C::WORDS];
 
-  PhaseClocks clk(p.clocks && (tid & 127) == 0);
-  // Turns (FlashAttention-3's ping-pong): the two warpgroups alternate issuing their S_j + P V
-  // batches, so one's softmax runs while the other's MMAs hold the tensor cores. Only when both
-  // warpgroups of the CTA have rows (an idle one takes no turns); warpgroup 1 gives warpgroup 0
-  // the first turn.
-  const int turns = p.pingpong && m0 + WG_ROWS < p.rows;
+  ClocksOf<C> clk(p.clocks && (tid & 127) == 0);
+  // Turns (FlashAttention-3's ping-pong, two consumer warpgroups only): the warpgroups alternate
+  // issuing their S_j + P V batches, so one's softmax runs while the other's MMAs hold the
+  // tensor cores. Only when both have rows (an idle one takes no turns); warpgroup 1 gives
+  // warpgroup 0 the first turn.
+  const int turns = C::CWG == 2 && p.pingpong && m0 + WG_ROWS < p.rows;
   if (turns && w == 1 && n > 1) named_arrive(BAR_TURN, 256);
   // ---- tile 0: S_0 and its softmax
-  tile_bits128(bits0, p, ts, b, 0, row0);
-  tile_bits128(bits1, p, ts, b, 0, row1);
+  tile_bits<C>(bits0, p, ts, b, 0, row0);
+  tile_bits<C>(bits1, p, ts, b, 0, row1);
   mbar_wait(sBar + 8 * STAGES, 0);  // Q
   mbar_wait(sBar, 0);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   wg_fence();
-  issue_scores<E>(s, dq, dk0);
+  issue_scores<C, E>(s, dq, dk0);
   wg_wait<0>();
   pin(s);
   {
-    const float2 mx = wg_mask_max<64>(s, tile_is_full(ts, 0), bits0, bits1, q4);
+    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
     m_run0 = mx.x * scale;
     m_run1 = mx.y * scale;
     const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
@@ -499,18 +540,18 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
   int tile = 1;
   for (; tile + 1 < n; tile += 2) {
-    consume_tile<E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
-                    q4, dq, dk0, dv0, sBar, turns, w, clk);
-    consume_tile<E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0, row1,
-                    q4, dq, dk0, dv0, sBar, turns, w, clk);
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+    consume_tile<C, E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
   }
-  const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * STAGE_STEP;
+  const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * C::STAGE_STEP;
   if (tile < n) {  // an even tile count: the last tile's P lands in pn
-    consume_tile<E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
-                    q4, dq, dk0, dv0, sBar, turns, w, clk);
-    finish_pv<E>(o, pn, dv_last);
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
+                       q4, dq, dk0, dv0, sBar, turns, w, clk);
+    finish_pv<C, E>(o, pn, dv_last);
   } else {
-    finish_pv<E>(o, pc, dv_last);
+    finish_pv<C, E>(o, pc, dv_last);
   }
 
   clk.flush(g_gqa_clocks[w], n);
@@ -521,21 +562,21 @@ __global__ void __launch_bounds__(THREADS, 1) gqa_split_kernel(const __grid_cons
   store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
 }
 
-template <typename E>
+template <class C, typename E>
 int launch(const Params& p, int B, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
-  static bool raised[128] = {};  // host-side only: capture-safe
+  static bool raised[128] = {};  // host-side only: capture-safe (one flag per instantiation)
   if (dev < 0 || dev >= 128) return -9;
   if (!raised[dev]) {
-    err = cudaFuncSetAttribute(gqa_split_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               SMEM_TOTAL);
+    err = cudaFuncSetAttribute(gqa_split_kernel<C, E>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_TOTAL);
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  const dim3 grid((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B * p.Hkv);
-  gqa_split_kernel<E><<<grid, THREADS, SMEM_TOTAL, stream>>>(p);
+  const dim3 grid((p.rows + C::BLOCK_M - 1) / C::BLOCK_M, p.num_splits, B * p.Hkv);
+  gqa_split_kernel<C, E><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
   err = cudaGetLastError();
   return err == cudaSuccess ? 0 : static_cast<int>(err);
 }
@@ -546,16 +587,24 @@ int launch(const Params& p, int B, cudaStream_t stream) {
 
 extern "C" {
 
-int kdtree_gqa_smem_bytes() { return kdtree_gqa::SMEM_TOTAL; }
-int kdtree_gqa_block_m() { return kdtree_gqa::BLOCK_M; }
-int kdtree_gqa_block_n() { return kdtree_gqa::BN; }
+// Shared memory, rows a CTA and keys a tile of the split kernel with `wgs` consumer warpgroups
+// (2: kdtree_gqa::Wide, 3: Tall); -1 for any other count.
+int kdtree_gqa_smem_bytes(int wgs) {
+  return wgs == 2 ? kdtree_gqa::Wide::SMEM_TOTAL : (wgs == 3 ? kdtree_gqa::Tall::SMEM_TOTAL : -1);
+}
+int kdtree_gqa_block_m(int wgs) {
+  return wgs == 2 ? kdtree_gqa::Wide::BLOCK_M : (wgs == 3 ? kdtree_gqa::Tall::BLOCK_M : -1);
+}
+int kdtree_gqa_block_n(int wgs) {
+  return wgs == 2 ? kdtree_gqa::Wide::BN : (wgs == 3 ? kdtree_gqa::Tall::BN : -1);
+}
 
-// Copy the phase clocks (30 values, see g_gqa_clocks) to `host` and zero them.
+// Copy the phase clocks (40 values, see g_gqa_clocks) to `host` and zero them.
 int kdtree_gqa_clocks(unsigned long long* host) {
-  cudaError_t err = cudaMemcpyFromSymbol(host, kdtree_gqa::g_gqa_clocks, 30 * 8);
+  cudaError_t err = cudaMemcpyFromSymbol(host, kdtree_gqa::g_gqa_clocks, 40 * 8);
   if (err != cudaSuccess) return static_cast<int>(err);
-  static const unsigned long long zero[30] = {};
-  return static_cast<int>(cudaMemcpyToSymbol(kdtree_gqa::g_gqa_clocks, zero, 30 * 8));
+  static const unsigned long long zero[40] = {};
+  return static_cast<int>(cudaMemcpyToSymbol(kdtree_gqa::g_gqa_clocks, zero, 40 * 8));
 }
 
 const char* kdtree_gqa_error_string(int code) {
@@ -570,6 +619,7 @@ const char* kdtree_gqa_error_string(int code) {
                     "elements, out 4-byte aligned with even strides";
     case -8: return "grid: B * Hkv, num_splits <= 65535 and G * T <= 2^30";
     case -9: return "device ordinal above 127";
+    case -10: return "consumer warpgroups: expected 2 (128-key tiles) or 3 (64-key tiles)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -582,9 +632,10 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
                            int max_pages, int num_splits, float sm_scale, int64_t num_slots,
-                           uintptr_t stream) {
+                           int wgs, uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
+  if (wgs != 2 && wgs != 3) return -10;
   if (head_dim != D) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
   if (B < 1 || T < 1 || Hq < 1 || Hkv < 1 || max_pages < 1 || Hq % Hkv != 0) return -4;
@@ -644,7 +695,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   const char* env_tma = getenv("KDTREE_GQA_TMA");
   if (page_size >= 8 && num_slots >= 1 && num_slots <= INT32_MAX &&
       !(env_tma != nullptr && env_tma[0] == '0')) {
-    const int rows = page_size < BN ? page_size : BN;
+    const int bn = wgs == 2 ? Wide::BN : Tall::BN;
+    const int rows = page_size < bn ? page_size : bn;
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(Hkv),
                                 static_cast<cuuint64_t>(num_slots)};
     const cuuint64_t ks[2] = {static_cast<cuuint64_t>(sk_h) * 2, static_cast<cuuint64_t>(sk_slot) * 2};
@@ -655,7 +707,9 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
       p.tma_rows = rows;
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  return dtype == 0 ? launch<__nv_bfloat16>(p, B, s) : launch<__half>(p, B, s);
+  if (wgs == 2)
+    return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, s) : launch<Wide, __half>(p, B, s);
+  return dtype == 0 ? launch<Tall, __nv_bfloat16>(p, B, s) : launch<Tall, __half>(p, B, s);
 }
 
 }  // extern "C"

@@ -491,7 +491,13 @@ def setup_ours_gqa_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_gqa_fn(wl, ti)
-    return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits, "kernel": "gqa_sm90"})
+    from kdtree.kernels.cuda_gqa import consumer_warpgroups
+
+    wgs = consumer_warpgroups(ti.t * (wl.layout.hq // wl.layout.hkv))
+    return (
+        *_graphed(fn, wl.n_rot, wl.device),
+        {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs},
+    )
 
 
 def setup_ours_graph(wl, ti, opts):

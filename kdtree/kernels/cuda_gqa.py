@@ -34,14 +34,14 @@ from kdtree.kernels.heuristics import MAX_TREE_TOKENS
 from kdtree.kernels.tree_attention import _check_lengths, _check_metadata
 
 __all__ = [
-    "BLOCK_M",
-    "BLOCK_N",
     "HEAD_DIM",
+    "SHAPES",
     "available",
     "available_on",
     "build",
     "choose_splits",
     "compile_only",
+    "consumer_warpgroups",
     "launch_args",
     "phase_clocks",
     "tree_attention_gqa_cuda",
@@ -53,8 +53,9 @@ _SRC = CudaSource(
 )
 SOURCE = _SRC.path
 HEAD_DIM = 128
-BLOCK_M = 128  # packed query rows per CTA (two consumer warpgroups of 64)
-BLOCK_N = 128  # keys per tile
+#: The split kernel's two shapes (kernels/gqa_tree_sm90.cu, ``Wide`` and ``Tall``), by consumer
+#: warpgroups: (packed query rows a CTA, keys a tile).
+SHAPES = {2: (128, 128), 3: (192, 64)}
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 _MAX_WAVES = 4
 
@@ -86,12 +87,13 @@ def _load() -> ctypes.CDLL:
             + [ptr] * 9  # q k v page_table prefix_lens tree_mask out part lse
             + [i64] * 13  # strides: q 3, k 2, v 2, page table row, mask 2, out 3
             + [i32] * 8  # B T Hq Hkv head_dim page_size max_pages num_splits
-            + [ctypes.c_float, i64, ctypes.c_size_t]  # sm_scale num_slots stream
+            + [ctypes.c_float, i64, i32, ctypes.c_size_t]  # sm_scale num_slots wgs stream
         )
         lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
         lib.kdtree_gqa_error_string.argtypes = [i32]
         for name in ("kdtree_gqa_smem_bytes", "kdtree_gqa_block_m", "kdtree_gqa_block_n"):
             getattr(lib, name).restype = i32
+            getattr(lib, name).argtypes = [i32]
         lib.kdtree_gqa_clocks.restype = i32
         lib.kdtree_gqa_clocks.argtypes = [ptr]
         _LIB = lib
@@ -135,18 +137,37 @@ def available() -> bool:
 # ----------------------------------------------------------------------------- launch planning
 
 
+def consumer_warpgroups(rows: int) -> int:
+    """The split kernel shape for ``rows = G * T`` packed query rows: 3 consumer warpgroups
+    (192 rows a CTA, 64-key tiles) when the rows fill at least three 64-row blocks, so fewer CTAs
+    read each KV tile, else 2 (128 rows, 128-key tiles). ``KDTREE_GQA_WARPGROUPS=2|3`` forces
+    one (a measurement knob)."""
+    import os
+
+    forced = os.environ.get("KDTREE_GQA_WARPGROUPS", "").strip()
+    if forced:
+        if forced not in ("2", "3"):
+            raise ValueError(f"KDTREE_GQA_WARPGROUPS={forced!r}: expected 2 or 3")
+        return int(forced)
+    return 3 if math.ceil(rows / 64) >= 3 else 2
+
+
 def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``num_kv_heads`` KV heads with ``rows = G * T``
-    packed query rows and a prefix bound ``max_len`` (static shapes only). One CTA fits an SM
-    (~225 KB of shared memory). Modelled time of a split count ``s``: waves ``ceil(ctas * s /
-    num_sms)`` times the tiles a CTA streams (``ceil(max_len / s / BLOCK_N)``) plus two tiles of
-    fixed cost (Q load, pipeline fill, epilogue); the smallest ``s`` within 3 % of the best, at
-    most ``_MAX_WAVES`` waves and at least two tiles a split."""
-    ctas = batch * num_kv_heads * math.ceil(rows / BLOCK_M)
-    tiles = max(1, math.ceil(max_len / BLOCK_N))
-    cap = max(1, min(tiles // 2, (_MAX_WAVES * num_sms) // max(ctas, 1)))
+    packed query rows and a prefix bound ``max_len`` (static shapes only), for the kernel shape
+    :func:`consumer_warpgroups` picks. One CTA fits an SM (~210-225 KB of shared memory).
+    Modelled time of a split count ``s``: waves ``ceil(ctas * s / num_sms)`` times the tiles a
+    CTA streams (``ceil(max_len / s / tile)``) plus 256 keys of fixed cost (Q load, pipeline
+    fill, epilogue); the smallest ``s`` within 3 % of the best, at most ``_MAX_WAVES`` waves and
+    at least 256 keys a split."""
+    block_m, tile = SHAPES[consumer_warpgroups(rows)]
+    ctas = batch * num_kv_heads * math.ceil(rows / block_m)
+    tiles = max(1, math.ceil(max_len / tile))
+    fixed = 256 // tile
+    cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(ctas, 1)))
     costs = {
-        s: math.ceil(ctas * s / num_sms) * (math.ceil(tiles / s) + 2) for s in range(1, cap + 1)
+        s: math.ceil(ctas * s / num_sms) * (math.ceil(tiles / s) + fixed)
+        for s in range(1, cap + 1)
     }
     best = min(costs.values())
     return min(s for s, c in costs.items() if c <= best * 1.03)
@@ -244,7 +265,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-    num_splits: int, sm_scale: float, stream: int,
+    num_splits: int, sm_scale: float, stream: int, wgs: int = 2,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""
@@ -279,6 +300,7 @@ def launch_args(
         int(num_splits),
         float(sm_scale),
         k_cache.shape[0] * k_cache.shape[1],  # num_slots (the TMA maps)
+        int(wgs),
         stream,
     )
 
@@ -353,7 +375,7 @@ def tree_attention_gqa_cuda(
         args = launch_args(
             q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out,
             None if part is None else part.data_ptr(), None if lse is None else lse.data_ptr(),
-            num_splits, sm_scale, stream,
+            num_splits, sm_scale, stream, consumer_warpgroups(rows),
         )  # fmt: skip
         rc = lib.kdtree_gqa_tree_launch(*args)
         if rc != 0:
@@ -366,7 +388,8 @@ def tree_attention_gqa_cuda(
 
 #: Phases of the consumer warpgroups' clocks (``KDTREE_GQA_CLOCKS=1``; tiles j >= 1; the
 #: first "wait_tile" of a CTA also holds its tile-0 prologue): wait for the tile, issue S_j and
-#: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale.
+#: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale. Only
+#: the two-warpgroup shape keeps clocks (the three-warpgroup one has no registers for them).
 CONSUMER_PHASES = ("wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale")
 #: Phases of the producer's clocks: wait for a free stage, issue the tile's copies.
 PRODUCER_PHASES = ("wait_empty", "copies")
@@ -377,14 +400,14 @@ def phase_clocks() -> dict[str, float]:
     then reset: mean cycles per tile of each phase of thread 0 of each consumer warpgroup
     (``wg0.<phase>``, ``wg1.<phase>``) and of the producer (``prod.<phase>``), with ``tiles``
     and ``ctas`` (consumer warpgroup 0's)."""
-    buf = (ctypes.c_ulonglong * 30)()
+    buf = (ctypes.c_ulonglong * 40)()
     rc = _load().kdtree_gqa_clocks(ctypes.cast(buf, ctypes.c_void_p))
     if rc != 0:
         raise RuntimeError(f"reading the GQA clocks failed ({rc})")
     out: dict[str, float] = {}
-    for w, names in ((0, CONSUMER_PHASES), (1, CONSUMER_PHASES), (2, PRODUCER_PHASES)):
+    for w, names in ((0, CONSUMER_PHASES), (1, CONSUMER_PHASES), (3, PRODUCER_PHASES)):
         tiles = max(int(buf[10 * w + 8]), 1)
-        key = "prod" if w == 2 else f"wg{w}"
+        key = "prod" if w == 3 else f"wg{w}"
         for i, name in enumerate(names):
             out[f"{key}.{name}"] = buf[10 * w + i] / tiles
     out.update(tiles=int(buf[8]), ctas=int(buf[9]))

@@ -27,7 +27,7 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     res = cuda_gqa.compile_only(tmp_path)
     kernels = parse_ptxas(res.log)
     split = [k for k in kernels if "gqa_split_kernel" in k]
-    assert len(split) == 2, f"expected bf16 + fp16 kernels, got {kernels}"
+    assert len(split) == 4, f"expected two shapes x bf16 / fp16, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
@@ -56,13 +56,17 @@ def test_ctypes_call_matches_the_c_signature(gen):
     d_at = args.index(128, 23)  # B T Hq Hkv head_dim ...
     assert lib.kdtree_gqa_tree_launch(*args[:d_at], 64, *args[d_at + 1 :]) == -2
     assert b"128" in lib.kdtree_gqa_error_string(-2)
-    assert lib.kdtree_gqa_block_m() == cuda_gqa.BLOCK_M
-    assert lib.kdtree_gqa_block_n() == cuda_gqa.BLOCK_N
-    assert lib.kdtree_gqa_smem_bytes() <= 227 * 1024
+    for wgs, (block_m, block_n) in cuda_gqa.SHAPES.items():
+        assert lib.kdtree_gqa_block_m(wgs) == block_m
+        assert lib.kdtree_gqa_block_n(wgs) == block_n
+        assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
+    assert lib.kdtree_gqa_block_m(4) == -1
+    assert lib.kdtree_gqa_tree_launch(*args[:-2], 4, args[-1]) == -10
+    assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
 
 
 def test_choose_splits_is_static_and_bounded():
-    assert cuda_gqa.choose_splits(1, 8, 4 * 65, 256, 132) == 1  # two tiles: no split
+    assert cuda_gqa.choose_splits(1, 8, 4 * 65, 256, 132) == 1  # one tile's worth: no split
     for b, hkv, rows, max_len in [
         (1, 1, 8 * 65, 131072),
         (1, 8, 4 * 17, 131072),
@@ -70,13 +74,26 @@ def test_choose_splits_is_static_and_bounded():
         (8, 8, 4 * 65, 262144),
     ]:
         s = cuda_gqa.choose_splits(b, hkv, rows, max_len, 132)
-        ctas = b * hkv * -(-rows // cuda_gqa.BLOCK_M) * s
+        block_m, _ = cuda_gqa.SHAPES[cuda_gqa.consumer_warpgroups(rows)]
+        ctas = b * hkv * -(-rows // block_m) * s
         assert s >= 1 and ctas <= cuda_gqa._MAX_WAVES * 132
-        assert max_len // s >= 2 * cuda_gqa.BLOCK_N
+        assert max_len // s >= 256
     # one CTA a split per request and KV head fills the GPU with many splits
     assert cuda_gqa.choose_splits(1, 1, 8 * 17, 131072, 132) >= 60
     assert cuda_gqa.workspace_numel(2, 8, 68, 1) == 0
     assert cuda_gqa.workspace_numel(2, 8, 68, 3) == 2 * 8 * 3 * 68 * 129
+
+
+def test_consumer_warpgroups(monkeypatch):
+    monkeypatch.delenv("KDTREE_GQA_WARPGROUPS", raising=False)
+    assert [cuda_gqa.consumer_warpgroups(r) for r in (17, 68, 128, 129, 136, 260, 520)] == [
+        2, 2, 2, 3, 3, 3, 3,
+    ]  # fmt: skip
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
+    assert cuda_gqa.consumer_warpgroups(520) == 2
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "5")
+    with pytest.raises(ValueError, match="2 or 3"):
+        cuda_gqa.consumer_warpgroups(520)
 
 
 def test_registered_as_gqa_backend():
@@ -194,6 +211,26 @@ def _run(case, dtype, gen, graph=False):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_matches_fp64(case, dtype, gen):
     _run(case, dtype, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("wgs", ["2", "3"])
+@pytest.mark.parametrize("case", [GPU_CASES[i] for i in (1, 2, 3, 4, 6, 8, 9, 10, 11)], ids=str)
+def test_both_kernel_shapes_match_fp64(wgs, case, gen, monkeypatch):
+    """Both split kernel shapes (2 consumer warpgroups and 128-key tiles, 3 and 64-key tiles),
+    forced through KDTREE_GQA_WARPGROUPS, match fp64 on any row count."""
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
+    _run(case, torch.bfloat16, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("wgs", ["2", "3"])
+@pytest.mark.parametrize("ps", [8, 16, 64, 256])
+def test_both_shapes_tma_paths(wgs, ps, gen, monkeypatch):
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
+    _run(([977, 1900], 65, 8, 1, ps, 3), torch.bfloat16, gen)
 
 
 @pytest.mark.gpu
