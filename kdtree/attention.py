@@ -150,6 +150,7 @@ def resolve_backend(
     dims: tuple[int, ...] | None = None,
     dtype: torch.dtype | None = None,
     rows: int | None = None,
+    max_len: int | None = None,
 ) -> str:
     """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``, else by measurement on the H200 (rows in
     ``data/bench/verify_attention.csv``):
@@ -157,9 +158,10 @@ def resolve_backend(
     * MLA with DeepSeek's dims (512 + 64) in bf16 / fp16 on an sm_90 GPU whose nvcc builds it:
       ``cuda`` (0.61 ms at h=16, L=128k, T=65 against the Triton kernel's 1.50 ms);
     * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
-      G * T`` number at least 64 and do not spill a few rows (<= 16) past one 128-row block:
-      ``cuda`` (1.1-1.2x the Triton kernel at 32q/8kv, T=17 and 65, and at 8q/1kv, T=65; at
-      8q/1kv, T=17 (136 rows) the Triton kernel's small tail tile is 1-5 % faster);
+      G * T`` number at least 64: ``cuda`` (1.09-1.40x the Triton kernel at 32q/8kv and 8q/1kv,
+      T=17 and 65, L 16k-256k), except for 129-144 rows when the page table holds fewer than
+      128k keys (``max_len``; 8q/1kv, T=17: the Triton kernel's small tail tile is 4 % faster at
+      64k and 17 % at 16k, 9-22 % slower at 128k-256k);
     * else ``triton`` on CUDA if registered and it supports the head dims (``dims``, when
       given), else ``ref``.
 
@@ -188,7 +190,7 @@ def resolve_backend(
         and dtype in (torch.bfloat16, torch.float16)
         and rows is not None
         and rows >= 64
-        and not 128 < rows <= 144
+        and not (128 < rows <= 144 and (max_len is None or max_len < 131072))
         and "cuda" in available_backends(kind)
     ):
         from kdtree.kernels import cuda_gqa
@@ -362,7 +364,10 @@ def tree_attention(
         _check_dense_mask(dense_mask, q.shape[0], q.shape[1], q.device)
         extra["dense_mask"] = dense_mask
     g = q.shape[2] // k_cache.shape[2]
-    name = resolve_backend("gqa", backend, q.device, (q.shape[3],), q.dtype, g * q.shape[1])
+    capacity = page_table.shape[1] * k_cache.shape[1]
+    name = resolve_backend(
+        "gqa", backend, q.device, (q.shape[3],), q.dtype, g * q.shape[1], capacity
+    )
     fn = get_backend("gqa", name)
     return fn(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=sm_scale, **extra)
 

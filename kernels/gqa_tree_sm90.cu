@@ -9,23 +9,27 @@
 // Schedule
 //   * Rows: the M dimension packs the G*T query rows of one (request, KV head), row r ->
 //     (t = r / G, h = kvh * G + r % G), so each KV tile is read once for all of them. A CTA owns
-//     BLOCK_M = 128 consecutive rows, 64 per consumer warpgroup; a warpgroup whose 64 rows are
-//     all past G*T only keeps the barriers.
-//   * Grid (ceil(G*T / 128), num_splits, B * Hkv); the row blocks of one split are the fastest
-//     axis, so they run together and read the split's KV from DRAM once (L2 serves the rest).
-//     Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of BN), the
-//     LAST split also the T tree keys through the ancestor bitmask (kdtree_sm90::split_tiles).
-//   * Warp specialisation: a producer warpgroup (40 registers) issues 16-byte cp.async copies of
-//     Q and of every KV tile (BN = 128 keys; K and V each two 128-key x 64-dim 128B-swizzled
-//     slices) into STAGES = 3 stages; its copies complete on the stage's mbarrier
-//     (cp.async.mbarrier.arrive.noinc), so the producer never waits for its own data, only for a
-//     stage to be released (named barrier EMPTY + s). Keys past the split's end, past T or past
-//     the page table are zero-filled.
-//   * Consumer warpgroup (232 registers), per tile j: S_j = Q K_j^T (8 x wgmma.m64n128k16, both
-//     operands from shared memory) is issued together with O += P_{j-1} V_{j-1} (8 x
-//     m64n128k16, P from registers: the accumulator fragments of S are the A fragments of P V,
-//     V MN-major); the softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores
-//     (FlashAttention-3's intra-warpgroup overlap), then O is rescaled. The two consumer
+//     64 consecutive rows per consumer warpgroup; a warpgroup whose 64 rows are all past G*T
+//     only keeps the barriers. Two shapes (Cfg below): Wide, 2 consumer warpgroups (128 rows)
+//     over 128-key tiles in 3 stages; Tall, 3 consumer warpgroups (192 rows) over 64-key tiles
+//     in 5 stages, so fewer CTAs read each KV tile from L2 when there are >= 3 row blocks of 64
+//     (the launcher's `wgs`, chosen by kdtree.kernels.cuda_gqa.consumer_warpgroups).
+//   * Grid (ceil(G*T / rows a CTA), num_splits, B * Hkv); the row blocks of one split are the
+//     fastest axis, so they run together and read the split's KV from DRAM once (L2 serves the
+//     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the
+//     tile), the LAST split also the T tree keys through the ancestor bitmask
+//     (kdtree_sm90::split_tiles).
+//   * Warp specialisation: a producer warpgroup brings Q by cp.async (its own mbarrier) and whole
+//     prefix tiles by TMA (3-D tensor maps over the K and V pools; K and V each two tile x
+//     64-dim 128B-swizzled slices a stage); partial and tree tiles and pages of < 8 slots by
+//     zero-filling 16-byte cp.async completing on the stage's mbarrier
+//     (cp.async.mbarrier.arrive.noinc). It waits only for a stage to be released (named barrier
+//     EMPTY + s).
+//   * Consumer warpgroup, per tile j: S_j = Q K_j^T (8 x wgmma.m64nBNk16, both operands from
+//     shared memory) is issued together with O += P_{j-1} V_{j-1} (BN / 16 x m64n128k16, P from
+//     registers: the accumulator fragments of S are the A fragments of P V, V MN-major); the
+//     softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores (FlashAttention-3's
+//     intra-warpgroup overlap), then stage j-1 is released and O rescaled. The consumer
 //     warpgroups interleave on the SM's tensor cores by themselves.
 //   * One split: the CTA writes the normalised output. Several: normalised fp32 partials
 //     [B, Hkv, S, G*T, 128] + base-2 LSE [B, Hkv, S, G*T], merged by the Triton merge kernel
@@ -40,7 +44,8 @@
 // slower everywhere (8q/1kv, T=65, 128k: 111 us at its best one-wave split count, against 98 us
 // here) and was taken out. Reading the TMA runs' page entries three tiles ahead instead of one
 // (commit 140ec86, call i) changed nothing (99.0 against 98.2 us): the box issue's ~2.8k cycles a
-// tile are the TMA unit's back-pressure, not the page-table read.
+// tile are the TMA unit's back-pressure, not the page-table read. The Tall shape (call j) took
+// 8q/1kv, T=65, 128k from 98 to 91 us and T=17 from 49 to 44 us (two row-block CTAs -> one).
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>
