@@ -29,7 +29,15 @@ import torch
 
 from kdtree.kernels._common import launch_merge
 from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc
-from kdtree.kernels.cuda_mla import _aligned16, _is_sm90
+from kdtree.kernels.cuda_common import (
+    aligned16,
+    any_sm90,
+    is_sm90,
+    library_builds,
+    on_sm90,
+    split_workspace,
+    warn_ablation,
+)
 from kdtree.kernels.heuristics import MAX_TREE_TOKENS
 from kdtree.kernels.tree_attention import _check_lengths, _check_metadata
 
@@ -101,37 +109,18 @@ def _load() -> ctypes.CDLL:
 
 
 @functools.cache
-def _library_ok() -> bool:
-    """nvcc is found and the library builds and loads (once a process). A failure warns once
-    and makes ``"auto"`` keep GQA on Triton."""
-    if find_nvcc() is None:
-        return False
-    try:
-        _load()
-    except Exception as exc:  # an nvcc without sm_90a, a broken toolchain
-        import warnings
-
-        warnings.warn(
-            f"the CUDA GQA kernel did not build ({exc}); backend 'auto' uses Triton for GQA",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    return True
+def _library_ok() -> bool:  # the GQA library builds and loads (checked once a process)
+    return library_builds(find_nvcc, _load, "GQA")
 
 
 def available_on(device: torch.device) -> bool:
-    """``device`` is an sm_90 GPU and the library builds with the local nvcc."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    return _is_sm90(torch.device("cuda", device.index or 0)) and _library_ok()
+    """What ``"auto"`` checks before it picks this backend: an sm_90 ``device`` and a library
+    that builds."""
+    return on_sm90(device, _library_ok)
 
 
-def available() -> bool:
-    """nvcc is found and an sm_90 device is present."""
-    if find_nvcc() is None or not torch.cuda.is_available():
-        return False
-    return any(_is_sm90(torch.device("cuda", i)) for i in range(torch.cuda.device_count()))
+def available() -> bool:  # nvcc and an sm_90 device
+    return any_sm90(find_nvcc)
 
 
 # ----------------------------------------------------------------------------- launch planning
@@ -189,21 +178,11 @@ _ABLATE_WARNED = False
 
 
 def _warn_if_ablating() -> None:
-    """``KDTREE_GQA_ABLATE`` makes the kernel skip work (a measurement knob of
-    ``tools/gpu/gqa_phases.py`` whose results are wrong by design): say so once per process."""
+    """``KDTREE_GQA_ABLATE`` makes the CUDA GQA kernels skip work: say so once a process."""
     global _ABLATE_WARNED
-    import os
-    import warnings
-
-    value = os.environ.get("KDTREE_GQA_ABLATE", "0").strip()
-    if value not in ("", "0") and not _ABLATE_WARNED:
-        _ABLATE_WARNED = True
-        warnings.warn(
-            f"KDTREE_GQA_ABLATE={value}: the CUDA GQA kernel skips work and its results are wrong "
-            "(a measurement setting of tools/gpu/gqa_phases.py)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    _ABLATE_WARNED = warn_ablation(
+        "KDTREE_GQA_ABLATE", _ABLATE_WARNED, "CUDA GQA kernels", "tools/gpu/gqa_phases.py"
+    )
 
 
 def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None:
@@ -225,7 +204,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
         raise ValueError(f"q: T={t} tree tokens is above the maximum {MAX_TREE_TOKENS}")
     if q.device.type != "cuda":
         raise RuntimeError(f"q: on {q.device}; the CUDA GQA backend needs CUDA tensors")
-    if not _is_sm90(q.device):
+    if not is_sm90(q.device):
         cap = torch.cuda.get_device_capability(q.device)
         raise RuntimeError(
             f"{q.device} has compute capability {cap}; the CUDA GQA kernel is built for sm_90a "
@@ -345,27 +324,14 @@ def tree_attention_gqa_cuda(
     num_splits = int(num_splits)
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}: expected >= 1")
-    if not _aligned16(q):
+    if not aligned16(q):
         q = q.clone(memory_format=torch.contiguous_format)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     part = lse = None
     need = workspace_numel(b, hkv, rows, num_splits)
     if need:
-        if workspace is None:
-            workspace = torch.empty(need, dtype=torch.float32, device=device)
-        elif (
-            workspace.dtype != torch.float32
-            or workspace.device != device
-            or not workspace.is_contiguous()
-            or workspace.numel() < need
-            or workspace.data_ptr() % 16
-        ):
-            raise ValueError(
-                f"workspace: expected a contiguous 16-byte aligned float32 tensor on {device} "
-                f"with >= {need} elements, got {workspace.dtype} {tuple(workspace.shape)} "
-                f"on {workspace.device}"
-            )
+        workspace = split_workspace(workspace, need, device)
         n = b * hkv * num_splits * rows
         part = workspace[: n * HEAD_DIM].view(b, hkv, num_splits, rows, HEAD_DIM)
         lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, rows)

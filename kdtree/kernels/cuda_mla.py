@@ -33,6 +33,15 @@ import threading
 import torch
 
 from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc, parse_ptxas
+from kdtree.kernels.cuda_common import (
+    aligned16,
+    any_sm90,
+    is_sm90,
+    library_builds,
+    on_sm90,
+    split_workspace,
+    warn_ablation,
+)
 from kdtree.kernels.heuristics import MAX_TREE_TOKENS
 from kdtree.kernels.tree_attention import _check_lengths, _check_metadata
 
@@ -115,44 +124,23 @@ def _load() -> ctypes.CDLL:
 # ----------------------------------------------------------------------------- availability
 
 
-def _is_sm90(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device) == (9, 0)
-
-
 @functools.cache
 def _library_ok() -> bool:
     """nvcc is found and the library builds and loads (once a process; the build is cached on
     disk). A failure warns once and makes ``"auto"`` fall back to Triton."""
-    if find_nvcc() is None:
-        return False
-    try:
-        _load()
-    except Exception as exc:  # an nvcc without sm_90a or CUDA >= 12.5 APIs, a broken toolchain
-        import warnings
-
-        warnings.warn(
-            f"the CUDA MLA kernel did not build ({exc}); backend 'auto' uses Triton for MLA",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    return True
+    return library_builds(find_nvcc, _load, "MLA")
 
 
 def available_on(device: torch.device) -> bool:
     """``device`` is a CUDA sm_90 (Hopper) GPU and the library builds with the local nvcc (what
     ``"auto"`` checks before it picks this backend; the first call builds, later ones are
     cheap)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    return _is_sm90(torch.device("cuda", device.index or 0)) and _library_ok()
+    return on_sm90(device, _library_ok)
 
 
 def available() -> bool:
     """nvcc is found and a CUDA sm_90 (Hopper) device is present."""
-    if find_nvcc() is None or not torch.cuda.is_available():
-        return False
-    return any(_is_sm90(torch.device("cuda", i)) for i in range(torch.cuda.device_count()))
+    return any_sm90(find_nvcc)
 
 
 # ----------------------------------------------------------------------------- launch planning
@@ -187,26 +175,14 @@ _ABLATE_WARNED = False
 
 
 def _warn_if_ablating() -> None:
-    """``KDTREE_MLA_ABLATE`` makes the wgmma / seesaw kernels skip work (a measurement knob whose results
-    are wrong by design; the launcher reads it at every launch, a CUDA graph keeps the value
-    captured): say so once per process."""
+    """``KDTREE_MLA_ABLATE`` makes the wgmma / seesaw MLA kernels skip work: say so once a process."""
     global _ABLATE_WARNED
-    import os
-    import warnings
-
-    value = os.environ.get("KDTREE_MLA_ABLATE", "0").strip()
-    if value not in ("", "0") and not _ABLATE_WARNED:
-        _ABLATE_WARNED = True
-        warnings.warn(
-            f"KDTREE_MLA_ABLATE={value}: the wgmma / seesaw MLA kernels skip work and its results are "
-            "wrong (a measurement setting of tools/gpu/mla_phases.py)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def _aligned16(x: torch.Tensor) -> bool:
-    return x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
+    _ABLATE_WARNED = warn_ablation(
+        "KDTREE_MLA_ABLATE",
+        _ABLATE_WARNED,
+        "wgmma / seesaw MLA kernels",
+        "tools/gpu/mla_phases.py",
+    )
 
 
 def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> None:
@@ -234,7 +210,7 @@ def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> N
         raise ValueError(f"q_nope: T={t} tree tokens is above the maximum {MAX_TREE_TOKENS}")
     if q_nope.device.type != "cuda":
         raise RuntimeError(f"q_nope: on {q_nope.device}; the CUDA backend needs CUDA tensors")
-    if not _is_sm90(q_nope.device):
+    if not is_sm90(q_nope.device):
         cap = torch.cuda.get_device_capability(q_nope.device)
         raise RuntimeError(
             f"{q_nope.device} has compute capability {cap}; the CUDA MLA kernel is built for "
@@ -355,29 +331,16 @@ def tree_attention_mla_cuda(
     num_splits = int(num_splits)
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}: expected >= 1")
-    if not _aligned16(q_nope):
+    if not aligned16(q_nope):
         q_nope = q_nope.clone(memory_format=torch.contiguous_format)
-    if not _aligned16(q_pe):
+    if not aligned16(q_pe):
         q_pe = q_pe.clone(memory_format=torch.contiguous_format)
     if out is None:
         out = q_nope.new_empty(b, t, h, RANK)
     part_ptr = lse_ptr = None
     need = workspace_numel(b, t, h, num_splits)
     if need:
-        if workspace is None:
-            workspace = torch.empty(need, dtype=torch.float32, device=device)
-        elif (
-            workspace.dtype != torch.float32
-            or workspace.device != device
-            or not workspace.is_contiguous()
-            or workspace.numel() < need
-            or workspace.data_ptr() % 16
-        ):
-            raise ValueError(
-                f"workspace: expected a contiguous 16-byte aligned float32 tensor on {device} "
-                f"with >= {need} elements, got {workspace.dtype} {tuple(workspace.shape)} "
-                f"on {workspace.device}"
-            )
+        workspace = split_workspace(workspace, need, device)
         n_part = b * num_splits * t * h * RANK
         part_ptr = workspace.data_ptr()
         lse_ptr = part_ptr + 4 * n_part

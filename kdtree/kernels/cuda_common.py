@@ -1,0 +1,99 @@
+"""Host-side pieces the sm_90 CUDA C++ backends share (:mod:`kdtree.kernels.cuda_mla`,
+:mod:`kdtree.kernels.cuda_gqa`): the device and build checks ``backend="auto"`` makes, the
+measurement-knob warning, operand alignment and the split workspace."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+
+import torch
+
+__all__ = [
+    "aligned16",
+    "any_sm90",
+    "is_sm90",
+    "library_builds",
+    "on_sm90",
+    "split_workspace",
+    "warn_ablation",
+]
+
+
+def is_sm90(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def aligned16(x: torch.Tensor) -> bool:
+    """``x``'s base and every stride but the last allow 16-byte copies of its rows."""
+    return x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
+
+
+def library_builds(find_nvcc: Callable, load: Callable, what: str) -> bool:
+    """nvcc is found and ``load()`` builds and loads the library; a build failure (an nvcc
+    without sm_90a, a broken toolchain) warns that ``"auto"`` uses Triton for ``what``."""
+    if find_nvcc() is None:
+        return False
+    try:
+        load()
+    except Exception as exc:
+        warnings.warn(
+            f"the CUDA {what} kernel did not build ({exc}); backend 'auto' uses Triton for {what}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return False
+    return True
+
+
+def on_sm90(device: torch.device, library_ok: Callable[[], bool]) -> bool:
+    """``device`` is an sm_90 (Hopper) GPU and ``library_ok()`` (checked only then)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return is_sm90(torch.device("cuda", device.index or 0)) and library_ok()
+
+
+def any_sm90(find_nvcc: Callable) -> bool:
+    """nvcc is found and an sm_90 device is present."""
+    if find_nvcc() is None or not torch.cuda.is_available():
+        return False
+    return any(is_sm90(torch.device("cuda", i)) for i in range(torch.cuda.device_count()))
+
+
+def warn_ablation(env_var: str, warned: bool, what: str, tool: str) -> bool:
+    """Warn once a process when the measurement knob ``env_var`` is set to anything but 0 (the
+    kernel then skips work and its results are wrong by design; the launcher reads it at every
+    launch, a CUDA graph keeps the value captured). Returns the new ``warned`` state."""
+    value = os.environ.get(env_var, "0").strip()
+    if value in ("", "0") or warned:
+        return warned
+    warnings.warn(
+        f"{env_var}={value}: the {what} skip work and their results are wrong (a measurement "
+        f"setting of {tool})",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return True
+
+
+def split_workspace(
+    workspace: torch.Tensor | None, need: int, device: torch.device
+) -> torch.Tensor:
+    """``workspace`` checked to hold ``need`` float32 elements on ``device`` (contiguous,
+    16-byte aligned), or a new one when it is None (an allocation inside the call)."""
+    if workspace is None:
+        return torch.empty(need, dtype=torch.float32, device=device)
+    if (
+        workspace.dtype != torch.float32
+        or workspace.device != device
+        or not workspace.is_contiguous()
+        or workspace.numel() < need
+        or workspace.data_ptr() % 16
+    ):
+        raise ValueError(
+            f"workspace: expected a contiguous 16-byte aligned float32 tensor on {device} "
+            f"with >= {need} elements, got {workspace.dtype} {tuple(workspace.shape)} "
+            f"on {workspace.device}"
+        )
+    return workspace
