@@ -160,8 +160,8 @@ def resolve_backend(
     * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
       G * T`` number at least 64: ``cuda`` (1.09-1.40x the Triton kernel at 32q/8kv and 8q/1kv,
       T=17 and 65, L 16k-256k), except for 129-144 rows when the page table holds fewer than
-      128k keys (``max_len``; 8q/1kv, T=17: the Triton kernel's small tail tile is 4 % faster at
-      64k and 17 % at 16k, 9-22 % slower at 128k-256k);
+      128k keys (``max_len``) or its size is not given (8q/1kv, T=17: the Triton kernel, with its
+      small tail tile, takes 0.83x / 0.96x our time at 16k / 64k, 1.09-1.22x at 128k-256k);
     * else ``triton`` on CUDA if registered and it supports the head dims (``dims``, when
       given), else ``ref``.
 

@@ -29,8 +29,9 @@
 //     shared memory) is issued together with O += P_{j-1} V_{j-1} (BN / 16 x m64n128k16, P from
 //     registers: the accumulator fragments of S are the A fragments of P V, V MN-major); the
 //     softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores (FlashAttention-3's
-//     intra-warpgroup overlap), then stage j-1 is released and O rescaled. The consumer
-//     warpgroups interleave on the SM's tensor cores by themselves.
+//     intra-warpgroup overlap), then stage j-1 is released and O rescaled. Wide's two consumer
+//     warpgroups take turns issuing their MMAs (KDTREE_GQA_PINGPONG, default on); Tall's three
+//     interleave by themselves.
 //   * One split: the CTA writes the normalised output. Several: normalised fp32 partials
 //     [B, Hkv, S, G*T, 128] + base-2 LSE [B, Hkv, S, G*T], merged by the Triton merge kernel
 //     (kdtree.kernels._common.launch_merge) in the same stream.
@@ -142,8 +143,9 @@ struct Params {
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
 };
 
-// Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [0..2] thread 0 of consumer warpgroup
-// 0..2 (kdtree.kernels.cuda_gqa.CONSUMER_PHASES), [3] the producer's thread 0 (PRODUCER_PHASES).
+// Phase clocks (KDTREE_GQA_CLOCKS=1, the Wide shape only), summed over CTAs: [0], [1] thread 0
+// of consumer warpgroup 0 / 1 (kdtree.kernels.cuda_gqa.CONSUMER_PHASES), [3] the producer's
+// thread 0 (PRODUCER_PHASES); [2] is unused.
 __device__ unsigned long long g_gqa_clocks[4][10];
 
 // cp.async completion -> one arrival on `bar` (the pending count is not raised: the mbarrier's

@@ -231,15 +231,17 @@ else:
 # ### The CUDA GQA kernel (session 11)
 # `kernels/gqa_tree_sm90.cu` brings the MLA kernels' warp-specialised structure to GQA with head
 # dim 128: a producer warpgroup (TMA for whole prefix tiles, zero-filling cp.async for the rest,
-# one mbarrier a stage), two consumer warpgroups of 64 packed rows (query heads x tree tokens of
-# one KV head), S and P V by `wgmma` with P kept in registers, and the softmax of a 128-key tile
-# overlapped with the previous tile's P V. `backend="auto"` runs it for head dim 128 in bf16 /
+# one mbarrier a stage), consumer warpgroups of 64 packed rows (query heads x tree tokens of
+# one KV head; two over 128-key tiles, or three over 64-key tiles when the rows fill three
+# blocks, so fewer CTAs read each KV tile), S and P V by `wgmma` with P kept in registers, and
+# the softmax of a tile overlapped with the previous tile's P V. `backend="auto"` runs it for head dim 128 in bf16 /
 # fp16 on sm_90 where it was measured faster than the Triton kernel. Each row is one version at
 # 8q/1kv, L=128k, T=65 (`python3 tools/gpu/gqa_phases.py`, stage files `tools/gpu/stages_s11b.txt`
 # ... `stages_s11i.txt`): the time, cycles per KV tile (thread 0's `clock()` stamps,
 # `KDTREE_GQA_CLOCKS=1`), and the compute alone / the copies alone (`KDTREE_GQA_ABLATE`). The
 # thread-block-cluster versions (d, e) multicast each TMA tile into a split's row blocks; they
-# were slower and were taken out.
+# were slower and were taken out. These rows are the two-warpgroup shape; the three-warpgroup
+# one (call j) took this point from 98 to 91 µs.
 
 # %%
 gqa_csv = nb.data_path("bench", "logs", "gqa_phases_session11.csv")

@@ -41,7 +41,7 @@ def library_builds(find_nvcc: Callable, load: Callable, what: str) -> bool:
         warnings.warn(
             f"the CUDA {what} kernel did not build ({exc}); backend 'auto' uses Triton for {what}",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
         return False
     return True

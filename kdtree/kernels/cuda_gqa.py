@@ -6,10 +6,11 @@
 [B]``, ``tree_mask int64 [B, T, W]``; returns ``[B, T, Hq, 128]``. bf16 and fp16 only.
 
 The kernel is ``kernels/gqa_tree_sm90.cu`` (with ``kernels/sm90_common.cuh``): a producer
-warpgroup of cp.async copies completing on per-stage mbarriers, two consumer warpgroups of 64
-packed query rows each (all query heads of a KV head times all tree tokens), ``wgmma`` for S
-and for P V with P kept in registers, and the softmax of one tile overlapped with the previous
-tile's P V. Partials of several KV splits are merged by the Triton merge kernel
+warpgroup bringing whole prefix tiles by TMA and the rest by zero-filling cp.async, completing
+on per-stage mbarriers; two consumer warpgroups over 128-key tiles or three over 64-key tiles
+(:func:`consumer_warpgroups`), each of 64 packed query rows (all query heads of a KV head times
+all tree tokens); ``wgmma`` for S and for P V with P kept in registers, and the softmax of one
+tile overlapped with the previous tile's P V. Partials of several KV splits are merged by the Triton merge kernel
 (:func:`kdtree.kernels._common.launch_merge`). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
 the split count depends on static shapes only, so a call can be captured in a CUDA graph (pass
@@ -370,6 +371,11 @@ def phase_clocks() -> dict[str, float]:
     rc = _load().kdtree_gqa_clocks(ctypes.cast(buf, ctypes.c_void_p))
     if rc != 0:
         raise RuntimeError(f"reading the GQA clocks failed ({rc})")
+    if buf[9] == 0:
+        raise RuntimeError(
+            "no GQA clocks were recorded: launch with KDTREE_GQA_CLOCKS=1 and the two-warpgroup "
+            "shape (KDTREE_GQA_WARPGROUPS=2; the three-warpgroup one keeps no clocks)"
+        )
     out: dict[str, float] = {}
     for w, names in ((0, CONSUMER_PHASES), (1, CONSUMER_PHASES), (3, PRODUCER_PHASES)):
         tiles = max(int(buf[10 * w + 8]), 1)

@@ -9,6 +9,9 @@
    clocks and time).
 
     python3 tools/gpu/gqa_phases.py [--points gqa_8q1kv_d128:131072:65,...] [--out DIR]
+
+It runs the two-warpgroup kernel shape (``KDTREE_GQA_WARPGROUPS=2``, the one with clocks and
+turns) at every point.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def main() -> None:
     )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    os.environ["KDTREE_GQA_WARPGROUPS"] = "2"  # the shape with clocks and turns
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
     for spec in a.points.split(","):
