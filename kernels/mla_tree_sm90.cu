@@ -174,17 +174,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) mla_split_kernel(const Params 
   const int S = p.num_splits;
 
   // ---- the key range of this split
-  TileSeq ts;
-  ts.T = p.T;
-  ts.L = max(__ldg(p.prefix_lens + b), 0);
-  {
-    const int per = (ts.L + S - 1) / S;
-    const int chunk = (per + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
-    ts.start = min(split * chunk, ts.L);
-    ts.end = min(ts.start + chunk, ts.L);
-    ts.n_pre = (ts.end - ts.start + BLOCK_N - 1) / BLOCK_N;
-    ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + BLOCK_N - 1) / BLOCK_N : 0);
-  }
+  const TileSeq ts = split_tiles<BLOCK_N>(p, split, b);
   const int32_t* pt_row = p.page_table + b * p.spt_b;
   const E* kv = static_cast<const E*>(p.kv);
 
