@@ -417,6 +417,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const uint32_t sBar = sKV + STAGES * C::SMEM_STAGE;  // STAGES mbarriers ("full"), then Q's
 
   const int tid = threadIdx.x;
+  griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
   const int m0 = blockIdx.x * C::BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
@@ -570,7 +571,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 }
 
 template <class C, typename E>
-int launch(const Params& p, int B, cudaStream_t stream) {
+int launch(const Params& p, int B, int merge, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -585,7 +586,20 @@ int launch(const Params& p, int B, cudaStream_t stream) {
   const dim3 grid((p.rows + C::BLOCK_M - 1) / C::BLOCK_M, p.num_splits, B * p.Hkv);
   gqa_split_kernel<C, E><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
   err = cudaGetLastError();
-  return err == cudaSuccess ? 0 : static_cast<int>(err);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
+  MergeParams mp;
+  mp.part = p.part;
+  mp.lse = p.lse;
+  mp.out = p.out;
+  mp.so_b = p.so_b;
+  mp.so_t = p.so_t;
+  mp.so_h = p.so_h;
+  mp.Hkv = p.Hkv;
+  mp.G = p.G;
+  mp.rows = p.rows;
+  mp.num_splits = p.num_splits;
+  return launch_merge_splits<E, D>(mp, B, stream, merge == MERGE_PDL);
 }
 
 }  // namespace kdtree_gqa
@@ -627,10 +641,15 @@ const char* kdtree_gqa_error_string(int code) {
     case -8: return "grid: B * Hkv, num_splits <= 65535 and G * T <= 2^30";
     case -9: return "device ordinal above 127";
     case -10: return "consumer warpgroups: expected 2 (128-key tiles) or 3 (64-key tiles)";
+    case -11: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge, at most 2048 "
+                     "splits)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
 
+// Launch the split kernel on `stream` (strides in elements) and, with num_splits > 1 and
+// `merge` 1 (in stream order) or 2 (as a programmatic dependent), the shared merge; `merge` 0
+// leaves the partials to the caller. 0, a negative argument error or a cudaError_t value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
                            const int64_t* tree_mask, void* out, float* part, float* lse,
@@ -639,9 +658,12 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
                            int max_pages, int num_splits, float sm_scale, int64_t num_slots,
-                           int wgs, uintptr_t stream) {
+                           int wgs, int merge, uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
+  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
+      (merge != MERGE_BY_CALLER && num_splits > MERGE_MAX_SPLITS))
+    return -11;
   if (wgs != 2 && wgs != 3) return -10;
   if (head_dim != D) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
@@ -715,8 +737,10 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   if (wgs == 2)
-    return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, s) : launch<Wide, __half>(p, B, s);
-  return dtype == 0 ? launch<Tall, __nv_bfloat16>(p, B, s) : launch<Tall, __half>(p, B, s);
+    return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, merge, s)
+                      : launch<Wide, __half>(p, B, merge, s);
+  return dtype == 0 ? launch<Tall, __nv_bfloat16>(p, B, merge, s)
+                    : launch<Tall, __half>(p, B, merge, s);
 }
 
 }  // extern "C"

@@ -31,7 +31,8 @@
 //   * Shared-memory rows are padded to 584 elements (1168 B = 16 mod 128) so ldmatrix reads
 //       of 8 consecutive rows hit 8 distinct 16-byte bank groups (conflict-free).
 //   * One split: the CTA writes the normalised output directly. Several: normalised fp32
-//       partials [B, S, H*T, 512] + base-2 LSE [B, S, H*T], then mla_merge_kernel.
+//       partials [B, S, H*T, 512] + base-2 LSE [B, S, H*T], then the shared merge
+//       (sm90_common.cuh merge_splits_kernel, Hkv = 1), by default a programmatic dependent.
 //
 // Everything depends only on shapes and device pointers: graph-capturable.
 
@@ -66,7 +67,6 @@ constexpr int SMEM_Q = BLOCK_M * SROW * 2;
 constexpr int SMEM_KV_STAGE = BLOCK_N * SROW * 2;
 constexpr int SMEM_RED = NUM_WARPS * 16 * 32 * 4;  // 16 fp32 score partials per lane per warp
 constexpr int SMEM_TOTAL = SMEM_Q + STAGES * SMEM_KV_STAGE + SMEM_RED;
-constexpr int MERGE_THREADS = RANK / 4;  // 4 output columns per merge thread
 
 static_assert(NUM_THREADS == BLOCK_N * 8, "one KV row per 8 threads");
 static_assert(CHUNKS % 8 == 0, "9 chunks per loading thread");
@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) mla_split_kernel(const Params 
   float* sRed = reinterpret_cast<float*>(smem + SMEM_Q + STAGES * SMEM_KV_STAGE);
 
   const int tid = threadIdx.x;
+  griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int rg = warp & 3;   // row group: CTA rows [16*rg, 16*rg + 16)
@@ -389,41 +390,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) mla_split_kernel(const Params 
       if (ok1) p.lse[base + row1] = l_run1 > 0.f ? m_run1 + __log2f(l_run1) : neg_inf();
     }
   }
-}
-
-// ------------------------------------------------------------------ merge kernel
-
-// Grid (rows, B), MERGE_THREADS threads: thread i combines output columns [4i, 4i + 4) of one
-// row over the S normalised partials with weights 2^(lse_s - max lse).
-template <typename E>
-__global__ void __launch_bounds__(MERGE_THREADS) mla_merge_kernel(const Params p) {
-  const int row = blockIdx.x;
-  const int b = blockIdx.y;
-  const int S = p.num_splits;
-  const int col = threadIdx.x * 4;
-  const int64_t base = static_cast<int64_t>(b) * S * p.rows + row;  // + s * rows
-  const float* lse = p.lse + base;
-  float mx = neg_inf();
-  for (int s = 0; s < S; ++s) mx = fmaxf(mx, lse[static_cast<int64_t>(s) * p.rows]);
-  const float muse = mx == neg_inf() ? 0.f : mx;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float wsum = 0.f;
-  for (int s = 0; s < S; ++s) {
-    const float w = exp2f(lse[static_cast<int64_t>(s) * p.rows] - muse);
-    if (w > 0.f) {
-      const float4 v = *reinterpret_cast<const float4*>(
-          p.part + (base + static_cast<int64_t>(s) * p.rows) * RANK + col);
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
-      wsum += w;
-    }
-  }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.H) * p.so_t + (row % p.H) * p.so_h + col;
-  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
-  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 }
 
 // ------------------------------------------------------------------ wgmma split kernel
@@ -656,6 +622,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
   float* sL = sMax + 2 * 2 * BLOCK_M;
 
   const int tid = threadIdx.x;
+  griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
   const int m0 = blockIdx.x * BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z;
@@ -1035,6 +1002,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   const uint32_t sBar = smem_u32(sSum + 2 * BLOCK_M);  // TMA mbarriers, one a stage
 
   const int tid = threadIdx.x;
+  griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
   const int m0 = blockIdx.x * BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z;
@@ -1271,7 +1239,7 @@ __global__ void __launch_bounds__(128) mla_wgmma_probe_kernel(const E* a, const 
 }
 
 template <typename E>
-int launch(const Params& p, int B, int kernel, cudaStream_t stream) {
+int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -1300,10 +1268,20 @@ int launch(const Params& p, int B, int kernel, cudaStream_t stream) {
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
-  if (p.num_splits > 1) {
-    mla_merge_kernel<E><<<dim3(p.rows, B), MERGE_THREADS, 0, stream>>>(p);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return static_cast<int>(err);
+  if (p.num_splits > 1 && merge != MERGE_BY_CALLER) {
+    MergeParams mp;
+    mp.part = p.part;
+    mp.lse = p.lse;
+    mp.out = p.out;
+    mp.so_b = p.so_b;
+    mp.so_t = p.so_t;
+    mp.so_h = p.so_h;
+    mp.Hkv = 1;
+    mp.G = p.H;
+    mp.rows = p.rows;
+    mp.num_splits = p.num_splits;
+    const int rc = launch_merge_splits<E, RANK>(mp, B, stream, merge == MERGE_PDL);
+    if (rc != 0) return rc;
   }
   return 0;
 }
@@ -1387,12 +1365,16 @@ const char* kdtree_mla_error_string(int code) {
     case -11: return "KDTREE_MLA_ABLATE bit 2 (no P V MMAs) is not implemented by the seesaw kernel";
     case -12: return "encoding the KV tensor map for TMA failed (cuTensorMapEncodeTiled)";
     case -13: return "the seesaw kernel needs 1 <= num_pages * page_size <= 2^31 - 1";
+    case -14: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge, at most 2048 "
+                     "splits)";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }
 
 // Launch the split kernel (+ merge when num_splits > 1) on `stream`. Strides are in elements.
+// `merge`: 0 leaves the partials to the caller, 1 launches the shared merge in stream order, 2
+// as a programmatic dependent of the split kernel (MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL).
 // Returns 0, a negative argument error (kdtree_mla_error_string) or a cudaError_t value.
 int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, const void* kv,
                            const int32_t* page_table, const int32_t* prefix_lens,
@@ -1402,9 +1384,12 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int H, int rank, int rope, int page_size, int max_pages,
                            int num_splits, float sm_scale, int kernel, int64_t num_slots,
-                           uintptr_t stream) {
+                           int merge, uintptr_t stream) {
   using namespace kdtree_mla;
   if (dtype != 0 && dtype != 1) return -1;
+  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
+      (merge != MERGE_BY_CALLER && num_splits > MERGE_MAX_SPLITS))
+    return -14;
   if (kernel < 0 || kernel > 2) return -10;
   if (rank != RANK || rope != ROPE) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
@@ -1470,7 +1455,8 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
     const int rc = encode_kv_map(&p.kv_map, kv, dtype, num_slots, s_slot, p.tma_rows);
     if (rc != 0) return rc;
   }
-  return dtype == 0 ? launch<__nv_bfloat16>(p, B, kernel, s) : launch<__half>(p, B, kernel, s);
+  return dtype == 0 ? launch<__nv_bfloat16>(p, B, kernel, merge, s)
+                    : launch<__half>(p, B, kernel, merge, s);
 }
 
 }  // extern "C"

@@ -1,6 +1,6 @@
 """Host-side pieces the sm_90 CUDA C++ backends share (:mod:`kdtree.kernels.cuda_mla`,
 :mod:`kdtree.kernels.cuda_gqa`): the device and build checks ``backend="auto"`` makes, the
-measurement-knob warning, operand alignment and the split workspace."""
+measurement-knob warning, operand alignment, the split workspace and who merges the splits."""
 
 from __future__ import annotations
 
@@ -15,10 +15,15 @@ __all__ = [
     "any_sm90",
     "is_sm90",
     "library_builds",
+    "merge_mode",
     "on_sm90",
     "split_workspace",
     "warn_ablation",
 ]
+
+#: ``KDTREE_CUDA_MERGE`` values -> the launchers' ``merge`` argument (kernels/sm90_common.cuh
+#: MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL).
+MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2}
 
 
 def is_sm90(device: torch.device) -> bool:
@@ -97,3 +102,16 @@ def split_workspace(
             f"on {workspace.device}"
         )
     return workspace
+
+
+def merge_mode() -> int:
+    """Who merges the split partials of the CUDA backends (``KDTREE_CUDA_MERGE``, read at every
+    call; a CUDA graph keeps what it captured): ``pdl`` (default) the shared CUDA merge as a
+    programmatic dependent launch of the split kernel (its launch overlaps the split's last
+    wave), ``plain`` the same kernel in stream order, ``triton`` the Triton merge
+    (:func:`kdtree.kernels._common.launch_merge`). A measurement knob: all three give the same
+    result up to summation order."""
+    value = os.environ.get("KDTREE_CUDA_MERGE", "pdl").strip() or "pdl"
+    if value not in MERGE_MODES:
+        raise ValueError(f"KDTREE_CUDA_MERGE={value!r}: expected one of {sorted(MERGE_MODES)}")
+    return MERGE_MODES[value]

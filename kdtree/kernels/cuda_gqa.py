@@ -10,8 +10,10 @@ warpgroup bringing whole prefix tiles by TMA and the rest by zero-filling cp.asy
 on per-stage mbarriers; two consumer warpgroups over 128-key tiles or three over 64-key tiles
 (:func:`consumer_warpgroups`), each of 64 packed query rows (all query heads of a KV head times
 all tree tokens); ``wgmma`` for S and for P V with P kept in registers, and the softmax of one
-tile overlapped with the previous tile's P V. Partials of several KV splits are merged by the Triton merge kernel
-(:func:`kdtree.kernels._common.launch_merge`). Built with ``nvcc`` on first use like the MLA
+tile overlapped with the previous tile's P V. Partials of several KV splits are merged by the
+shared CUDA merge (``kernels/sm90_common.cuh``), launched as a programmatic dependent of the
+split kernel (``KDTREE_CUDA_MERGE``, :func:`kdtree.kernels.cuda_common.merge_mode`; ``triton``
+keeps :func:`kdtree.kernels._common.launch_merge`). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
 the split count depends on static shapes only, so a call can be captured in a CUDA graph (pass
 ``workspace`` to keep allocations out of the call, see :func:`workspace_numel`).
@@ -35,6 +37,7 @@ from kdtree.kernels.cuda_common import (
     any_sm90,
     is_sm90,
     library_builds,
+    merge_mode,
     on_sm90,
     split_workspace,
     warn_ablation,
@@ -96,7 +99,13 @@ def _load() -> ctypes.CDLL:
             + [ptr] * 9  # q k v page_table prefix_lens tree_mask out part lse
             + [i64] * 13  # strides: q 3, k 2, v 2, page table row, mask 2, out 3
             + [i32] * 8  # B T Hq Hkv head_dim page_size max_pages num_splits
-            + [ctypes.c_float, i64, i32, ctypes.c_size_t]  # sm_scale num_slots wgs stream
+            + [
+                ctypes.c_float,
+                i64,
+                i32,
+                i32,
+                ctypes.c_size_t,
+            ]  # sm_scale num_slots wgs merge stream
         )
         lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
         lib.kdtree_gqa_error_string.argtypes = [i32]
@@ -245,7 +254,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-    num_splits: int, sm_scale: float, stream: int, wgs: int = 2,
+    num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 2,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""
@@ -281,6 +290,7 @@ def launch_args(
         float(sm_scale),
         k_cache.shape[0] * k_cache.shape[1],  # num_slots (the TMA maps)
         int(wgs),
+        int(merge),
         stream,
     )
 
@@ -337,18 +347,19 @@ def tree_attention_gqa_cuda(
         part = workspace[: n * HEAD_DIM].view(b, hkv, num_splits, rows, HEAD_DIM)
         lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, rows)
     lib = _load()
+    merge = merge_mode()
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(
             q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out,
             None if part is None else part.data_ptr(), None if lse is None else lse.data_ptr(),
-            num_splits, sm_scale, stream, consumer_warpgroups(rows),
+            num_splits, sm_scale, stream, consumer_warpgroups(rows), merge,
         )  # fmt: skip
         rc = lib.kdtree_gqa_tree_launch(*args)
         if rc != 0:
             msg = lib.kdtree_gqa_error_string(rc).decode()
             raise RuntimeError(f"CUDA GQA tree attention launch failed ({rc}): {msg}")
-        if num_splits > 1:
+        if num_splits > 1 and merge == 0:
             launch_merge(part, lse, out, hkv, g, rows, num_splits)
     return out
 

@@ -16,7 +16,9 @@ used when none is named. On first use it is built with ``nvcc`` (``CUDA_HOME``/`
 (``KDTREE_CUDA_CACHE`` overrides the root) and loaded with :mod:`ctypes`. The launch goes on
 ``torch.cuda.current_stream()``; nothing synchronises with the device and the split count is a
 function of static shapes only, so a call can be captured in a CUDA graph (pass ``workspace``
-to keep allocations out of the call entirely, see :func:`workspace_numel`).
+to keep allocations out of the call entirely, see :func:`workspace_numel`). Partials of
+several splits are merged by the shared CUDA merge of ``kernels/sm90_common.cuh``, by default a
+programmatic dependent launch (``KDTREE_CUDA_MERGE``, :func:`kdtree.kernels.cuda_common.merge_mode`).
 
 Importing this module registers backend ``"cuda"`` for kind ``"mla"`` in
 :mod:`kdtree.attention`; ``"auto"`` picks it for bf16 / fp16 with dims 512 + 64 on an sm_90 GPU
@@ -32,12 +34,14 @@ import threading
 
 import torch
 
+from kdtree.kernels._common import launch_merge
 from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc, parse_ptxas
 from kdtree.kernels.cuda_common import (
     aligned16,
     any_sm90,
     is_sm90,
     library_builds,
+    merge_mode,
     on_sm90,
     split_workspace,
     warn_ablation,
@@ -108,7 +112,13 @@ def _load() -> ctypes.CDLL:
             + [ptr] * 9  # q_nope q_pe kv page_table prefix_lens tree_mask out part lse
             + [i64] * 13  # strides: q_nope 3, q_pe 3, kv slot, page table row, mask 2, out 3
             + [i32] * 8  # B T H rank rope page_size max_pages num_splits
-            + [ctypes.c_float, i32, i64, ctypes.c_size_t]  # sm_scale kernel num_slots stream
+            + [
+                ctypes.c_float,
+                i32,
+                i64,
+                i32,
+                ctypes.c_size_t,
+            ]  # sm_scale kernel num_slots merge stream
         )
         lib.kdtree_mla_wgmma_clocks.restype = i32
         lib.kdtree_mla_wgmma_clocks.argtypes = [ptr]
@@ -251,7 +261,7 @@ def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> N
 
 def launch_args(
     q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-    num_splits: int, sm_scale: float, stream: int, kernel: str = DEFAULT_KERNEL,
+    num_splits: int, sm_scale: float, stream: int, kernel: str = DEFAULT_KERNEL, merge: int = 2,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_mla_tree_launch`` (one entry per C parameter, in the
     order of the signature in ``kernels/mla_tree_sm90.cu``)."""
@@ -285,6 +295,7 @@ def launch_args(
         float(sm_scale),
         KERNELS.get(kernel, -1),
         kv_cache.shape[0] * kv_cache.shape[1],  # num_slots (the seesaw kernel's TMA map)
+        int(merge),
         stream,
     )
 
@@ -345,16 +356,22 @@ def tree_attention_mla_cuda(
         part_ptr = workspace.data_ptr()
         lse_ptr = part_ptr + 4 * n_part
     lib = _load()
+    merge = merge_mode()
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(
             q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-            num_splits, sm_scale, stream, kernel,
+            num_splits, sm_scale, stream, kernel, merge,
         )  # fmt: skip
         rc = lib.kdtree_mla_tree_launch(*args)
-    if rc != 0:
-        msg = lib.kdtree_mla_error_string(rc).decode()
-        raise RuntimeError(f"CUDA MLA tree attention launch failed ({rc}): {msg}")
+        if rc != 0:
+            msg = lib.kdtree_mla_error_string(rc).decode()
+            raise RuntimeError(f"CUDA MLA tree attention launch failed ({rc}): {msg}")
+        if num_splits > 1 and merge == 0:  # the Triton merge over the same workspace
+            n_part = b * num_splits * t * h * RANK
+            part = workspace[:n_part].view(b, 1, num_splits, t * h, RANK)
+            lse = workspace[n_part : n_part + b * num_splits * t * h].view(b, 1, num_splits, t * h)
+            launch_merge(part, lse, out, 1, h, t * h, num_splits)
     return out
 
 

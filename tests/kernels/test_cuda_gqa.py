@@ -28,6 +28,8 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     kernels = parse_ptxas(res.log)
     split = [k for k in kernels if "gqa_split_kernel" in k]
     assert len(split) == 4, f"expected two shapes x bf16 / fp16, got {kernels}"
+    merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
+    assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
@@ -61,8 +63,14 @@ def test_ctypes_call_matches_the_c_signature(gen):
         assert lib.kdtree_gqa_block_n(wgs) == block_n
         assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
     assert lib.kdtree_gqa_block_m(4) == -1
-    assert lib.kdtree_gqa_tree_launch(*args[:-2], 4, args[-1]) == -10
+    assert args[-2] == 2  # merge: the CUDA merge as a programmatic dependent launch
+    assert lib.kdtree_gqa_tree_launch(*args[:-3], 4, *args[-2:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
+    # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
+    assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
+    big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
+    assert lib.kdtree_gqa_tree_launch(0, *big[1:]) == -11
+    assert b"2048" in lib.kdtree_gqa_error_string(-11)
 
 
 def test_choose_splits_is_static_and_bounded():
@@ -277,6 +285,33 @@ def test_without_turns_matches_fp64(case, gen, monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_PINGPONG", "0")
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
     _run(case, torch.bfloat16, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("merge", ["pdl", "plain", "triton"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("wgs", ["2", "3"])
+def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
+    """KDTREE_CUDA_MERGE: the shared CUDA merge as a programmatic dependent launch (default), in
+    stream order, or the Triton merge; each matches fp64 with both kernel shapes, eager and in a
+    CUDA graph, with more splits than the short request has tiles (empty partials)."""
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
+    _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
+
+
+def test_merge_mode_setting(monkeypatch):
+    from kdtree.kernels.cuda_common import merge_mode
+
+    monkeypatch.delenv("KDTREE_CUDA_MERGE", raising=False)
+    assert merge_mode() == 2
+    for value, code in (("pdl", 2), ("plain", 1), ("triton", 0), ("", 2)):
+        monkeypatch.setenv("KDTREE_CUDA_MERGE", value)
+        assert merge_mode() == code
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "nccl")
+    with pytest.raises(ValueError, match="KDTREE_CUDA_MERGE"):
+        merge_mode()
 
 
 def test_ablation_setting_warns(monkeypatch):

@@ -24,7 +24,7 @@ def test_compiles_for_sm90a_without_spills(tmp_path):
     split = [k for k in kernels if "mla_split_kernel" in k]
     wgmma = [k for k in kernels if "mla_split_wgmma_kernel" in k]
     seesaw = [k for k in kernels if "mla_split_seesaw_kernel" in k]
-    merge = [k for k in kernels if "mla_merge_kernel" in k]
+    merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 512
     assert len(split) == 2 and len(merge) == 2, f"expected bf16 + fp16 kernels, got {kernels}"
     assert len(wgmma) == 2, f"expected bf16 + fp16 wgmma kernels, got {kernels}"
     assert len(seesaw) == 2, f"expected bf16 + fp16 seesaw kernels, got {kernels}"
@@ -178,6 +178,18 @@ def test_cuda_graph_replay(splits, kernel, gen):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("merge", ["pdl", "plain", "triton"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_merge_modes_match_fp64(merge, graph, gen, monkeypatch):
+    """KDTREE_CUDA_MERGE: the shared CUDA merge as a programmatic dependent launch (default), in
+    stream order, or the Triton merge; each matches fp64, eager and in a CUDA graph, with more
+    splits than some requests have tiles (empty partials)."""
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
+    _run(([3000, 17, 640], 65, 8, 16, 37), torch.bfloat16, gen, graph=graph, kernel="seesaw")
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_wgmma_probe_layouts(dtype):
     """The swizzled layouts and descriptors of the wgmma kernel reproduce torch's products."""
@@ -253,9 +265,16 @@ def test_ctypes_call_matches_the_c_signature(gen):
     bf = [x.to(torch.bfloat16) for x in (q_nope, q_pe, kv, out)]
     args = cuda_mla.launch_args(bf[0], bf[1], bf[2], pt, pl, mask, bf[3], None, None, 1, 0.1, 0,
                                 kernel="tcgen05")  # fmt: skip
-    assert args[-3] == -1
+    assert args[-4] == -1
     assert lib.kdtree_mla_tree_launch(*args) == -10
     assert b"kernel code" in lib.kdtree_mla_error_string(-10)
+    # the merge mode: 0-2, and the CUDA merge's split bound, checked before the GPU is touched
+    args = cuda_mla.launch_args(bf[0], bf[1], bf[2], pt, pl, mask, bf[3], None, None, 1, 0.1, 0)
+    assert args[-2] == 2  # the default: the CUDA merge as a programmatic dependent launch
+    assert lib.kdtree_mla_tree_launch(*args[:-2], 3, args[-1]) == -14
+    big = cuda_mla.launch_args(bf[0], bf[1], bf[2], pt, pl, mask, bf[3], None, None, 4096, 0.1, 0)
+    assert lib.kdtree_mla_tree_launch(*big) == -14
+    assert b"2048" in lib.kdtree_mla_error_string(-14)
 
 
 def test_generated_wgmma_wrappers_match_the_generator():
