@@ -95,7 +95,7 @@ def main() -> None:
             us, splits = time_point(name, int(length), int(t), mode)
             got[mode] = us
             rows.append({"part": "modes", "point": spec, "mode": mode, "splits": splits,
-                         "us": us, **env})  # fmt: skip
+                         "tiles_per_cta": None, "us": us, **env})  # fmt: skip
         print(f"{spec} ({splits} splits): " + ", ".join(f"{m} {v:.1f}" for m, v in got.items())
               + f" us; merge in stream order {got['plain'] - got['split']:.1f} us, as a "
               f"dependent {got['pdl'] - got['split']:.1f} us", flush=True)  # fmt: skip
