@@ -1280,7 +1280,7 @@ int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
     mp.G = p.H;
     mp.rows = p.rows;
     mp.num_splits = p.num_splits;
-    const int rc = launch_merge_splits<E, RANK>(mp, B, stream, merge == MERGE_PDL);
+    const int rc = launch_merge_splits<E, RANK>(mp, B, stream, merge == MERGE_PDL, merge_spread());
     if (rc != 0) return rc;
   }
   return 0;

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace kdtree_sm90 {
 
@@ -655,15 +656,34 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
   Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 }
 
+// KDTREE_MERGE_SPREAD=1 (a measurement knob): each merge CTA reserves MERGE_SPREAD_SMEM of
+// dynamic shared memory, so one fits an SM -- under a programmatic dependent launch the first
+// SMs the split kernel frees would otherwise take up to eight merge CTAs each.
+constexpr int MERGE_SPREAD_SMEM = 120 * 1024;
+static inline bool merge_spread() {
+  const char* env = getenv("KDTREE_MERGE_SPREAD");
+  return env != nullptr && env[0] == '1';
+}
+
 // Launch the merge on `stream` (grid (rows, B * Hkv)); `pdl`: as a programmatic dependent of
 // the kernel before it (the split kernel, which triggers early). 0 or a cudaError_t.
 template <typename E, int D>
-static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl) {
+static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl,
+                                      bool spread) {
   if (p.num_splits > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
+  if (spread) {
+    static bool raised = false;  // host-side only: capture-safe
+    if (!raised) {
+      const cudaError_t err = cudaFuncSetAttribute(
+          merge_splits_kernel<E, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, MERGE_SPREAD_SMEM);
+      if (err != cudaSuccess) return static_cast<int>(err);
+      raised = true;
+    }
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(B * p.Hkv));
   cfg.blockDim = dim3(MERGE_THREADS);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = spread ? MERGE_SPREAD_SMEM : 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -1,14 +1,17 @@
 """What the merge of the split partials costs the CUDA backends, and the split kernels' fixed cost.
 
-1. At each point, graph-replayed p50 of the whole call with each merge (``KDTREE_CUDA_MERGE``):
-   ``pdl`` (the shared CUDA merge as a programmatic dependent launch, the default), ``plain``
-   (the same kernel in stream order), ``triton`` (the Triton merge), and ``split`` (the split
-   kernel alone: the Triton path with its merge call made a no-op; the output is not merged).
+1. At each point, graph-replayed p50 of the whole call under each setting of :data:`MODES`
+   (``KDTREE_CUDA_MERGE``: ``pdl``, the shared CUDA merge as a programmatic dependent launch;
+   ``plain``, the same kernel in stream order; ``triton``, the Triton merge; ``split``, the
+   split kernel alone -- the Triton path with its merge call made a no-op, the output not
+   merged; ``KDTREE_MERGE_SPREAD=1``, one merge CTA an SM; ``KDTREE_GQA_SPLIT_PDL=1``, the GQA
+   split kernel itself a programmatic dependent of the call before it). Every setting's graph
+   is captured once; the timings alternate between them for ``--rounds`` rounds (median).
 2. ``--sweep``: the split kernel alone at a fixed split count over several lengths, for the
    fixed cost a CTA pays whatever its tile count (the intercept of time against tiles a CTA).
 
     python3 tools/gpu/merge_cost.py [--points gqa_8q1kv_d128:131072:17,mla_h8:131072:65,...]
-        [--sweep gqa_8q1kv_d128:17:129,...] [--out DIR]
+        [--modes pdl,plain,...] [--rounds 5] [--sweep gqa_8q1kv_d128:17:129,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import math
 import os
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -35,7 +39,20 @@ from kdtree.bench.verify_attention import (
 )
 from kdtree.kernels import cuda_gqa, cuda_mla
 
-MODES = ("pdl", "plain", "triton", "split")
+#: setting -> environment (``split`` also turns the Triton merge call into a no-op)
+MODES = {
+    "pdl": {"KDTREE_CUDA_MERGE": "pdl"},
+    "pdl_spread": {"KDTREE_CUDA_MERGE": "pdl", "KDTREE_MERGE_SPREAD": "1"},
+    "plain": {"KDTREE_CUDA_MERGE": "plain"},
+    "triton": {"KDTREE_CUDA_MERGE": "triton"},
+    "split": {"KDTREE_CUDA_MERGE": "triton"},
+    "plain_splitpdl": {"KDTREE_CUDA_MERGE": "plain", "KDTREE_GQA_SPLIT_PDL": "1"},
+    "pdl_spread_splitpdl": {
+        "KDTREE_CUDA_MERGE": "pdl",
+        "KDTREE_MERGE_SPREAD": "1",
+        "KDTREE_GQA_SPLIT_PDL": "1",
+    },
+}
 DEFAULT_POINTS = (
     "gqa_8q1kv_d128:65536:17,gqa_8q1kv_d128:131072:17,gqa_8q1kv_d128:131072:65,"
     "gqa_32q8kv_d128:131072:17,gqa_32q8kv_d128:131072:65,"
@@ -45,10 +62,11 @@ SWEEP_LENGTHS = (16384, 32768, 65536, 131072, 262144)
 
 
 @contextlib.contextmanager
-def merge_setting(mode: str):
-    """``KDTREE_CUDA_MERGE`` for ``mode``; ``split`` also makes the backends' Triton merge call
-    a no-op (the split kernel alone)."""
-    os.environ["KDTREE_CUDA_MERGE"] = "triton" if mode == "split" else mode
+def setting(mode: str):
+    """The environment of ``mode`` (:data:`MODES`) while a call is captured."""
+    env = MODES[mode]
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     saved = cuda_gqa.launch_merge, cuda_mla.launch_merge
     if mode == "split":
         cuda_gqa.launch_merge = cuda_mla.launch_merge = lambda *a, **k: None
@@ -56,23 +74,38 @@ def merge_setting(mode: str):
         yield
     finally:
         cuda_gqa.launch_merge, cuda_mla.launch_merge = saved
-        os.environ.pop("KDTREE_CUDA_MERGE", None)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def time_point(name: str, length: int, t: int, mode: str, splits: int | None = None):
-    """(µs a call, split count) of the CUDA backend at one point under ``mode``."""
-    wl = Workload(LAYOUTS[name], 1, length, t, 16, torch.bfloat16, torch.device("cuda"), seed=0)
-    ti = make_tree_inputs(wl, t, seed=0)
-    with merge_setting(mode):
+def capture(wl, ti, mode: str, splits: int | None = None):
+    """``(replay, calls a replay, split count)`` of the CUDA backend under ``mode``."""
+    with setting(mode):
         if wl.layout.kind == "mla":
             fn, used = _cuda_mla_fn(wl, ti, cuda_mla.DEFAULT_KERNEL, num_splits=splits)
         else:
             fn, used = _cuda_gqa_fn(wl, ti, num_splits=splits)
         replay, per = _graphed(fn, wl.n_rot, wl.device)
-        us = time_cuda(lambda: replay(0)).p50 / per * 1e3
-    del wl, ti, fn
+    return replay, per, used
+
+
+def time_modes(name: str, length: int, t: int, modes, rounds: int, splits: int | None = None):
+    """{mode: median µs a call}, split count: each mode's graph captured once, the timings
+    alternating between modes for ``rounds`` rounds."""
+    wl = Workload(LAYOUTS[name], 1, length, t, 16, torch.bfloat16, torch.device("cuda"), seed=0)
+    ti = make_tree_inputs(wl, t, seed=0)
+    graphs = {m: capture(wl, ti, m, splits) for m in modes}
+    times = {m: [] for m in modes}
+    for _ in range(rounds):
+        for m, (replay, per, _) in graphs.items():
+            times[m].append(time_cuda(lambda replay=replay: replay(0)).p50 / per * 1e3)
+    used = next(iter(graphs.values()))[2]
+    del graphs, wl, ti
     torch.cuda.empty_cache()
-    return us, used
+    return {m: statistics.median(v) for m, v in times.items()}, used
 
 
 def main() -> None:
@@ -84,21 +117,21 @@ def main() -> None:
         help="layout:T:splits; the split kernel alone at these splits over "
         + ",".join(str(n) for n in SWEEP_LENGTHS),
     )
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
-    for spec in a.points.split(","):
+    modes = a.modes.split(",")
+    for spec in filter(None, a.points.split(",")):
         name, length, t = spec.split(":")
-        got = {}
-        for mode in MODES:
-            us, splits = time_point(name, int(length), int(t), mode)
-            got[mode] = us
+        got, splits = time_modes(name, int(length), int(t), modes, a.rounds)
+        for mode, us in got.items():
             rows.append({"part": "modes", "point": spec, "mode": mode, "splits": splits,
                          "tiles_per_cta": None, "us": us, **env})  # fmt: skip
         print(f"{spec} ({splits} splits): " + ", ".join(f"{m} {v:.1f}" for m, v in got.items())
-              + f" us; merge in stream order {got['plain'] - got['split']:.1f} us, as a "
-              f"dependent {got['pdl'] - got['split']:.1f} us", flush=True)  # fmt: skip
+              + " us", flush=True)  # fmt: skip
     for spec in filter(None, a.sweep.split(",")):
         name, t, splits = spec.split(":")
         lay = LAYOUTS[name]
@@ -106,7 +139,8 @@ def main() -> None:
         tile = cuda_gqa.SHAPES[cuda_gqa.consumer_warpgroups(rows_packed)][1]
         pts = []
         for length in SWEEP_LENGTHS:
-            us, _ = time_point(name, length, int(t), "split", int(splits))
+            got, _ = time_modes(name, length, int(t), ["split"], 1, int(splits))
+            us = got["split"]
             tiles = math.ceil(math.ceil((length + int(t)) / int(splits)) / tile)
             pts.append((tiles, us))
             rows.append({"part": "sweep", "point": f"{name}:{length}:{t}", "mode": "split",
