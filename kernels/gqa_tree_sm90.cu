@@ -136,7 +136,6 @@ struct Params {
   CUtensorMap k_map, v_map;  // the pools as [slots, Hkv, 128] tensors, 64 x 1 x tma_rows boxes,
                              // 128-byte swizzle (encoded on the host per launch)
   int pingpong;              // consumer warpgroups take turns issuing their MMAs
-  int split_pdl;             // launched as a programmatic dependent (KDTREE_GQA_SPLIT_PDL=1)
                              // (KDTREE_GQA_PINGPONG, default 1)
   int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
   int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results): bit 0 no KV
@@ -423,6 +422,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
+  const TileSeq ts = split_tiles<BN>(p, split, b);
+  const int n = ts.n_tiles;
+  const int32_t* pt_row = p.page_table + b * p.spt_b;
 
   if (tid == 0) {
 #pragma unroll
@@ -430,10 +432,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  griddep_wait();  // launched as a programmatic dependent: the kernel before has finished
-  const TileSeq ts = split_tiles<BN>(p, split, b);
-  const int n = ts.n_tiles;
-  const int32_t* pt_row = p.page_table + b * p.spt_b;
 
   if (tid >= CONSUMERS) {
     // ================= producer warpgroup ==================================================
@@ -585,17 +583,9 @@ int launch(const Params& p, int B, int merge, cudaStream_t stream) {
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((p.rows + C::BLOCK_M - 1) / C::BLOCK_M, p.num_splits, B * p.Hkv);
-  cfg.blockDim = dim3(C::THREADS);
-  cfg.dynamicSmemBytes = C::SMEM_TOTAL;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.split_pdl ? 1 : 0;
-  err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<C, E>, p);
+  const dim3 grid((p.rows + C::BLOCK_M - 1) / C::BLOCK_M, p.num_splits, B * p.Hkv);
+  gqa_split_kernel<C, E><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
+  err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
   MergeParams mp;
@@ -609,7 +599,7 @@ int launch(const Params& p, int B, int merge, cudaStream_t stream) {
   mp.G = p.G;
   mp.rows = p.rows;
   mp.num_splits = p.num_splits;
-  return launch_merge_splits<E, D>(mp, B, stream, merge == MERGE_PDL, merge_spread());
+  return launch_merge_splits<E, D>(mp, B, stream, merge == MERGE_PDL);
 }
 
 }  // namespace kdtree_gqa
@@ -651,8 +641,8 @@ const char* kdtree_gqa_error_string(int code) {
     case -8: return "grid: B * Hkv, num_splits <= 65535 and G * T <= 2^30";
     case -9: return "device ordinal above 127";
     case -10: return "consumer warpgroups: expected 2 (128-key tiles) or 3 (64-key tiles)";
-    case -11: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge, at most 2048 "
-                     "splits)";
+    case -11: return "merge: expected 0 (the caller merges), 1 (the CUDA merge) or 2 (the CUDA "
+                     "merge as a programmatic dependent launch)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -671,9 +661,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int wgs, int merge, uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
-  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
-      (merge != MERGE_BY_CALLER && num_splits > MERGE_MAX_SPLITS))
-    return -11;
+  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL) return -11;
   if (wgs != 2 && wgs != 3) return -10;
   if (head_dim != D) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
@@ -728,8 +716,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.pingpong = !(env_pingpong != nullptr && env_pingpong[0] == '0');
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
-  const char* env_split_pdl = getenv("KDTREE_GQA_SPLIT_PDL");
-  p.split_pdl = env_split_pdl != nullptr && env_split_pdl[0] == '1';
   // Whole prefix tiles go through TMA when a page holds >= 8 slots (fewer would take 64+ boxes a
   // tile); KDTREE_GQA_TMA=0, or a layout the driver will not map, keeps them on cp.async.
   p.tma_rows = 0;

@@ -106,12 +106,13 @@ def split_workspace(
 
 def merge_mode() -> int:
     """Who merges the split partials of the CUDA backends (``KDTREE_CUDA_MERGE``, read at every
-    call; a CUDA graph keeps what it captured): ``pdl`` (default) the shared CUDA merge as a
-    programmatic dependent launch of the split kernel (its launch overlaps the split's last
-    wave), ``plain`` the same kernel in stream order, ``triton`` the Triton merge
-    (:func:`kdtree.kernels._common.launch_merge`). A measurement knob: all three give the same
-    result up to summation order."""
-    value = os.environ.get("KDTREE_CUDA_MERGE", "pdl").strip() or "pdl"
+    call; a CUDA graph keeps what it captured): ``plain`` (default) the shared CUDA merge of
+    ``kernels/sm90_common.cuh`` in stream order, ``pdl`` the same kernel as a programmatic
+    dependent launch of the split kernel (its launch overlapping the split's last wave; measured
+    no faster, ``tools/gpu/merge_cost.py``), ``triton`` the Triton merge
+    (:func:`kdtree.kernels._common.launch_merge`). All three give the same result up to
+    summation order."""
+    value = os.environ.get("KDTREE_CUDA_MERGE", "plain").strip() or "plain"
     if value not in MERGE_MODES:
         raise ValueError(f"KDTREE_CUDA_MERGE={value!r}: expected one of {sorted(MERGE_MODES)}")
     return MERGE_MODES[value]

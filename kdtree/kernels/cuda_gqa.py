@@ -11,9 +11,8 @@ on per-stage mbarriers; two consumer warpgroups over 128-key tiles or three over
 (:func:`consumer_warpgroups`), each of 64 packed query rows (all query heads of a KV head times
 all tree tokens); ``wgmma`` for S and for P V with P kept in registers, and the softmax of one
 tile overlapped with the previous tile's P V. Partials of several KV splits are merged by the
-shared CUDA merge (``kernels/sm90_common.cuh``), launched as a programmatic dependent of the
-split kernel (``KDTREE_CUDA_MERGE``, :func:`kdtree.kernels.cuda_common.merge_mode`; ``triton``
-keeps :func:`kdtree.kernels._common.launch_merge`). Built with ``nvcc`` on first use like the MLA
+shared CUDA merge (``kernels/sm90_common.cuh``; ``KDTREE_CUDA_MERGE``,
+:func:`kdtree.kernels.cuda_common.merge_mode`, picks another). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
 the split count depends on static shapes only, so a call can be captured in a CUDA graph (pass
 ``workspace`` to keep allocations out of the call, see :func:`workspace_numel`).
@@ -254,7 +253,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-    num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 2,
+    num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 1,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""

@@ -17,8 +17,8 @@ used when none is named. On first use it is built with ``nvcc`` (``CUDA_HOME``/`
 ``torch.cuda.current_stream()``; nothing synchronises with the device and the split count is a
 function of static shapes only, so a call can be captured in a CUDA graph (pass ``workspace``
 to keep allocations out of the call entirely, see :func:`workspace_numel`). Partials of
-several splits are merged by the shared CUDA merge of ``kernels/sm90_common.cuh``, by default a
-programmatic dependent launch (``KDTREE_CUDA_MERGE``, :func:`kdtree.kernels.cuda_common.merge_mode`).
+several splits are merged by the shared CUDA merge of ``kernels/sm90_common.cuh``
+(``KDTREE_CUDA_MERGE``, :func:`kdtree.kernels.cuda_common.merge_mode`, picks another).
 
 Importing this module registers backend ``"cuda"`` for kind ``"mla"`` in
 :mod:`kdtree.attention`; ``"auto"`` picks it for bf16 / fp16 with dims 512 + 64 on an sm_90 GPU
@@ -261,7 +261,7 @@ def _check(q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out) -> N
 
 def launch_args(
     q_nope, q_pe, kv_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
-    num_splits: int, sm_scale: float, stream: int, kernel: str = DEFAULT_KERNEL, merge: int = 2,
+    num_splits: int, sm_scale: float, stream: int, kernel: str = DEFAULT_KERNEL, merge: int = 1,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_mla_tree_launch`` (one entry per C parameter, in the
     order of the signature in ``kernels/mla_tree_sm90.cu``)."""

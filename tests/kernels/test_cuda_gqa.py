@@ -63,14 +63,12 @@ def test_ctypes_call_matches_the_c_signature(gen):
         assert lib.kdtree_gqa_block_n(wgs) == block_n
         assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
     assert lib.kdtree_gqa_block_m(4) == -1
-    assert args[-2] == 2  # merge: the CUDA merge as a programmatic dependent launch
+    assert args[-2] == 1  # merge: the CUDA merge in stream order
     assert lib.kdtree_gqa_tree_launch(*args[:-3], 4, *args[-2:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
-    # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
+    # merge modes 0-2 only, checked before the GPU is touched
     assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
-    big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
-    assert lib.kdtree_gqa_tree_launch(0, *big[1:]) == -11
-    assert b"2048" in lib.kdtree_gqa_error_string(-11)
+    assert b"programmatic" in lib.kdtree_gqa_error_string(-11)
 
 
 def test_choose_splits_is_static_and_bounded():
@@ -293,9 +291,9 @@ def test_without_turns_matches_fp64(case, gen, monkeypatch):
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("wgs", ["2", "3"])
 def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
-    """KDTREE_CUDA_MERGE: the shared CUDA merge as a programmatic dependent launch (default), in
-    stream order, or the Triton merge; each matches fp64 with both kernel shapes, eager and in a
-    CUDA graph, with more splits than the short request has tiles (empty partials)."""
+    """KDTREE_CUDA_MERGE: the shared CUDA merge in stream order (default), as a programmatic
+    dependent launch, or the Triton merge; each matches fp64 with both kernel shapes, eager and
+    in a CUDA graph, with more splits than the short request has tiles (empty partials)."""
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
@@ -305,8 +303,8 @@ def test_merge_mode_setting(monkeypatch):
     from kdtree.kernels.cuda_common import merge_mode
 
     monkeypatch.delenv("KDTREE_CUDA_MERGE", raising=False)
-    assert merge_mode() == 2
-    for value, code in (("pdl", 2), ("plain", 1), ("triton", 0), ("", 2)):
+    assert merge_mode() == 1
+    for value, code in (("pdl", 2), ("plain", 1), ("triton", 0), ("", 1)):
         monkeypatch.setenv("KDTREE_CUDA_MERGE", value)
         assert merge_mode() == code
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "nccl")

@@ -1,12 +1,12 @@
 """What the merge of the split partials costs the CUDA backends, and the split kernels' fixed cost.
 
 1. At each point, graph-replayed p50 of the whole call under each setting of :data:`MODES`
-   (``KDTREE_CUDA_MERGE``: ``pdl``, the shared CUDA merge as a programmatic dependent launch;
-   ``plain``, the same kernel in stream order; ``triton``, the Triton merge; ``split``, the
+   (``KDTREE_CUDA_MERGE``: ``plain``, the shared CUDA merge in stream order; ``pdl``, the same
+   kernel as a programmatic dependent launch; ``triton``, the Triton merge; ``split``, the
    split kernel alone -- the Triton path with its merge call made a no-op, the output not
-   merged; ``KDTREE_MERGE_SPREAD=1``, one merge CTA an SM; ``KDTREE_GQA_SPLIT_PDL=1``, the GQA
-   split kernel itself a programmatic dependent of the call before it). Every setting's graph
-   is captured once; the timings alternate between them for ``--rounds`` rounds (median).
+   merged). Every setting's graph is captured once; the timings alternate between them for
+   ``--rounds`` rounds (median). (Session 12's calls b-c also timed two knobs since taken out:
+   one merge CTA an SM under PDL, and the GQA split kernel itself a programmatic dependent.)
 2. ``--sweep``: the split kernel alone at a fixed split count over several lengths, for the
    fixed cost a CTA pays whatever its tile count (the intercept of time against tiles a CTA).
 
@@ -41,17 +41,10 @@ from kdtree.kernels import cuda_gqa, cuda_mla
 
 #: setting -> environment (``split`` also turns the Triton merge call into a no-op)
 MODES = {
-    "pdl": {"KDTREE_CUDA_MERGE": "pdl"},
-    "pdl_spread": {"KDTREE_CUDA_MERGE": "pdl", "KDTREE_MERGE_SPREAD": "1"},
     "plain": {"KDTREE_CUDA_MERGE": "plain"},
+    "pdl": {"KDTREE_CUDA_MERGE": "pdl"},
     "triton": {"KDTREE_CUDA_MERGE": "triton"},
     "split": {"KDTREE_CUDA_MERGE": "triton"},
-    "plain_splitpdl": {"KDTREE_CUDA_MERGE": "plain", "KDTREE_GQA_SPLIT_PDL": "1"},
-    "pdl_spread_splitpdl": {
-        "KDTREE_CUDA_MERGE": "pdl",
-        "KDTREE_MERGE_SPREAD": "1",
-        "KDTREE_GQA_SPLIT_PDL": "1",
-    },
 }
 DEFAULT_POINTS = (
     "gqa_8q1kv_d128:65536:17,gqa_8q1kv_d128:131072:17,gqa_8q1kv_d128:131072:65,"
