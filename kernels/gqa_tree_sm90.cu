@@ -641,8 +641,8 @@ const char* kdtree_gqa_error_string(int code) {
     case -8: return "grid: B * Hkv, num_splits <= 65535 and G * T <= 2^30";
     case -9: return "device ordinal above 127";
     case -10: return "consumer warpgroups: expected 2 (128-key tiles) or 3 (64-key tiles)";
-    case -11: return "merge: expected 0 (the caller merges), 1 (the CUDA merge) or 2 (the CUDA "
-                     "merge as a programmatic dependent launch)";
+    case -11: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
+                     "or as a programmatic dependent launch, at most 2048 splits)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -661,7 +661,9 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int wgs, int merge, uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
-  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL) return -11;
+  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
+      (merge != MERGE_BY_CALLER && num_splits > MERGE_MAX_SPLITS))
+    return -11;
   if (wgs != 2 && wgs != 3) return -10;
   if (head_dim != D) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;

@@ -1365,8 +1365,8 @@ const char* kdtree_mla_error_string(int code) {
     case -11: return "KDTREE_MLA_ABLATE bit 2 (no P V MMAs) is not implemented by the seesaw kernel";
     case -12: return "encoding the KV tensor map for TMA failed (cuTensorMapEncodeTiled)";
     case -13: return "the seesaw kernel needs 1 <= num_pages * page_size <= 2^31 - 1";
-    case -14: return "merge: expected 0 (the caller merges), 1 (the CUDA merge) or 2 (the CUDA "
-                     "merge as a programmatic dependent launch)";
+    case -14: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
+                     "or as a programmatic dependent launch, at most 2048 splits)";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -1387,7 +1387,9 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
                            int merge, uintptr_t stream) {
   using namespace kdtree_mla;
   if (dtype != 0 && dtype != 1) return -1;
-  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL) return -14;
+  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
+      (merge != MERGE_BY_CALLER && num_splits > MERGE_MAX_SPLITS))
+    return -14;
   if (kernel < 0 || kernel > 2) return -10;
   if (rank != RANK || rope != ROPE) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;

@@ -559,11 +559,10 @@ __device__ __forceinline__ void griddep_wait() {
 //
 // part [B, Hkv, S, rows, D] fp32 normalised partials and lse [B, Hkv, S, rows] (base 2, -inf
 // for a split without keys) -> out row r of KV head h of request b: token r / G, query head
-// h * G + r % G. Grid (rows, B * Hkv), MERGE_THREADS threads: thread (g, c) owns float4 column
-// c of splits s = g (mod GROUPS). It loads the LSE and the partial of up to MERGE_CHUNK of its
-// splits at once (one memory round trip, not one a split), folds them into a running
-// (max, sum, acc) of its own, and the GROUPS running states are combined through shared
-// memory. The MLA kernels are the Hkv = 1 case.
+// h * G + r % G. Grid (rows, B * Hkv), MERGE_THREADS threads: the split weights
+// 2^(lse_s - max lse) go to shared memory first, then thread (g, c) sums float4 column c over
+// splits s = g (mod GROUPS) -- GROUPS independent loads in flight a column -- and the groups
+// are added in shared memory. The MLA kernels are the Hkv = 1 case.
 struct MergeParams {
   const float* part;
   const float* lse;
@@ -571,98 +570,97 @@ struct MergeParams {
   int64_t so_b, so_t, so_h;  // out strides (elements)
   int Hkv, G, rows, num_splits;
 };
-constexpr int MERGE_THREADS = 512;
-constexpr int MERGE_CHUNK = 16;  // splits a thread has in flight
+constexpr int MERGE_THREADS = 256;
 // Who merges the partials (the launchers' `merge` argument): the caller (the Triton merge),
 // this kernel launched in stream order (the default), or this kernel as a programmatic
-// dependent (measured no faster: session 12, calls b-c).
+// dependent (measured no faster: session 12, calls b-d).
 constexpr int MERGE_BY_CALLER = 0, MERGE_PLAIN = 1, MERGE_PDL = 2;
+constexpr int MERGE_MAX_SPLITS = 2048;  // the weights' shared-memory array (8 KB)
+
+template <int N>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_max) {
+  // every thread gets the reduction of v over the block (N threads, N / 32 warps)
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, u) : v + u;
+  }
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = scratch[0];
+#pragma unroll
+  for (int w = 1; w < N / 32; ++w) r = is_max ? fmaxf(r, scratch[w]) : r + scratch[w];
+  __syncthreads();  // scratch is reused by the next reduction
+  return r;
+}
 
 template <typename E, int D>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const MergeParams p) {
   static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
   constexpr int COLS = D / 4;
   constexpr int GROUPS = MERGE_THREADS / COLS;
-  __shared__ float4 red_acc[GROUPS][COLS];
-  __shared__ float red_m[GROUPS], red_l[GROUPS];
-  griddep_wait();  // as a programmatic dependent: the split kernel's partials are written
-  const int c = threadIdx.x % COLS, g = threadIdx.x / COLS;
+  __shared__ float w_s[MERGE_MAX_SPLITS];
+  __shared__ float scratch[MERGE_THREADS / 32];
+  __shared__ float4 red[GROUPS > 1 ? GROUPS - 1 : 1][COLS];
+  griddep_wait();  // the split kernel's partials
+  const int tid = threadIdx.x;
+  const int row = blockIdx.x;
   const int hb = blockIdx.y;  // b * Hkv + kvh
   const int S = p.num_splits;
-  const int64_t base = static_cast<int64_t>(hb) * S * p.rows + blockIdx.x;  // + s * rows
-  const float* lse = p.lse + base;
+  const int64_t base = static_cast<int64_t>(hb) * S * p.rows + row;  // + s * rows
+  float mx = neg_inf();
+  for (int s = tid; s < S; s += MERGE_THREADS) {
+    const float l = p.lse[base + static_cast<int64_t>(s) * p.rows];
+    w_s[s] = l;
+    mx = fmaxf(mx, l);
+  }
+  mx = block_reduce<MERGE_THREADS>(mx, scratch, true);
+  const float muse = mx == neg_inf() ? 0.f : mx;
+  float sum = 0.f;
+  for (int s = tid; s < S; s += MERGE_THREADS) {
+    const float w = exp2f(w_s[s] - muse);  // 0 for a split without keys
+    w_s[s] = w;
+    sum += w;
+  }
+  sum = block_reduce<MERGE_THREADS>(sum, scratch, false);  // its barrier publishes w_s
+  const int c = tid % COLS, g = tid / COLS;
   const float* src = p.part + base * D + 4 * c;
   const int64_t step = static_cast<int64_t>(p.rows) * D;
-  float m = neg_inf(), l = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = g; s0 < S; s0 += GROUPS * MERGE_CHUNK) {
-    float lv[MERGE_CHUNK];
-    float4 v[MERGE_CHUNK];
-#pragma unroll
-    for (int k = 0; k < MERGE_CHUNK; ++k) {  // every load issued before any is used
-      const int s = s0 + k * GROUPS;
-      lv[k] = s < S ? __ldcg(lse + static_cast<int64_t>(s) * p.rows) : neg_inf();
-      v[k] = s < S ? __ldcg(reinterpret_cast<const float4*>(src + s * step))
-                   : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float mc = m;
-#pragma unroll
-    for (int k = 0; k < MERGE_CHUNK; ++k) mc = fmaxf(mc, lv[k]);
-    const float muse = mc == neg_inf() ? 0.f : mc;
-    const float r = exp2f(m - muse);  // 0 while nothing was seen
-    l *= r;
-    acc.x *= r;
-    acc.y *= r;
-    acc.z *= r;
-    acc.w *= r;
-#pragma unroll
-    for (int k = 0; k < MERGE_CHUNK; ++k) {
-      const float w = exp2f(lv[k] - muse);  // 0 for a split without keys
-      const bool use = w > 0.f;             // whose partial never enters the sum
-      acc.x += use ? w * v[k].x : 0.f;
-      acc.y += use ? w * v[k].y : 0.f;
-      acc.z += use ? w * v[k].z : 0.f;
-      acc.w += use ? w * v[k].w : 0.f;
-      l += w;
-    }
-    m = mc;
+#pragma unroll 4
+  for (int s = g; s < S; s += GROUPS) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * step));
+    const float w = w_s[s];
+    const bool use = w > 0.f;  // an empty split's partial is never read into the sum
+    acc.x += use ? w * v.x : 0.f;
+    acc.y += use ? w * v.y : 0.f;
+    acc.z += use ? w * v.z : 0.f;
+    acc.w += use ? w * v.w : 0.f;
   }
-  red_acc[g][c] = acc;
-  if (c == 0) {
-    red_m[g] = m;
-    red_l[g] = l;
-  }
+  if (g > 0) red[g - 1][c] = acc;
   __syncthreads();
   if (g != 0) return;
-  float mx = neg_inf();
 #pragma unroll
-  for (int k = 0; k < GROUPS; ++k) mx = fmaxf(mx, red_m[k]);
-  const float muse = mx == neg_inf() ? 0.f : mx;
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  float sum = 0.f;
-#pragma unroll
-  for (int k = 0; k < GROUPS; ++k) {
-    const float r = exp2f(red_m[k] - muse);
-    const float4 a = red_acc[k][c];
-    o.x += r * a.x;
-    o.y += r * a.y;
-    o.z += r * a.z;
-    o.w += r * a.w;
-    sum += r * red_l[k];
+  for (int k = 0; k < GROUPS - 1; ++k) {
+    const float4 v = red[k][c];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
   }
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
   const int b = hb / p.Hkv, kvh = hb % p.Hkv;
-  E* dst = static_cast<E*>(p.out) + b * p.so_b + (blockIdx.x / p.G) * p.so_t +
-           (static_cast<int64_t>(kvh) * p.G + blockIdx.x % p.G) * p.so_h + 4 * c;
-  Mma<E>::store2(dst, o.x * inv, o.y * inv);
-  Mma<E>::store2(dst + 2, o.z * inv, o.w * inv);
+  E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
+           (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 4 * c;
+  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
+  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 }
 
 // Launch the merge on `stream` (grid (rows, B * Hkv)); `pdl`: as a programmatic dependent of
-// the kernel before it (the split kernel, which triggers once every CTA has started). 0 or a
-// cudaError_t.
+// the kernel before it (the split kernel, which triggers early). 0 or a cudaError_t.
 template <typename E, int D>
 static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl) {
+  if (p.num_splits > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(B * p.Hkv));
   cfg.blockDim = dim3(MERGE_THREADS);

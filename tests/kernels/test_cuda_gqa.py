@@ -66,9 +66,11 @@ def test_ctypes_call_matches_the_c_signature(gen):
     assert args[-2] == 1  # merge: the CUDA merge in stream order
     assert lib.kdtree_gqa_tree_launch(*args[:-3], 4, *args[-2:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
-    # merge modes 0-2 only, checked before the GPU is touched
+    # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
     assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
-    assert b"programmatic" in lib.kdtree_gqa_error_string(-11)
+    big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
+    assert lib.kdtree_gqa_tree_launch(0, *big[1:]) == -11
+    assert b"2048" in lib.kdtree_gqa_error_string(-11)
 
 
 def test_choose_splits_is_static_and_bounded():

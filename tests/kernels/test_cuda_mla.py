@@ -268,11 +268,13 @@ def test_ctypes_call_matches_the_c_signature(gen):
     assert args[-4] == -1
     assert lib.kdtree_mla_tree_launch(*args) == -10
     assert b"kernel code" in lib.kdtree_mla_error_string(-10)
-    # the merge mode: 0-2, checked before the GPU is touched
+    # the merge mode: 0-2, and the CUDA merge's split bound, checked before the GPU is touched
     args = cuda_mla.launch_args(bf[0], bf[1], bf[2], pt, pl, mask, bf[3], None, None, 1, 0.1, 0)
     assert args[-2] == 1  # the default: the CUDA merge in stream order
     assert lib.kdtree_mla_tree_launch(*args[:-2], 3, args[-1]) == -14
-    assert b"programmatic" in lib.kdtree_mla_error_string(-14)
+    big = cuda_mla.launch_args(bf[0], bf[1], bf[2], pt, pl, mask, bf[3], None, None, 4096, 0.1, 0)
+    assert lib.kdtree_mla_tree_launch(*big) == -14
+    assert b"2048" in lib.kdtree_mla_error_string(-14)
 
 
 def test_generated_wgmma_wrappers_match_the_generator():
