@@ -158,10 +158,11 @@ def resolve_backend(
     * MLA with DeepSeek's dims (512 + 64) in bf16 / fp16 on an sm_90 GPU whose nvcc builds it:
       ``cuda`` (0.61 ms at h=16, L=128k, T=65 against the Triton kernel's 1.50 ms);
     * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
-      G * T`` number at least 64: ``cuda`` (1.09-1.40x the Triton kernel at 32q/8kv and 8q/1kv,
-      T=17 and 65, L 16k-256k), except for 129-144 rows when the page table holds fewer than
-      128k keys (``max_len``) or its size is not given (8q/1kv, T=17: the Triton kernel, with its
-      small tail tile, takes 0.83x / 0.96x our time at 16k / 64k, 1.09-1.22x at 128k-256k);
+      G * T`` number at least 64: ``cuda`` (1.04-1.41x the Triton kernel at 32q/8kv and 8q/1kv,
+      T=17 and 65, L 16k-256k; session 12, call e), except for 129-144 rows when the page table
+      holds fewer than 64k keys (``max_len``) or its size is not given (8q/1kv, T=17: the Triton
+      kernel, with its small tail tile, takes 0.83x our time at 16k; 1.04x at 64k since the CUDA
+      merge, 1.14-1.24x at 128k-256k);
     * else ``triton`` on CUDA if registered and it supports the head dims (``dims``, when
       given), else ``ref``.
 
@@ -190,7 +191,7 @@ def resolve_backend(
         and dtype in (torch.bfloat16, torch.float16)
         and rows is not None
         and rows >= 64
-        and not (128 < rows <= 144 and (max_len is None or max_len < 131072))
+        and not (128 < rows <= 144 and (max_len is None or max_len < 65536))
         and "cuda" in available_backends(kind)
     ):
         from kdtree.kernels import cuda_gqa
