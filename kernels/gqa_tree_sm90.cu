@@ -588,18 +588,7 @@ int launch(const Params& p, int B, int merge, cudaStream_t stream) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
-  MergeParams mp;
-  mp.part = p.part;
-  mp.lse = p.lse;
-  mp.out = p.out;
-  mp.so_b = p.so_b;
-  mp.so_t = p.so_t;
-  mp.so_h = p.so_h;
-  mp.Hkv = p.Hkv;
-  mp.G = p.G;
-  mp.rows = p.rows;
-  mp.num_splits = p.num_splits;
-  return launch_merge_splits<E, D>(mp, B, stream, merge == MERGE_PDL);
+  return launch_merge_splits<E, D>(merge_params_of(p, p.Hkv, p.G), B, stream, merge == MERGE_PDL);
 }
 
 }  // namespace kdtree_gqa

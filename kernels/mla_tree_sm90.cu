@@ -1269,18 +1269,8 @@ int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits > 1 && merge != MERGE_BY_CALLER) {
-    MergeParams mp;
-    mp.part = p.part;
-    mp.lse = p.lse;
-    mp.out = p.out;
-    mp.so_b = p.so_b;
-    mp.so_t = p.so_t;
-    mp.so_h = p.so_h;
-    mp.Hkv = 1;
-    mp.G = p.H;
-    mp.rows = p.rows;
-    mp.num_splits = p.num_splits;
-    const int rc = launch_merge_splits<E, RANK>(mp, B, stream, merge == MERGE_PDL);
+    const int rc =
+        launch_merge_splits<E, RANK>(merge_params_of(p, 1, p.H), B, stream, merge == MERGE_PDL);
     if (rc != 0) return rc;
   }
   return 0;

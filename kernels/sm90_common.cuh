@@ -656,6 +656,24 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
   Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 }
 
+// The merge of a split kernel's launch parameters `p` (fields part, lse, out, so_b / so_t / so_h,
+// rows, num_splits), for Hkv KV heads of G packed query heads each.
+template <class P>
+static inline MergeParams merge_params_of(const P& p, int Hkv, int G) {
+  MergeParams mp;
+  mp.part = p.part;
+  mp.lse = p.lse;
+  mp.out = p.out;
+  mp.so_b = p.so_b;
+  mp.so_t = p.so_t;
+  mp.so_h = p.so_h;
+  mp.Hkv = Hkv;
+  mp.G = G;
+  mp.rows = p.rows;
+  mp.num_splits = p.num_splits;
+  return mp;
+}
+
 // Launch the merge on `stream` (grid (rows, B * Hkv)); `pdl`: as a programmatic dependent of
 // the kernel before it (the split kernel, which triggers early). 0 or a cudaError_t.
 template <typename E, int D>
