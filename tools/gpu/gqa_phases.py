@@ -8,10 +8,12 @@
    and release (16: the copies alone); and the kernel without turns (``KDTREE_GQA_PINGPONG=0``,
    clocks and time).
 
-    python3 tools/gpu/gqa_phases.py [--points gqa_8q1kv_d128:131072:65,...] [--out DIR]
+    python3 tools/gpu/gqa_phases.py [--points gqa_8q1kv_d128:131072:65,...] [--warpgroups 2|3]
+        [--out DIR]
 
 It runs the two-warpgroup kernel shape (``KDTREE_GQA_WARPGROUPS=2``, the one with clocks and
-turns) at every point.
+turns) at every point; ``--warpgroups 3`` times the three-warpgroup shape's ablations only (it
+keeps no clocks and takes no turns).
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ def main() -> None:
         default="gqa_8q1kv_d128:131072:65,gqa_8q1kv_d128:131072:17,"
         "gqa_32q8kv_d128:131072:65,gqa_32q8kv_d128:131072:17",
     )
+    ap.add_argument("--warpgroups", type=int, choices=(2, 3), default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    os.environ["KDTREE_GQA_WARPGROUPS"] = "2"  # the shape with clocks and turns
+    os.environ["KDTREE_GQA_WARPGROUPS"] = str(a.warpgroups)
+    clocks = a.warpgroups == 2  # the shape with clocks and turns
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
     for spec in a.points.split(","):
@@ -57,21 +61,26 @@ def main() -> None:
         )
         ti = make_tree_inputs(wl, int(t), seed=0)
         os.environ["KDTREE_GQA_ABLATE"] = "0"
-        for turns in ("1", "0"):
+        for turns in ("1", "0") if clocks else ("1",):
             os.environ["KDTREE_GQA_PINGPONG"] = turns
-            os.environ["KDTREE_GQA_CLOCKS"] = "1"
-            fn, splits = _cuda_gqa_fn(wl, ti)
-            fn(0)
-            torch.cuda.synchronize()
-            cuda_gqa.phase_clocks()  # drop the warm-up call's sums
-            fn(0)
-            torch.cuda.synchronize()
-            ck = cuda_gqa.phase_clocks()
-            os.environ["KDTREE_GQA_CLOCKS"] = "0"
-            print(f"{spec} turns={turns} splits={splits} "
-                  f"tiles/CTA={ck['tiles'] / max(ck['ctas'], 1):.1f}: "
-                  + ", ".join(f"{k} {v:.0f}" for k, v in ck.items() if "." in k), flush=True)  # fmt: skip
-            rec = {"point": spec, "turns": int(turns), "splits": splits, **ck}
+            ck = {}
+            if clocks:
+                os.environ["KDTREE_GQA_CLOCKS"] = "1"
+                fn, splits = _cuda_gqa_fn(wl, ti)
+                fn(0)
+                torch.cuda.synchronize()
+                cuda_gqa.phase_clocks()  # drop the warm-up call's sums
+                fn(0)
+                torch.cuda.synchronize()
+                ck = cuda_gqa.phase_clocks()
+                os.environ["KDTREE_GQA_CLOCKS"] = "0"
+                print(f"{spec} turns={turns} splits={splits} "
+                      f"tiles/CTA={ck['tiles'] / max(ck['ctas'], 1):.1f}: "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in ck.items() if "." in k), flush=True)  # fmt: skip
+            else:
+                _, splits = _cuda_gqa_fn(wl, ti)
+            rec = {"point": spec, "warpgroups": a.warpgroups, "turns": int(turns),
+                   "splits": splits, **ck}  # fmt: skip
             for ab in ABLATIONS if turns == "1" else (0,):
                 os.environ["KDTREE_GQA_ABLATE"] = str(ab)
                 fn, _ = _cuda_gqa_fn(wl, ti)

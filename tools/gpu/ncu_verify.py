@@ -55,14 +55,22 @@ def main() -> None:
     ap.add_argument(
         "--cuda-kernel",
         default=None,
-        help="MLA only: profile the CUDA C++ kernel instead of Triton (mma, wgmma or seesaw)",
+        help="profile a CUDA C++ kernel instead of Triton: MLA mma, wgmma or seesaw; GQA gqa "
+        "(kernels/gqa_tree_sm90.cu, its default shape; KDTREE_GQA_WARPGROUPS forces one)",
     )
     a = ap.parse_args()
     lay = LAYOUTS[a.layout]
     dev = torch.device("cuda")
     wl = Workload(lay, a.batch, a.length, a.tree, 16, torch.bfloat16, dev, seed=0)
     ti = make_tree_inputs(wl, a.tree, seed=0)
-    if a.cuda_kernel:
+    if a.cuda_kernel == "gqa":
+        from kdtree.bench.verify_attention import _cuda_gqa_fn
+
+        fn, splits = _cuda_gqa_fn(wl, ti)
+
+        def describe():
+            return f"CUDA GQA kernel, splits={splits}"
+    elif a.cuda_kernel:
         from kdtree.bench.verify_attention import _cuda_mla_fn
 
         fn, splits = _cuda_mla_fn(wl, ti, kernel=a.cuda_kernel)
