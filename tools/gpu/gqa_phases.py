@@ -9,7 +9,7 @@
    clocks and time).
 
     python3 tools/gpu/gqa_phases.py [--points gqa_8q1kv_d128:131072:65,...] [--warpgroups 2|3]
-        [--out DIR]
+        [--page-size 16] [--out DIR]
 
 It runs the two-warpgroup kernel shape (``KDTREE_GQA_WARPGROUPS=2``, the one with clocks and
 turns) at every point; ``--warpgroups 3`` times the three-warpgroup shape's ablations only (it
@@ -48,6 +48,7 @@ def main() -> None:
         "gqa_32q8kv_d128:131072:65,gqa_32q8kv_d128:131072:17",
     )
     ap.add_argument("--warpgroups", type=int, choices=(2, 3), default=2)
+    ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["KDTREE_GQA_WARPGROUPS"] = str(a.warpgroups)
@@ -57,7 +58,14 @@ def main() -> None:
     for spec in a.points.split(","):
         name, length, t = spec.split(":")
         wl = Workload(
-            LAYOUTS[name], 1, int(length), int(t), 16, torch.bfloat16, torch.device("cuda"), seed=0
+            LAYOUTS[name],
+            1,
+            int(length),
+            int(t),
+            a.page_size,
+            torch.bfloat16,
+            torch.device("cuda"),
+            seed=0,
         )
         ti = make_tree_inputs(wl, int(t), seed=0)
         os.environ["KDTREE_GQA_ABLATE"] = "0"
@@ -79,7 +87,8 @@ def main() -> None:
                       + ", ".join(f"{k} {v:.0f}" for k, v in ck.items() if "." in k), flush=True)  # fmt: skip
             else:
                 _, splits = _cuda_gqa_fn(wl, ti)
-            rec = {"point": spec, "warpgroups": a.warpgroups, "turns": int(turns),
+            rec = {"point": spec, "warpgroups": a.warpgroups, "page_size": a.page_size,
+                   "tma": os.environ.get("KDTREE_GQA_TMA", "1"), "turns": int(turns),
                    "splits": splits, **ck}  # fmt: skip
             for ab in ABLATIONS if turns == "1" else (0,):
                 os.environ["KDTREE_GQA_ABLATE"] = str(ab)
