@@ -20,8 +20,8 @@
 //     tile), the LAST split also the T tree keys through the ancestor bitmask
 //     (kdtree_sm90::split_tiles).
 //   * Warp specialisation: a producer warpgroup brings Q by cp.async (its own mbarrier) and whole
-//     prefix tiles by TMA (3-D tensor maps over the K and V pools; K and V each two tile x
-//     64-dim 128B-swizzled slices a stage); partial and tree tiles and pages of < 8 slots by
+//     prefix tiles by TMA (5-D tensor maps over the K and V pools, one box a page run and tensor:
+//     see kv_off for the stage layout); partial and tree tiles and pages of < 8 slots by
 //     zero-filling 16-byte cp.async completing on the stage's mbarrier
 //     (cp.async.mbarrier.arrive.noinc). It waits only for a stage to be released (named barrier
 //     EMPTY + s).
@@ -33,8 +33,8 @@
 //     warpgroups take turns issuing their MMAs (KDTREE_GQA_PINGPONG, default on); Tall's three
 //     interleave by themselves.
 //   * One split: the CTA writes the normalised output. Several: normalised fp32 partials
-//     [B, Hkv, S, G*T, 128] + base-2 LSE [B, Hkv, S, G*T], merged by the Triton merge kernel
-//     (kdtree.kernels._common.launch_merge) in the same stream.
+//     [B, Hkv, S, G*T, 128] + base-2 LSE [B, Hkv, S, G*T], merged by the shared merge kernel
+//     (sm90_common.cuh, launched by kdtree_gqa_tree_launch) or the caller.
 //
 // Everything depends only on shapes and device pointers: graph-capturable.
 //
@@ -47,6 +47,9 @@
 // (commit 140ec86, call i) changed nothing (99.0 against 98.2 us): the box issue's ~2.8k cycles a
 // tile are the TMA unit's back-pressure, not the page-table read. The Tall shape (call j) took
 // 8q/1kv, T=65, 128k from 98 to 91 us and T=17 from 49 to 44 us (two row-block CTAs -> one).
+// Session 12 (calls f-g): at page size 16 the copies alone took 62 of the 90 us at 8q/1kv, T=65,
+// 128k, and 43 at page size 64 (4 boxes of 8 KB a tile instead of 16 of 2 KB): the TMA box count
+// limits the copies, so a page run's two 64-dim halves now come in one box (kv_off).
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>
@@ -193,8 +196,20 @@ __device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int 
   }
 }
 
+// A stage holds K then V (BN keys x 128 dims each, BN * 256 bytes). Key r's 16-byte chunk c of
+// its 64-dim half h sits in 128B-swizzled atoms of 8 keys x 64 dims, the two halves' atoms of
+// each 8 keys side by side: [keys 0-7, dims 0-63][keys 0-7, dims 64-127][keys 8-15, dims 0-63]...
+// One TMA box then brings both halves of a page run (a 5-D map: 64 dims, 8 keys, 2 halves,
+// key groups, head); the wgmma descriptors step 2048 bytes a group of 8 keys (SBO) and 1024 from
+// one half to the other (K: the k-step's start address; V: LBO).
+constexpr int KV_GROUP = 2048;  // one group of 8 keys, both halves
+constexpr int KV_HALF = 1024;   // one half's swizzle atom
+__device__ __forceinline__ uint32_t kv_off(int r, int half, int c) {
+  return static_cast<uint32_t>((r >> 3) * KV_GROUP + half * KV_HALF) + swz(r & 7, c);
+}
+
 // The producer's copies of one KV tile: keys (pt >> 3) + 16 k (k < BN / 16), chunk pt & 7 of
-// each of the four slices (8 adjacent threads read one key's 128 contiguous bytes of a slice).
+// each half of K and V (8 adjacent threads read one key's 128 contiguous bytes of a half).
 template <class C, typename E>
 __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, const E* vbase,
                                              const Params& p, const int32_t* pt_row,
@@ -208,11 +223,11 @@ __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, con
     const int bytes = slot >= 0 ? 16 : 0;
     const E* ks = slot >= 0 ? kbase + slot * p.sk_slot : kbase;
     const E* vs = slot >= 0 ? vbase + slot * p.sv_slot : vbase;
-    const uint32_t dst = stage + swz(r, sub);
+    const uint32_t dst = stage + kv_off(r, 0, sub);
     cp_async16(dst, ks + sub * 8, bytes);
-    cp_async16(dst + KV_REGION, ks + 64 + sub * 8, bytes);
+    cp_async16(dst + KV_HALF, ks + 64 + sub * 8, bytes);
     cp_async16(dst + 2 * KV_REGION, vs + sub * 8, bytes);
-    cp_async16(dst + 3 * KV_REGION, vs + 64 + sub * 8, bytes);
+    cp_async16(dst + 2 * KV_REGION + KV_HALF, vs + 64 + sub * 8, bytes);
   }
 }
 
@@ -252,7 +267,7 @@ __device__ __forceinline__ void issue_scores(float (&s)[C::SN], uint64_t dq, uin
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const uint64_t oq = static_cast<uint64_t>((ks >> 2) * (Q_REGION >> 4) + (ks & 3) * 2);
-    const uint64_t ok = static_cast<uint64_t>((ks >> 2) * (C::KV_REGION >> 4) + (ks & 3) * 2);
+    const uint64_t ok = static_cast<uint64_t>((ks >> 2) * (KV_HALF >> 4) + (ks & 3) * 2);
     if constexpr (C::BN == 128)
       Wgmma<E>::ss_n128(s, dq + oq, dk + ok, ks > 0);
     else
@@ -267,7 +282,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[C:
                                          uint64_t dv) {
 #pragma unroll
   for (int kk = 0; kk < C::KS; ++kk)
-    Wgmma<E>::rs_n128_tb(o, pc[kk], dv + kk * (16 * 128 >> 4), 1);
+    Wgmma<E>::rs_n128_tb(o, pc[kk], dv + kk * (2 * KV_GROUP >> 4), 1);
   wg_commit();
 }
 
@@ -457,15 +472,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         mbar_arrive(bar);
       } else if (tma_tile<C>(p, ts, tile)) {
         // one warp: lane 0 sets the byte count (its arrival), lanes < BN / tma_rows issue one
-        // page run's four boxes (K and V, dims [0, 64) and [64, 128)); the rest arrive
+        // page run's two boxes (K and V, both 64-dim halves each); the rest arrive
         if (pt == 0) mbar_expect_tx(bar, C::SMEM_STAGE);
         if (pt < 32) __syncwarp();
         if (pt * p.tma_rows < BN) {
-          const uint32_t dst = stage + pt * p.tma_rows * 128;
-          tma_load_3d(dst, &p.k_map, 0, kvh, slot, bar);
-          tma_load_3d(dst + KV_REGION, &p.k_map, 64, kvh, slot, bar);
-          tma_load_3d(dst + 2 * KV_REGION, &p.v_map, 0, kvh, slot, bar);
-          tma_load_3d(dst + 3 * KV_REGION, &p.v_map, 64, kvh, slot, bar);
+          const uint32_t dst = stage + (pt * p.tma_rows >> 3) * KV_GROUP;
+          tma_load_5d(dst, &p.k_map, 0, 0, 0, slot >> 3, kvh, bar);
+          tma_load_5d(dst + 2 * KV_REGION, &p.v_map, 0, 0, 0, slot >> 3, kvh, bar);
         }
         if (pt != 0) mbar_arrive(bar);
       } else {
@@ -500,10 +513,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   }
 
   const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
-  const uint64_t dk0 = wg_desc(sKV, 16, 1024);
+  const uint64_t dk0 = wg_desc(sKV, 16, KV_GROUP);
   // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
   // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
-  const uint64_t dv0 = wg_desc(sKV + 2 * KV_REGION, KV_REGION, 1024);
+  const uint64_t dv0 = wg_desc(sKV + 2 * KV_REGION, KV_HALF, KV_GROUP);
 
   float o[64];
 #pragma unroll
@@ -715,13 +728,17 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
       !(env_tma != nullptr && env_tma[0] == '0')) {
     const int bn = wgs == 2 ? Wide::BN : Tall::BN;
     const int rows = page_size < bn ? page_size : bn;
-    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(Hkv),
-                                static_cast<cuuint64_t>(num_slots)};
-    const cuuint64_t ks[2] = {static_cast<cuuint64_t>(sk_h) * 2, static_cast<cuuint64_t>(sk_slot) * 2};
-    const cuuint64_t vs[2] = {static_cast<cuuint64_t>(sv_h) * 2, static_cast<cuuint64_t>(sv_slot) * 2};
-    const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(rows)};
-    if (encode_swizzled_map(&p.k_map, k, dtype, 3, dims, ks, box) == 0 &&
-        encode_swizzled_map(&p.v_map, v, dtype, 3, dims, vs, box) == 0)
+    // 5-D: 64 dims (contiguous), 8 keys (a slot apart), the two 64-dim halves (128 bytes apart),
+    // groups of 8 keys, KV heads; one box = one page run of `rows` keys, both halves (kv_off)
+    const cuuint64_t dims[5] = {64, 8, 2, static_cast<cuuint64_t>(num_slots / 8),
+                                static_cast<cuuint64_t>(Hkv)};
+    const cuuint64_t ks[4] = {static_cast<cuuint64_t>(sk_slot) * 2, 128,
+                              static_cast<cuuint64_t>(sk_slot) * 16, static_cast<cuuint64_t>(sk_h) * 2};
+    const cuuint64_t vs[4] = {static_cast<cuuint64_t>(sv_slot) * 2, 128,
+                              static_cast<cuuint64_t>(sv_slot) * 16, static_cast<cuuint64_t>(sv_h) * 2};
+    const cuuint32_t box[5] = {64, 8, 2, static_cast<cuuint32_t>(rows / 8), 1};
+    if (encode_swizzled_map(&p.k_map, k, dtype, 5, dims, ks, box) == 0 &&
+        encode_swizzled_map(&p.v_map, v, dtype, 5, dims, vs, box) == 0)
       p.tma_rows = rows;
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
