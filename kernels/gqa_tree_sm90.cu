@@ -29,9 +29,9 @@
 //     shared memory) is issued together with O += P_{j-1} V_{j-1} (BN / 16 x m64n128k16, P from
 //     registers: the accumulator fragments of S are the A fragments of P V, V MN-major); the
 //     softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores (FlashAttention-3's
-//     intra-warpgroup overlap), then stage j-1 is released and O rescaled. Wide's two consumer
-//     warpgroups take turns issuing their MMAs (KDTREE_GQA_PINGPONG, default on); Tall's three
-//     interleave by themselves.
+//     intra-warpgroup overlap), then stage j-1 is released and O rescaled. The consumer
+//     warpgroups with rows take turns issuing their MMAs, in a ring (KDTREE_GQA_PINGPONG,
+//     default on).
 //   * One split: the CTA writes the normalised output. Several: normalised fp32 partials
 //     [B, Hkv, S, G*T, 128] + base-2 LSE [B, Hkv, S, G*T], merged by the shared merge kernel
 //     (sm90_common.cuh, launched by kdtree_gqa_tree_launch) or the caller.
@@ -358,12 +358,14 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
   clk.stamp(0);
   pin(o);              // the rescale and P_{j-1} complete before the batch starts
   pin(pc);
-  if (turns) named_sync(BAR_TURN + w, 256);  // the other warpgroup issued its batch
+  if (turns) named_sync(BAR_TURN + w, 256);  // the previous warpgroup issued its batch
   wg_fence();
   issue_scores<C, E>(s, dq, dk);
   issue_pv<C, E>(o, pc, dv);
-  // hand the turn over (warpgroup 1's last batch has no taker: warpgroup 0 is done issuing)
-  if (turns && !(w == 1 && tile == n - 1)) named_arrive(BAR_TURN + (w ^ 1), 256);
+  // hand the turn to the next warpgroup of the ring (the last one's last batch has no taker:
+  // warpgroup 0 is done issuing)
+  if (turns && !(w == turns - 1 && tile == n - 1))
+    named_arrive(BAR_TURN + (w + 1 == turns ? 0 : w + 1), 256);
   clk.stamp(1);
   wg_wait<1>();  // S_j done (groups retire in order)
   pin(s);
@@ -533,12 +535,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   uint64_t bits0[C::WORDS], bits1[C::WORDS];
 
   ClocksOf<C> clk(p.clocks && (tid & 127) == 0);
-  // Turns (FlashAttention-3's ping-pong, two consumer warpgroups only): the warpgroups alternate
-  // issuing their S_j + P V batches, so one's softmax runs while the other's MMAs hold the
-  // tensor cores. Only when both have rows (an idle one takes no turns); warpgroup 1 gives
-  // warpgroup 0 the first turn.
-  const int turns = C::CWG == 2 && p.pingpong && m0 + WG_ROWS < p.rows;
-  if (turns && w == 1 && n > 1) named_arrive(BAR_TURN, 256);
+  // Turns (FlashAttention-3's ping-pong, extended to a ring of the warpgroups that have rows):
+  // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
+  // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than
+  // two warpgroups with rows or KDTREE_GQA_PINGPONG=0); its last warpgroup gives warpgroup 0
+  // the first turn.
+  const int with_rows = min(C::CWG, (p.rows - m0 + WG_ROWS - 1) / WG_ROWS);
+  const int turns = p.pingpong && with_rows >= 2 ? with_rows : 0;
+  if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
   // ---- tile 0: S_0 and its softmax
   tile_bits<C>(bits0, p, ts, b, 0, row0);
   tile_bits<C>(bits1, p, ts, b, 0, row1);

@@ -280,11 +280,14 @@ def test_matches_triton(gen):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("case", [GPU_CASES[3], GPU_CASES[8], GPU_CASES[10]], ids=str)
-def test_without_turns_matches_fp64(case, gen, monkeypatch):
+@pytest.mark.parametrize("wgs", ["2", "3"])
+@pytest.mark.parametrize("turns", ["0", "1"])
+def test_with_and_without_turns_match_fp64(case, wgs, turns, gen, monkeypatch):
     """KDTREE_GQA_PINGPONG=0 (the consumer warpgroups issue their MMAs without taking turns)
-    gives the same attention; forced to the two-warpgroup shape, the one that takes turns."""
-    monkeypatch.setenv("KDTREE_GQA_PINGPONG", "0")
-    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
+    and =1 (a ring of the warpgroups with rows: two or three, or none with one) both give the
+    attention, in both kernel shapes."""
+    monkeypatch.setenv("KDTREE_GQA_PINGPONG", turns)
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     _run(case, torch.bfloat16, gen)
 
 
