@@ -29,9 +29,9 @@
 //     shared memory) is issued together with O += P_{j-1} V_{j-1} (BN / 16 x m64n128k16, P from
 //     registers: the accumulator fragments of S are the A fragments of P V, V MN-major); the
 //     softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores (FlashAttention-3's
-//     intra-warpgroup overlap), then stage j-1 is released and O rescaled. The consumer
-//     warpgroups with rows take turns issuing their MMAs, in a ring (KDTREE_GQA_PINGPONG,
-//     default on).
+//     intra-warpgroup overlap), then stage j-1 is released and O rescaled. Wide's consumer
+//     warpgroups take turns issuing their MMAs (KDTREE_GQA_PINGPONG=1, the default; =2 makes
+//     Tall's three take turns in a ring too, measured no faster).
 //   * One split: the CTA writes the normalised output. Several: normalised fp32 partials
 //     [B, Hkv, S, G*T, 128] + base-2 LSE [B, Hkv, S, G*T], merged by the shared merge kernel
 //     (sm90_common.cuh, launched by kdtree_gqa_tree_launch) or the caller.
@@ -138,7 +138,7 @@ struct Params {
   int tma_rows;              // rows of one TMA box of k_map / v_map (0: cp.async only)
   CUtensorMap k_map, v_map;  // the pools as [slots, Hkv, 128] tensors, 64 x 1 x tma_rows boxes,
                              // 128-byte swizzle (encoded on the host per launch)
-  int pingpong;              // consumer warpgroups take turns issuing their MMAs
+  int pingpong;              // turns issuing MMAs: 0 none, 1 two-warpgroup shape, 2 both shapes
                              // (KDTREE_GQA_PINGPONG, default 1)
   int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
   int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results): bit 0 no KV
@@ -538,10 +538,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   // Turns (FlashAttention-3's ping-pong, extended to a ring of the warpgroups that have rows):
   // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
   // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than
-  // two warpgroups with rows or KDTREE_GQA_PINGPONG=0); its last warpgroup gives warpgroup 0
-  // the first turn.
+  // two warpgroups with rows, or KDTREE_GQA_PINGPONG=0; the three-warpgroup shape only with
+  // KDTREE_GQA_PINGPONG=2: measured within +-4 % either way, session 12 call i); its last
+  // warpgroup gives warpgroup 0 the first turn.
   const int with_rows = min(C::CWG, (p.rows - m0 + WG_ROWS - 1) / WG_ROWS);
-  const int turns = p.pingpong && with_rows >= 2 ? with_rows : 0;
+  const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
+  const int turns = ring && with_rows >= 2 ? with_rows : 0;
   if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
   // ---- tile 0: S_0 and its softmax
   tile_bits<C>(bits0, p, ts, b, 0, row0);
@@ -721,7 +723,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   const char* env_clocks = getenv("KDTREE_GQA_CLOCKS");
   const char* env_ablate = getenv("KDTREE_GQA_ABLATE");
   const char* env_pingpong = getenv("KDTREE_GQA_PINGPONG");
-  p.pingpong = !(env_pingpong != nullptr && env_pingpong[0] == '0');
+  p.pingpong = env_pingpong == nullptr ? 1 : (env_pingpong[0] == '0' ? 0 : (env_pingpong[0] == '2' ? 2 : 1));
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   // Whole prefix tiles go through TMA when a page holds >= 8 slots (fewer would take 64+ boxes a

@@ -281,11 +281,11 @@ def test_matches_triton(gen):
 @needs_sm90
 @pytest.mark.parametrize("case", [GPU_CASES[3], GPU_CASES[8], GPU_CASES[10]], ids=str)
 @pytest.mark.parametrize("wgs", ["2", "3"])
-@pytest.mark.parametrize("turns", ["0", "1"])
+@pytest.mark.parametrize("turns", ["0", "1", "2"])
 def test_with_and_without_turns_match_fp64(case, wgs, turns, gen, monkeypatch):
-    """KDTREE_GQA_PINGPONG=0 (the consumer warpgroups issue their MMAs without taking turns)
-    and =1 (a ring of the warpgroups with rows: two or three, or none with one) both give the
-    attention, in both kernel shapes."""
+    """KDTREE_GQA_PINGPONG=0 (the consumer warpgroups issue their MMAs without taking turns),
+    =1 (turns in the two-warpgroup shape, the default) and =2 (a ring of the warpgroups with
+    rows in both shapes: two or three, none with one) all give the attention."""
     monkeypatch.setenv("KDTREE_GQA_PINGPONG", turns)
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     _run(case, torch.bfloat16, gen)

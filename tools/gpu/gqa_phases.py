@@ -69,7 +69,8 @@ def main() -> None:
         )
         ti = make_tree_inputs(wl, int(t), seed=0)
         os.environ["KDTREE_GQA_ABLATE"] = "0"
-        for turns in ("1", "0"):
+        on = "1" if a.warpgroups == 2 else "2"  # KDTREE_GQA_PINGPONG that gives this shape turns
+        for turns in (on, "0"):
             os.environ["KDTREE_GQA_PINGPONG"] = turns
             ck = {}
             if clocks:
@@ -90,7 +91,7 @@ def main() -> None:
             rec = {"point": spec, "warpgroups": a.warpgroups, "page_size": a.page_size,
                    "tma": os.environ.get("KDTREE_GQA_TMA", "1"), "turns": int(turns),
                    "splits": splits, **ck}  # fmt: skip
-            for ab in ABLATIONS if turns == "1" else (0,):
+            for ab in ABLATIONS if turns != "0" else (0,):
                 os.environ["KDTREE_GQA_ABLATE"] = str(ab)
                 fn, _ = _cuda_gqa_fn(wl, ti)
                 replay, per = _graphed(fn, wl.n_rot, wl.device)
