@@ -158,11 +158,11 @@ def resolve_backend(
     * MLA with DeepSeek's dims (512 + 64) in bf16 / fp16 on an sm_90 GPU whose nvcc builds it:
       ``cuda`` (0.61 ms at h=16, L=128k, T=65 against the Triton kernel's 1.50 ms);
     * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
-      G * T`` number at least 64: ``cuda`` (1.04-1.41x the Triton kernel at 32q/8kv and 8q/1kv,
-      T=17 and 65, L 16k-256k; session 12, call e), except for 129-144 rows when the page table
+      G * T`` number at least 64: ``cuda`` (1.09-1.63x the Triton kernel at 32q/8kv and 8q/1kv,
+      T=17 and 65, L 16k-256k; session 12, call k), except for 129-144 rows when the page table
       holds fewer than 64k keys (``max_len``) or its size is not given (8q/1kv, T=17: the Triton
-      kernel, with its small tail tile, takes 0.83x our time at 16k; 1.04x at 64k since the CUDA
-      merge, 1.14-1.24x at 128k-256k);
+      kernel, with its small tail tile, takes 0.85x our time at 16k; 1.09x at 64k, 1.22-1.36x
+      at 128k-256k);
     * else ``triton`` on CUDA if registered and it supports the head dims (``dims``, when
       given), else ``ref``.
 
