@@ -748,6 +748,55 @@ def gqa_cuda_phases(
     return table.astype(float).fillna(0.0)
 
 
+#: ``KDTREE_GQA_ABLATE`` settings of ``tools/gpu/gqa_phases.py`` and what each leaves running.
+GQA_ABLATIONS = {
+    "ms_ablate0": "whole",
+    "ms_ablate1": "compute alone",
+    "ms_ablate8": "no softmax",
+    "ms_ablate9": "MMAs only",
+    "ms_ablate16": "copies alone",
+}
+
+
+def gqa_ablation_table(df: pd.DataFrame, point: str = "gqa_8q1kv_d128:131072:65") -> pd.DataFrame:
+    """Session 12's ablations of the three-warpgroup CUDA GQA shape at ``point``
+    (``data/bench/logs/gqa_ablations_session12.csv``): one row per run with turns (``turns`` ≠
+    0), labelled by call, layout version, page size and TMA, and the graph-replayed µs of each
+    :data:`GQA_ABLATIONS` setting."""
+    need = {"call", "point", "turns", *GQA_ABLATIONS}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"GQA ablation rows: missing columns {sorted(missing)}")
+    d = df[(df["point"] == point) & (df["turns"] != 0)].copy()
+    if d.empty:
+        raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
+    page = d["page_size"].fillna(16).astype(int) if "page_size" in d else 16
+    tma = d["tma"].fillna(1).astype(int).astype(str) if "tma" in d else "1"
+    version = d["layout_version"].fillna("") if "layout_version" in d else ""
+    d["label"] = (d["call"] + ": " + version + ", page " + page.astype(str)
+                  + np.where(tma == "0", ", cp.async", ""))  # fmt: skip
+    out = d[["label", *GQA_ABLATIONS]].rename(columns=GQA_ABLATIONS)
+    cols = list(GQA_ABLATIONS.values())
+    out[cols] = out[cols] * 1e3
+    return out.reset_index(drop=True)
+
+
+def merge_cost_table(df: pd.DataFrame, call: str = "e") -> pd.DataFrame:
+    """µs a call by point and merge setting (``tools/gpu/merge_cost.py``, ``part`` = ``modes``)
+    of one call, with the merge's share (the CUDA merge in stream order less the split alone)."""
+    need = {"call", "part", "point", "mode", "us"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"merge cost rows: missing columns {sorted(missing)}")
+    d = df[(df["call"] == call) & (df["part"] == "modes")]
+    if d.empty:
+        raise ValueError(f"no merge-cost rows for call {call!r}")
+    w = d.pivot_table(index="point", columns="mode", values="us", sort=False)
+    if {"plain", "split"} <= set(w.columns):
+        w["merge_us"] = w["plain"] - w["split"]
+    return w.reset_index()
+
+
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     """Heap vs every device builder of ``tree_build.csv``: ms per step by (batch, budget) and
     provider, plus the fastest device provider and its speed-up over the heap."""

@@ -274,6 +274,44 @@ else:
     )
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 12): the merge, the fixed cost and the TMA box count
+# The three-warpgroup shape's ablations at 8q/1kv, L=128k, T=65 (`python3 tools/gpu/gqa_phases.py
+# --warpgroups 3`, `KDTREE_GQA_ABLATE`: compute alone = no KV loads past the first stages,
+# copies alone = consumers that only wait and release). The MMAs alone ran near the tensor peak,
+# and the copies alone were as slow as the compute alone. With page size 64 the same bytes come in
+# a quarter of the TMA boxes, and the copies alone fell by a third: the box count was the limit,
+# not bandwidth. Since call h one 5-D box brings a page run's two 64-dim halves (the stage
+# layout interleaves them per 8 keys). Below the bars, the merge timings (`python3
+# tools/gpu/merge_cost.py`, call e): the split kernel alone, and the call with the CUDA merge in
+# stream order, as a programmatic dependent launch, and with the Triton merge.
+
+# %%
+abl_csv = nb.data_path("bench", "logs", "gqa_ablations_session12.csv")
+if abl_csv.exists():
+    abl = ns.gqa_ablation_table(pd.read_csv(abl_csv))
+    nb.show(
+        nf.make_bar_compare_fig(
+            abl.melt(id_vars="label", var_name="setting", value_name="us"),
+            "label",
+            "us",
+            "setting",
+            "Three-warpgroup CUDA GQA kernel, 8q/1kv, L=128k, T=65: ablations by version (H200)",
+            "µs",
+        ),
+        "gqa_ablations_session12",
+    )
+    display(abl.round(1))
+else:
+    nb.note(
+        "The session-12 ablation rows are not shipped (data/bench/logs/gqa_ablations_session12.csv)."
+    )
+merge_csv = nb.data_path("bench", "logs", "merge_cost_session12.csv")
+if merge_csv.exists():
+    display(ns.merge_cost_table(pd.read_csv(merge_csv), call="e").round(1))
+else:
+    nb.note("The merge timings are not shipped (data/bench/logs/merge_cost_session12.csv).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

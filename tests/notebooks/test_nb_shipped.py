@@ -430,3 +430,46 @@ def test_gqa_cuda_history_and_phases():
         ns.gqa_cuda_history(df.drop(columns=["ms_ablate16"]))
     with pytest.raises(ValueError, match="no rows"):
         ns.gqa_cuda_phases(df, call="z")
+
+
+def test_gqa_ablation_table_and_merge_cost_table():
+    pt = "gqa_8q1kv_d128:131072:65"
+    abl = {"ms_ablate0": 0.09, "ms_ablate1": 0.074, "ms_ablate8": 0.079, "ms_ablate9": 0.063,
+           "ms_ablate16": 0.062}  # fmt: skip
+    df = pd.DataFrame(
+        [
+            {"call": "f", "layout_version": "two boxes", "point": pt, "turns": 1, **abl},
+            {"call": "g", "layout_version": "two boxes", "point": pt, "turns": 1, "page_size": 64,
+             **abl, "ms_ablate0": 0.077, "ms_ablate16": 0.043},
+            {"call": "g", "layout_version": "two boxes", "point": pt, "turns": 1, "tma": 0, **abl},
+            {"call": "f", "layout_version": "two boxes", "point": pt, "turns": 0, **abl},
+            {"call": "f", "layout_version": "two boxes", "point": "other:1:1", "turns": 1, **abl},
+        ]
+    )  # fmt: skip
+    t = ns.gqa_ablation_table(df)
+    assert len(t) == 3  # the turns-off row and the other point are left out
+    assert t.loc[1, "label"] == "g: two boxes, page 64"
+    assert t.loc[2, "label"].endswith("page 16, cp.async")
+    assert t.loc[1, "whole"] == pytest.approx(77.0) and t.loc[1, "copies alone"] == pytest.approx(
+        43.0
+    )
+    assert list(t.columns) == ["label", *ns.GQA_ABLATIONS.values()]
+    with pytest.raises(ValueError, match="missing"):
+        ns.gqa_ablation_table(df.drop(columns=["ms_ablate9"]))
+    with pytest.raises(ValueError, match="no rows"):
+        ns.gqa_ablation_table(df, point="x:1:1")
+
+    mc = pd.DataFrame(
+        [
+            {"call": "e", "part": "modes", "point": pt, "mode": m, "us": us}
+            for m, us in (("plain", 90.7), ("pdl", 90.6), ("triton", 91.1), ("split", 86.5))
+        ]
+        + [{"call": "b", "part": "modes", "point": pt, "mode": "plain", "us": 1.0},
+           {"call": "e", "part": "sweep", "point": pt, "mode": "split", "us": 2.0}]
+    )  # fmt: skip
+    m = ns.merge_cost_table(mc)
+    assert list(m["point"]) == [pt]
+    assert m.loc[0, "merge_us"] == pytest.approx(4.2)
+    assert m.loc[0, "triton"] == pytest.approx(91.1)
+    with pytest.raises(ValueError, match="no merge-cost rows"):
+        ns.merge_cost_table(mc, call="z")
