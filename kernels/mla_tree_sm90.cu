@@ -488,8 +488,11 @@ __device__ __forceinline__ uint64_t wg_bits64(const Params& p, const TileSeq& ts
   return word & low64(ts.T - j0);
 }
 
-// S (64 x 64) = Q K^T from the swizzled slices: 36 m64n64k16 as two accumulation chains.
-template <typename E>
+// S (64 x 64) = Q K^T from the swizzled slices: 36 m64n64k16 as two accumulation chains. Q's
+// 64-dim slices are wg::REGION apart; K's are KSLICE apart (wg::REGION in the wgmma kernel's
+// stages, sw::SLICE in the seesaw kernel's key-group-interleaved ones; dk carries the matching
+// stride between groups of 8 keys).
+template <typename E, int KSLICE = wg::REGION>
 __device__ __forceinline__ void wg_scores(float (&s)[32], float (&s_odd)[32], uint64_t dq,
                                           uint64_t dk, int ablate) {
   if (ablate & 2) {
@@ -500,11 +503,12 @@ __device__ __forceinline__ void wg_scores(float (&s)[32], float (&s_odd)[32], ui
   wg_fence();
 #pragma unroll
   for (int ks = 0; ks < DQK / 16; ++ks) {
-    const uint64_t off = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
+    const uint64_t oq = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
+    const uint64_t ok = static_cast<uint64_t>((ks >> 2) * (KSLICE >> 4) + (ks & 3) * 2);
     if (ks & 1)
-      Wgmma<E>::ss_n64(s_odd, dq + off, dk + off, ks > 1);
+      Wgmma<E>::ss_n64(s_odd, dq + oq, dk + ok, ks > 1);
     else
-      Wgmma<E>::ss_n64(s, dq + off, dk + off, ks > 0);
+      Wgmma<E>::ss_n64(s, dq + oq, dk + ok, ks > 0);
   }
   wg_commit();
   wg_wait<0>();
@@ -514,15 +518,19 @@ __device__ __forceinline__ void wg_scores(float (&s)[32], float (&s_odd)[32], ui
   for (int i = 0; i < 32; ++i) s[i] += s_odd[i];
 }
 
-// P fragments -> a 128B-swizzled K-major 64 x 64 slice (as wgmma reads it as the A operand).
+// P fragments -> a 128B-swizzled K-major 64 x 64 slice (as wgmma reads it as the A operand),
+// its atoms of 8 rows GROUP bytes apart (1024: contiguous; sw::GROUP: the seesaw kernel's rope
+// slice inside a key-group-interleaved stage).
+template <int GROUP = 1024>
 __device__ __forceinline__ void wg_store_p(unsigned char* slice, const uint32_t (&pc)[4][4],
                                            int r0, int r1, int q4) {
+  const auto at = [](int r, int c) { return (r >> 3) * GROUP + swz(r & 7, c); };
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    *reinterpret_cast<uint32_t*>(slice + swz(r0, 2 * kk) + 4 * q4) = pc[kk][0];
-    *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk) + 4 * q4) = pc[kk][1];
-    *reinterpret_cast<uint32_t*>(slice + swz(r0, 2 * kk + 1) + 4 * q4) = pc[kk][2];
-    *reinterpret_cast<uint32_t*>(slice + swz(r1, 2 * kk + 1) + 4 * q4) = pc[kk][3];
+    *reinterpret_cast<uint32_t*>(slice + at(r0, 2 * kk) + 4 * q4) = pc[kk][0];
+    *reinterpret_cast<uint32_t*>(slice + at(r1, 2 * kk) + 4 * q4) = pc[kk][1];
+    *reinterpret_cast<uint32_t*>(slice + at(r0, 2 * kk + 1) + 4 * q4) = pc[kk][2];
+    *reinterpret_cast<uint32_t*>(slice + at(r1, 2 * kk + 1) + 4 * q4) = pc[kk][3];
   }
 }
 // O (this warpgroup's 64 x 256 half) *= a0 (row r0), a1 (row r1); skipped when no row of the
@@ -830,7 +838,16 @@ constexpr int SMEM_STATS = 4 * BLOCK_M * 4 + 16;  // m_a [64], m_b [64], row sum
                                                   // one TMA mbarrier a stage
 constexpr int SMEM_TOTAL = wg::ALIGN + wg::SMEM_Q + wg::STAGES * wg::SMEM_STAGE + SMEM_STATS;
 static_assert(SMEM_TOTAL <= 227 * 1024, "seesaw kernel shared memory above the sm_90 limit");
-constexpr int ROPE_SLICE = (DQK / 64 - 1) * wg::REGION;  // byte offset of a stage's rope slice
+// A stage holds 64 keys in 8 groups of 8; a group holds the keys' 9 64-dim slices side by side,
+// each a 128B-swizzled 1 KB atom: [keys 0-7: dims 0-63 | 64-127 | ... | 512-575][keys 8-15: ...].
+// One TMA box then brings a whole page run (a 4-D map: 64 dims, 8 keys, 9 slices, key groups),
+// one box a run instead of nine; the wgmma descriptors step GROUP bytes a group of 8 keys (SBO)
+// and SLICE from one slice to the next (K: the k-step's start address; V: LBO).
+constexpr int SLICE = 1024;
+constexpr int GROUP = wg::KBLOCKS * SLICE;  // 9216
+static_assert(wg::BN / 8 * GROUP == wg::SMEM_STAGE, "a stage is 8 key groups");
+constexpr int ROPE_SLICE = (DQK / 64 - 1) * SLICE;  // byte offset of a stage's rope slice
+constexpr uint64_t KSTEP_V = (2 * GROUP) >> 4;      // 16 keys of V (descriptor units)
 constexpr int BAR_M_A = 6;
 constexpr int BAR_P_B = 7;
 constexpr int BAR_PRODUCER = 8;
@@ -858,7 +875,7 @@ __device__ __forceinline__ int sw_run_slot(const Params& p, const int32_t* pt_ro
 }
 
 // Issue one tile's copies into `stage` and wait until they landed. TMA: lane 0 sets the
-// stage mbarrier's byte count, lanes < 64 / tma_rows each issue their run's nine boxes, all 64
+// stage mbarrier's byte count, lanes < 64 / tma_rows each issue their run's box, all 64
 // threads wait for the phase. cp.async (partial and tree tiles, pages of < 8 slots): rows
 // (lt >> 3) + 8 k, k < 8, chunk lt & 7 of the nine slices, zero-filled past the keys (one row
 // at a time: the 40-register producer spills when the eight rows' slots are held at once).
@@ -871,12 +888,9 @@ __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, 
     if (lt < 32) {
       if (lt == 0) mbar_expect_tx(bar, wg::KBLOCKS * wg::REGION);
       __syncwarp();
-      if (lt * p.tma_rows < wg::BN) {
-#pragma unroll
-        for (int i = 0; i < wg::KBLOCKS; ++i)
-          tma_load_2d(stage + i * wg::REGION + lt * p.tma_rows * 128, &p.kv_map, 64 * i, run_slot,
-                      bar);
-      }
+      if (lt * p.tma_rows < wg::BN)
+        tma_load_4d(stage + (lt * p.tma_rows >> 3) * sw::GROUP, &p.kv_map, 0, 0, 0, run_slot >> 3,
+                    bar);
     }
     mbar_wait(bar, parity);
     parity ^= 1u;
@@ -888,10 +902,10 @@ __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, 
       const int64_t slot = key_slot<wg::BN>(p, pt_row, ts, tile, r);
       const E* src = slot >= 0 ? kv + slot * p.s_slot : kv;
       const int bytes = slot >= 0 ? 16 : 0;
-      const uint32_t dst = stage + swz(r, sub);
+      const uint32_t dst = stage + (r >> 3) * sw::GROUP + swz(r & 7, sub);
 #pragma unroll
       for (int i = 0; i < wg::KBLOCKS; ++i)
-        cp_async16(dst + i * wg::REGION, src + (sub + 8 * i) * 8, bytes);
+        cp_async16(dst + i * sw::SLICE, src + (sub + 8 * i) * 8, bytes);
     }
     cp_async_commit();
     cp_async_wait<0>();
@@ -911,7 +925,7 @@ __device__ __forceinline__ void sw_tile_scores(float (&s)[32], float (&s_odd)[32
   full = tile < ts.n_pre && ts.end - (ts.start + tile * wg::BN) >= wg::BN;
   named_sync(BAR_FULL + stage, sw::FULL_COUNT);
   clk.stamp(0);
-  wg_scores<E>(s, s_odd, dq, dk, p.ablate);
+  wg_scores<E, sw::SLICE>(s, s_odd, dq, dk, p.ablate);
   clk.stamp(1);
 }
 
@@ -929,7 +943,7 @@ __device__ __forceinline__ float2 sw_softmax_out(float (&s)[32], uint32_t (&pc)[
   mn.x = fmaxf(from.x, mx.x * scale);  // scale > 0: order kept
   mn.y = fmaxf(from.y, mx.y * scale);
   const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(mn.x), wg_offset(mn.y));
-  wg_store_p(slice, pc, r0, r1, q4);
+  wg_store_p<sw::GROUP>(slice, pc, r0, r1, q4);
   if (q4 == 0) {
     sm[r0] = mn.x;
     sm[r1] = mn.y;
@@ -955,7 +969,7 @@ __device__ __forceinline__ float2 sw_pv_a_right(float (&o)[128], float& l0, floa
   wg_rescale(o, a0, a1);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpa + kk * 2, dv0 + kk * (16 * 128 >> 4), 1);
+  for (int kk = 0; kk < 4; ++kk) Wgmma<E>::ss_n256_tb(o, dpa + kk * 2, dv0 + kk * sw::KSTEP_V, 1);
   wg_commit();
   return ma;
 }
@@ -983,7 +997,7 @@ __device__ __forceinline__ float2 sw_left_a(float (&o)[128], float (&s)[32], flo
   wg_rescale(o, a0, a1);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv0 + kk * (16 * 128 >> 4), 1);
+  for (int kk = 0; kk < 4; ++kk) Wgmma<E>::rs_n256_tb(o, pc[kk], dv0 + kk * sw::KSTEP_V, 1);
   wg_commit();
   return ma;
 }
@@ -1066,13 +1080,14 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
   constexpr uint64_t STAGE_STEP = wg::SMEM_STAGE >> 4;  // descriptor start-address units
-  constexpr uint64_t KSTEP_V = 16 * 128 >> 4;            // 16 keys of a V slice
+  constexpr uint64_t KSTEP_V = sw::KSTEP_V;              // 16 keys of V
   const uint64_t dq = wg_desc(sQ, 16, 1024);
-  const uint64_t dk = wg_desc(sKV, 16, 1024) + w * STAGE_STEP;       // own stage's K
-  const uint64_t dv0 = wg_desc(sKV + 4 * w * wg::REGION, p.v_lbo, p.v_sbo);  // stage 0's V half
-  const uint64_t dv1 = dv0 + STAGE_STEP;                                    // stage 1's V half
-  const uint64_t dpa = wg_desc(sKV + sw::ROPE_SLICE, 16, 1024);                   // P_a
-  const uint64_t dpb = wg_desc(sKV + wg::SMEM_STAGE + sw::ROPE_SLICE, 16, 1024);  // P_b
+  const uint64_t dk = wg_desc(sKV, 16, sw::GROUP) + w * STAGE_STEP;  // own stage's K
+  // this warpgroup's V half (dims [256 w, 256 w + 256): slices 4w..4w+3), stage 0 / 1
+  const uint64_t dv0 = wg_desc(sKV + 4 * w * sw::SLICE, sw::SLICE, sw::GROUP);
+  const uint64_t dv1 = dv0 + STAGE_STEP;
+  const uint64_t dpa = wg_desc(sKV + sw::ROPE_SLICE, 16, sw::GROUP);                   // P_a
+  const uint64_t dpb = wg_desc(sKV + wg::SMEM_STAGE + sw::ROPE_SLICE, 16, sw::GROUP);  // P_b
 
   PhaseClocks clk(p.clocks && (tid & 127) == 0);
 
@@ -1278,16 +1293,19 @@ int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
 
 }  // namespace kdtree_mla
 
-// The seesaw kernel's KV tensor map: the pool as a 2-D [num_slots, 576] tensor (row pitch
-// s_slot elements), boxes of 64 dims x `rows` slots, 128-byte swizzle (the layout its wgmma
-// operands use). Returns 0 or -12.
+// The seesaw kernel's KV tensor map over the pool (row pitch s_slot elements), 4-D: 64 dims
+// (contiguous), 8 keys (a slot apart), the 9 64-dim slices (128 bytes apart), groups of 8 keys;
+// one box = a page run of `rows` keys, all slices, landing in the stage layout of sw::GROUP
+// (128-byte swizzle, as its wgmma operands read it). Returns 0 or -12.
 static int encode_kv_map(CUtensorMap* map, const void* kv, int dtype, int64_t num_slots,
                          int64_t s_slot, int rows) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kdtree_mla::DQK),
-                              static_cast<cuuint64_t>(num_slots)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(s_slot) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
-  return kdtree_sm90::encode_swizzled_map(map, kv, dtype, 2, dims, strides, box) ? -12 : 0;
+  const cuuint64_t dims[4] = {64, 8, static_cast<cuuint64_t>(kdtree_mla::DQK / 64),
+                              static_cast<cuuint64_t>(num_slots / 8)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(s_slot) * 2, 128,
+                                 static_cast<cuuint64_t>(s_slot) * 16};
+  const cuuint32_t box[4] = {64, 8, static_cast<cuuint32_t>(kdtree_mla::DQK / 64),
+                             static_cast<cuuint32_t>(rows / 8)};
+  return kdtree_sm90::encode_swizzled_map(map, kv, dtype, 4, dims, strides, box) ? -12 : 0;
 }
 
 // ------------------------------------------------------------------ C ABI
