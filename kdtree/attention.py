@@ -156,7 +156,8 @@ def resolve_backend(
     ``data/bench/verify_attention.csv``):
 
     * MLA with DeepSeek's dims (512 + 64) in bf16 / fp16 on an sm_90 GPU whose nvcc builds it:
-      ``cuda`` (0.61 ms at h=16, L=128k, T=65 against the Triton kernel's 1.50 ms);
+      ``cuda`` (0.52 ms at h=16, L=128k, T=65, session 12, against the Triton kernel's 1.50 ms
+      in session 6);
     * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
       G * T`` number at least 64: ``cuda`` (1.09-1.63x the Triton kernel at 32q/8kv and 8q/1kv,
       T=17 and 65, L 16k-256k; session 12, call k), except for 129-144 rows when the page table
