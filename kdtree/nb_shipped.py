@@ -770,9 +770,12 @@ def gqa_ablation_table(df: pd.DataFrame, point: str = "gqa_8q1kv_d128:131072:65"
     d = df[(df["point"] == point) & (df["turns"] != 0)].copy()
     if d.empty:
         raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
-    page = d["page_size"].fillna(16).astype(int) if "page_size" in d else 16
-    tma = d["tma"].fillna(1).astype(int).astype(str) if "tma" in d else "1"
-    version = d["layout_version"].fillna("") if "layout_version" in d else ""
+    def col(name: str, default) -> pd.Series:
+        return d[name].fillna(default) if name in d else pd.Series(default, index=d.index)
+
+    page = col("page_size", 16).astype(int)
+    tma = col("tma", 1).astype(int).astype(str)
+    version = col("layout_version", "")
     d["label"] = (d["call"] + ": " + version + ", page " + page.astype(str)
                   + np.where(tma == "0", ", cp.async", ""))  # fmt: skip
     out = d[["label", *GQA_ABLATIONS]].rename(columns=GQA_ABLATIONS)

@@ -87,7 +87,7 @@ struct Cfg {
   static constexpr int THREADS = CONSUMERS + 128;  // + the producer warpgroup
   static constexpr int KV_REGION = BN * 128;       // BN keys x 64 dims
   static constexpr int SMEM_Q = CWG * 2 * Q_REGION;
-  static constexpr int SMEM_STAGE = 4 * KV_REGION;  // K dims [0, 64), [64, 128); V likewise
+  static constexpr int SMEM_STAGE = 4 * KV_REGION;  // K then V, BN x 256 bytes each (kv_off)
   static constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1);
   static constexpr uint64_t STAGE_STEP = SMEM_STAGE >> 4;  // descriptor start-address units
   static constexpr int SN = BN / 2;     // S accumulator registers a thread
@@ -136,8 +136,9 @@ struct Params {
   int num_splits;
   float qk_scale;            // sm_scale * log2(e)
   int tma_rows;              // rows of one TMA box of k_map / v_map (0: cp.async only)
-  CUtensorMap k_map, v_map;  // the pools as [slots, Hkv, 128] tensors, 64 x 1 x tma_rows boxes,
-                             // 128-byte swizzle (encoded on the host per launch)
+  CUtensorMap k_map, v_map;  // the pools as 5-D maps (64 dims, 8 keys, 2 halves, key groups,
+                             // heads), boxes {64, 8, 2, tma_rows / 8, 1}, 128-byte swizzle
+                             // (encoded on the host per launch; the stage layout of kv_off)
   int pingpong;              // turns issuing MMAs: 0 none, 1 two-warpgroup shape, 2 both shapes
                              // (KDTREE_GQA_PINGPONG, default 1)
   int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
@@ -539,7 +540,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
   // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than
   // two warpgroups with rows, or KDTREE_GQA_PINGPONG=0; the three-warpgroup shape only with
-  // KDTREE_GQA_PINGPONG=2: measured within +-4 % either way, session 12 call i); its last
+  // KDTREE_GQA_PINGPONG=2: measured within 4.5 % either way, session 12 call i); its last
   // warpgroup gives warpgroup 0 the first turn.
   const int with_rows = min(C::CWG, (p.rows - m0 + WG_ROWS - 1) / WG_ROWS);
   const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
@@ -651,6 +652,7 @@ const char* kdtree_gqa_error_string(int code) {
     case -10: return "consumer warpgroups: expected 2 (128-key tiles) or 3 (64-key tiles)";
     case -11: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
                      "or as a programmatic dependent launch, at most 2048 splits)";
+    case -12: return "KDTREE_GQA_TMA=1: the driver would not encode the K / V tensor maps";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -726,10 +728,13 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.pingpong = env_pingpong == nullptr ? 1 : (env_pingpong[0] == '0' ? 0 : (env_pingpong[0] == '2' ? 2 : 1));
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
-  // Whole prefix tiles go through TMA when a page holds >= 8 slots (fewer would take 64+ boxes a
-  // tile); KDTREE_GQA_TMA=0, or a layout the driver will not map, keeps them on cp.async.
+  // Whole prefix tiles go through TMA when a page holds >= 8 slots: a TMA box's key groups of 8
+  // (kv_off) must not cross a page, so smaller pages keep the cp.async path. KDTREE_GQA_TMA=0
+  // keeps every tile on cp.async; a layout the driver will not map does too, except under
+  // KDTREE_GQA_TMA=1, where that is an error (-12: tests that mean to run the TMA path).
   p.tma_rows = 0;
   const char* env_tma = getenv("KDTREE_GQA_TMA");
+  const bool tma_required = env_tma != nullptr && env_tma[0] == '1';
   if (page_size >= 8 && num_slots >= 1 && num_slots <= INT32_MAX &&
       !(env_tma != nullptr && env_tma[0] == '0')) {
     const int bn = wgs == 2 ? Wide::BN : Tall::BN;
@@ -746,6 +751,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     if (encode_swizzled_map(&p.k_map, k, dtype, 5, dims, ks, box) == 0 &&
         encode_swizzled_map(&p.v_map, v, dtype, 5, dims, vs, box) == 0)
       p.tma_rows = rows;
+    else if (tma_required)
+      return -12;
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   if (wgs == 2)

@@ -97,8 +97,9 @@ struct Params {
   float qk_scale;               // sm_scale * log2(e)
   uint32_t v_lbo, v_sbo;        // wgmma kernel: V descriptor byte offsets (see launch)
   int tma_rows;                 // seesaw kernel: rows of one TMA box of kv_map (0: no TMA)
-  CUtensorMap kv_map;           // seesaw kernel: the KV pool [slots, 576], 64 x tma_rows boxes,
-                                // 128-byte swizzle (encoded on the host per launch)
+  CUtensorMap kv_map;           // seesaw kernel: the KV pool as a 4-D map (64 dims, 8 keys, 9
+                                // slices, key groups), boxes {64, 8, 9, tma_rows / 8}, 128-byte
+                                // swizzle (encoded on the host per launch; see sw::GROUP)
   int clocks;                   // wgmma / seesaw kernels: accumulate phase clocks (KDTREE_MLA_CLOCKS=1)
   int ablate;                   // wgmma / seesaw kernels, measurement only (KDTREE_MLA_ABLATE):
                                 // bit 0 no KV loads past tile 1, bit 1 no S MMAs, bit 2 no P V
@@ -864,8 +865,8 @@ __device__ __forceinline__ bool sw_tma_tile(const Params& p, const TileSeq& ts, 
   return ts.end - pos >= wg::BN && ((pos + wg::BN - 1) >> p.page_shift) < p.max_pages;
 }
 
-// A TMA tile's first slot of page run `lt` (lanes lt < 64 / tma_rows; one box per run and
-// slice), looked up before the producer waits for the stage so the page-table read overlaps
+// A TMA tile's first slot of page run `lt` (lanes lt < 64 / tma_rows; one box per run),
+// looked up before the producer waits for the stage so the page-table read overlaps
 // that wait instead of delaying the copies.
 __device__ __forceinline__ int sw_run_slot(const Params& p, const int32_t* pt_row,
                                            const TileSeq& ts, int tile, int lt) {
@@ -1454,8 +1455,9 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
   if (kernel == 2 && (num_slots < 1 || num_slots > INT32_MAX)) return -13;  // TMA row coordinates
-  // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots (fewer
-  // would take 72+ boxes a tile from one thread); KDTREE_MLA_TMA=0 keeps them on cp.async.
+  // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots: a box's
+  // key groups of 8 (sw::GROUP) must not cross a page, so smaller pages keep the cp.async path;
+  // KDTREE_MLA_TMA=0 keeps every tile on cp.async.
   p.tma_rows = 0;
   const char* env_tma = getenv("KDTREE_MLA_TMA");
   if (kernel == 2 && page_size >= 8 && !(env_tma != nullptr && env_tma[0] == '0')) {

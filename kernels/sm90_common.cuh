@@ -2,7 +2,7 @@
 // kernels/gqa_tree_sm90.cu): cp.async / ldmatrix / mma.sync / wgmma / named-barrier / mbarrier /
 // TMA wrappers, the 128-byte swizzle and wgmma descriptors, the split's tile sequence and key
 // slots over a paged cache, the online-softmax steps on wgmma accumulator fragments, and the
-// merge of split partials (launched as a programmatic dependent of the split kernel).
+// merge of split partials (in stream order, or as a programmatic dependent of the split kernel).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the driver entry point is fetched at run time: no -lcuda)

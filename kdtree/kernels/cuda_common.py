@@ -15,6 +15,7 @@ __all__ = [
     "any_sm90",
     "is_sm90",
     "library_builds",
+    "merge_for",
     "merge_mode",
     "on_sm90",
     "split_workspace",
@@ -24,6 +25,9 @@ __all__ = [
 #: ``KDTREE_CUDA_MERGE`` values -> the launchers' ``merge`` argument (kernels/sm90_common.cuh
 #: MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL).
 MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2}
+#: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS: its weights live in
+#: shared memory); above it the backends use the Triton merge.
+MERGE_MAX_SPLITS = 2048
 
 
 def is_sm90(device: torch.device) -> bool:
@@ -116,3 +120,11 @@ def merge_mode() -> int:
     if value not in MERGE_MODES:
         raise ValueError(f"KDTREE_CUDA_MERGE={value!r}: expected one of {sorted(MERGE_MODES)}")
     return MERGE_MODES[value]
+
+
+def merge_for(num_splits: int) -> int:
+    """The launchers' ``merge`` argument for ``num_splits`` splits: :func:`merge_mode`, except the
+    Triton merge (0) above :data:`MERGE_MAX_SPLITS` (a forced split count; ``choose_splits``
+    stays far below it)."""
+    mode = merge_mode()
+    return 0 if num_splits > MERGE_MAX_SPLITS else mode

@@ -36,7 +36,7 @@ from kdtree.kernels.cuda_common import (
     any_sm90,
     is_sm90,
     library_builds,
-    merge_mode,
+    merge_for,
     on_sm90,
     split_workspace,
     warn_ablation,
@@ -346,7 +346,7 @@ def tree_attention_gqa_cuda(
         part = workspace[: n * HEAD_DIM].view(b, hkv, num_splits, rows, HEAD_DIM)
         lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, rows)
     lib = _load()
-    merge = merge_mode()
+    merge = merge_for(num_splits)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(

@@ -41,7 +41,7 @@ from kdtree.kernels.cuda_common import (
     any_sm90,
     is_sm90,
     library_builds,
-    merge_mode,
+    merge_for,
     on_sm90,
     split_workspace,
     warn_ablation,
@@ -356,7 +356,7 @@ def tree_attention_mla_cuda(
         part_ptr = workspace.data_ptr()
         lse_ptr = part_ptr + 4 * n_part
     lib = _load()
-    merge = merge_mode()
+    merge = merge_for(num_splits)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(

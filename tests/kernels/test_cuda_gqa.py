@@ -316,6 +316,13 @@ def test_merge_mode_setting(monkeypatch):
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "nccl")
     with pytest.raises(ValueError, match="KDTREE_CUDA_MERGE"):
         merge_mode()
+    # above the CUDA merge's split bound the backends fall back to the Triton merge
+    from kdtree.kernels.cuda_common import MERGE_MAX_SPLITS, merge_for
+
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "pdl")
+    assert merge_for(MERGE_MAX_SPLITS) == 2 and merge_for(MERGE_MAX_SPLITS + 1) == 0
+    src = (cuda_gqa.SOURCE.parent / "sm90_common.cuh").read_text()
+    assert f"constexpr int MERGE_MAX_SPLITS = {MERGE_MAX_SPLITS};" in src
 
 
 def test_ablation_setting_warns(monkeypatch):
@@ -332,7 +339,8 @@ def test_ablation_setting_warns(monkeypatch):
 @pytest.mark.parametrize("t", [17, 65])
 def test_tma_and_cp_async_paths(tma, ps, t, gen, monkeypatch):
     """Whole prefix tiles go through TMA (page size >= 8) unless KDTREE_GQA_TMA=0; both paths
-    match fp64. Three splits of 977 and 1900 keys: whole, partial and tree tiles, in both
+    match fp64. KDTREE_GQA_TMA=1 makes a tensor map the driver rejects an error (-12) instead of
+    a silent cp.async fallback, so the TMA cases do run TMA. Three splits of 977 and 1900 keys: whole, partial and tree tiles, in both
     requests."""
     monkeypatch.setenv("KDTREE_GQA_TMA", tma)
     _run(([977, 1900], t, 32, 8, ps, 3), torch.bfloat16, gen)

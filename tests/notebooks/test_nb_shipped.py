@@ -456,6 +456,9 @@ def test_gqa_ablation_table_and_merge_cost_table():
     assert list(t.columns) == ["label", *ns.GQA_ABLATIONS.values()]
     with pytest.raises(ValueError, match="missing"):
         ns.gqa_ablation_table(df.drop(columns=["ms_ablate9"]))
+    # page size, TMA and version columns are optional (defaults: 16, TMA on, no version)
+    bare = ns.gqa_ablation_table(df.drop(columns=["page_size", "tma", "layout_version"]))
+    assert bare.loc[0, "label"] == "f: , page 16"
     with pytest.raises(ValueError, match="no rows"):
         ns.gqa_ablation_table(df, point="x:1:1")
 
