@@ -770,6 +770,7 @@ def gqa_ablation_table(df: pd.DataFrame, point: str = "gqa_8q1kv_d128:131072:65"
     d = df[(df["point"] == point) & (df["turns"] != 0)].copy()
     if d.empty:
         raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
+
     def col(name: str, default) -> pd.Series:
         return d[name].fillna(default) if name in d else pd.Series(default, index=d.index)
 
