@@ -74,6 +74,14 @@ constexpr int ALIGN = 1024;              // swizzle atoms need 1024-byte aligned
 constexpr int MAX_STAGES = 5;
 constexpr int BAR_EMPTY = 1;                    // + stage: consumers arrive, the producer syncs
 constexpr int BAR_TURN = BAR_EMPTY + MAX_STAGES;  // + warpgroup: its turn to issue MMAs (256)
+constexpr int BAR_TAIL = BAR_TURN + 3;  // the tail warpgroup's own barrier (128)
+// The tail warpgroup (tail_rows): up to TAIL_N query rows past the last whole 64-row block, as
+// the N of swapped-operand MMAs; its P buffers and reduction scratch sit in the unused part of
+// its Q region (rows >= TAIL_N of each 64-dim half).
+constexpr int TAIL_N = 16;
+constexpr int TAIL_P0 = TAIL_N * 128;             // P of even tiles: after Q's 16 rows, half 0
+constexpr int TAIL_P1 = Q_REGION + TAIL_N * 128;  // P of odd tiles: the same in half 1
+constexpr int TAIL_RED = 6144;                    // [2][4 warps][16] row maxima, [4][16] sums
 
 // A split kernel's shape: CWG consumer warpgroups of 64 rows, BN-key tiles in STAGES stages, the
 // producer's and consumers' register budgets (setmaxnreg).
@@ -95,7 +103,11 @@ struct Cfg {
   static constexpr int WORDS = BN / 64;  // tree-mask words a tile
   static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
   static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-  static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= 16, "named barriers");
+  static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_TAIL < 16,
+                "named barriers");
+  static_assert(TAIL_P0 + (BN / 64) * 2048 <= TAIL_RED && TAIL_RED + 768 <= Q_REGION &&
+                    TAIL_P1 + (BN / 64) * 2048 <= 2 * Q_REGION,
+                "the tail warpgroup's P buffers and scratch fit its Q region");
   static_assert(BN == 64 || BN == 128, "tiles of 64 or 128 keys");
 };
 // Two consumer warpgroups (128 rows a CTA) over 128-key tiles: the FlashAttention-3 shape.
@@ -131,6 +143,9 @@ struct Params {
   int64_t sm_b, sm_t;        // tree_mask strides (words)
   int64_t so_b, so_t, so_h;  // out strides
   int T, G, Hkv, rows;       // rows = G * T
+  int blocks;                // 64-row blocks a CTA's consumer warpgroups take (<= CWG)
+  int full_rows;             // rows those blocks cover (rows, or the tail's first row)
+  int tail_cta, tail_wg;     // the tail warpgroup (tail_rows): CTA x and warpgroup; -1 none
   int max_pages;
   int page_shift;            // log2(page_size)
   int num_splits;
@@ -178,21 +193,36 @@ __device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, 
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
-// The producer's copies of the CTA's query rows: row r -> warpgroup r / 64's two 64-dim slices;
-// rows past G*T are zero-filled.
+// The first packed query row of consumer warpgroup w of this CTA, -1 when it has none; `tail`:
+// it is the tail warpgroup (rows full_rows .. rows - 1, at most TAIL_N). Warpgroup w < blocks
+// takes 64-row block blockIdx.x * blocks + w.
+__device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail) {
+  tail = static_cast<int>(blockIdx.x) == p.tail_cta && w == p.tail_wg;
+  if (tail) return p.full_rows;
+  if (w >= p.blocks) return -1;
+  const int first = (static_cast<int>(blockIdx.x) * p.blocks + w) * WG_ROWS;
+  return first < p.full_rows ? first : -1;
+}
+
+// The producer's copies of the CTA's query rows: warpgroup w's row r -> its two 64-dim slices;
+// rows past G*T are zero-filled. The tail warpgroup gets its TAIL_N rows only (the rest of its
+// region holds its P buffers).
 template <class C, typename E>
-__device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int kvh, int m0,
-                                       int pt) {
+__device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int kvh, int pt) {
   const E* q = static_cast<const E*>(p.q);
   for (int idx = pt; idx < C::BLOCK_M * 16; idx += 128) {
-    const int r = idx >> 4;
+    const int w = idx >> 10;
+    const int r = (idx >> 4) & 63;
     const int c = idx & 15;
-    const int row = m0 + r;
+    bool tail;
+    const int first = wg_first_row(p, w, tail);
+    if (first < 0 || (tail && r >= TAIL_N)) continue;
+    const int row = first + r;
     const bool valid = row < p.rows;
     const int t = valid ? row / p.G : 0;
     const int h = valid ? kvh * p.G + row % p.G : 0;
     const E* src = q + b * p.sq_b + t * p.sq_t + h * p.sq_h + c * 8;
-    const uint32_t dst = sQ + ((r >> 6) * 2 + (c >> 3)) * Q_REGION + swz(r & 63, c & 7);
+    const uint32_t dst = sQ + (w * 2 + (c >> 3)) * Q_REGION + swz(r, c & 7);
     cp_async16(dst, src, valid ? 16 : 0);
   }
 }
@@ -422,6 +452,245 @@ __device__ __forceinline__ void finish_pv(float (&o)[64], uint32_t (&pc)[C::KS][
   pin(o);
 }
 
+// ------------------------------------------------------------------ the tail warpgroup
+//
+// The rows full_rows .. rows - 1 (at most TAIL_N: the rest of G * T past its whole 64-row
+// blocks, G rows at T = 8 k + 1) with the MMA operands swapped, so they cost N = 16 columns of
+// the tensor-core work instead of a whole 64-row block (at 32q/8kv, T = 65: 4 rows of 260, a
+// fifth of the MMAs as a padded block). Per tile: S^T (BN keys x 16 rows) = K Q^T (m64n16k16,
+// A = the stage's K, K-major; B = the tail's Q rows), the online softmax down its columns (a
+// row's keys are spread over the four warps: their maxima meet in shared memory), P^T to shared
+// memory (the K-major B operand, 128B-swizzled), and O^T (128 dims x 16 rows) += V^T P^T (A = the
+// stage's V, MN-major). The same overlap as the 64-row warpgroups: S_j is issued together with
+// P_{j-1} V_{j-1}, and the softmax of S_j runs while the latter is on the tensor cores.
+
+__device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<unsigned short>(v))
+               : "memory");
+}
+
+// The tail's query row (column) of its value i (0..3) in the m64n16 fragments: 8 (i / 2) +
+// 2 q4 + i % 2; fragment register 4 (i / 2) + 2 h + i % 2 holds it for key (or dim) kr + 8 h.
+__device__ __forceinline__ int tail_col(int i, int q4) { return 8 * (i >> 1) + 2 * q4 + (i & 1); }
+
+// S^T_j = K_j Q^T: KB key blocks of 64, 8 k-steps each; committed.
+template <class C, typename E>
+__device__ __forceinline__ void tail_issue_scores(float (&s)[C::BN / 64][8], uint64_t dq,
+                                                  uint64_t dk) {
+#pragma unroll
+  for (int kb = 0; kb < C::BN / 64; ++kb)
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint64_t oq = static_cast<uint64_t>((ks >> 2) * (Q_REGION >> 4) + (ks & 3) * 2);
+      const uint64_t ok = static_cast<uint64_t>(kb * (8 * KV_GROUP >> 4) +
+                                                (ks >> 2) * (KV_HALF >> 4) + (ks & 3) * 2);
+      Wgmma<E>::ss_n16(s[kb], dk + ok, dq + oq, ks > 0);
+    }
+  wg_commit();
+}
+
+// O^T += V_j^T P_j^T: the two 64-dim halves, BN / 16 k-steps of 16 keys; committed.
+template <class C, typename E>
+__device__ __forceinline__ void tail_issue_pv(float (&o)[2][8], uint64_t dv, uint64_t dp) {
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int kk = 0; kk < C::KS; ++kk)
+      Wgmma<E>::ss_n16_ta(o[mb], dv + mb * (KV_HALF >> 4) + kk * (2 * KV_GROUP >> 4),
+                          dp + (kk >> 2) * (2048 >> 4) + (kk & 3) * 2, 1);
+  wg_commit();
+}
+
+// The online softmax of S^T_j: masks, the row maxima across the warpgroup (scratch `red`, one
+// barrier), P^T_j as E into the buffer at `pb`, the running max / sums, and alpha_j per row.
+template <class C, typename E>
+__device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&m_run)[4],
+                                             float (&l_run)[4], float (&alpha)[4],
+                                             const Params& p, const TileSeq& ts, int b, int tile,
+                                             int kr, int q4, int lane, int wi, uint32_t red,
+                                             uint32_t pb) {
+  constexpr int KB = C::BN / 64;
+  const float scale = p.qk_scale;
+  const bool full = tile_is_full<C>(ts, tile);
+  float mx[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint64_t bits[C::WORDS];
+    if (!full) tile_bits<C>(bits, p, ts, b, tile, p.full_rows + tail_col(i, q4));
+    mx[i] = neg_inf();
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& v = s[kb][4 * (i >> 1) + 2 * h + (i & 1)];
+        if (!full && !((bits[kb] >> (kr + 8 * h)) & 1ull)) v = neg_inf();
+        mx[i] = fmaxf(mx[i], v);
+      }
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1)
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
+    if (lane < 4) st_shared_f32(red + (wi * TAIL_N + tail_col(i, q4)) * 4, mx[i]);
+  }
+  named_sync(BAR_TAIL, 128);
+  float off[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float m = ld_shared_f32(red + tail_col(i, q4) * 4);
+#pragma unroll
+    for (int w = 1; w < 4; ++w) m = fmaxf(m, ld_shared_f32(red + (w * TAIL_N + tail_col(i, q4)) * 4));
+    const float mnew = fmaxf(m_run[i], m * scale);  // scale > 0: order kept
+    off[i] = wg_offset(mnew);
+    alpha[i] = exp2f(m_run[i] - off[i]);
+    m_run[i] = mnew;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = tail_col(i, q4);
+    float sum = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float e = exp2f(fmaf(s[kb][4 * (i >> 1) + 2 * h + (i & 1)], scale, -off[i]));
+        sum += e;
+        const int key = kr + 8 * h;  // within key block kb
+        st_shared_u16(pb + kb * 2048 + (col >> 3) * 1024 + swz(col & 7, key >> 3) + (key & 7) * 2,
+                      Mma<E>::pack(e, 0.f));
+      }
+    l_run[i] = l_run[i] * alpha[i] + sum;
+  }
+}
+
+// The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV).
+template <class C, typename E>
+__device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, int b, int kvh,
+                                          int split, uint32_t sQw, uint32_t sKV, uint32_t sBar,
+                                          int t) {
+  constexpr int STAGES = C::STAGES;
+  const int n = ts.n_tiles;
+  const int lane = t & 31, wi = t >> 5, q4 = lane & 3;
+  const int kr = wi * 16 + (lane >> 2);  // this thread's keys (dims) kr, kr + 8 of each 64
+  float o[2][8];                         // O^T: dims 64 mb + kr (+ 8) x the rows tail_col(i)
+  float s[C::BN / 64][8];                // S^T: keys 64 kb + kr (+ 8) x the rows tail_col(i)
+  float m_run[4], l_run[4], alpha[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m_run[i] = neg_inf();
+    l_run[i] = 0.f;
+  }
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
+  const uint32_t red = sQw + TAIL_RED;  // maxima: [tile parity][4 warps][TAIL_N]
+  if (n > 0) {
+    const uint64_t dq = wg_desc(sQw, 16, 1024);
+    const uint64_t dk0 = wg_desc(sKV, 16, KV_GROUP);
+    const uint64_t dv0 = wg_desc(sKV + 2 * C::KV_REGION, KV_HALF, KV_GROUP);
+    const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
+    // ---- tile 0
+    mbar_wait(sBar + 8 * STAGES, 0);  // Q
+    mbar_wait(sBar, 0);
+    fence_async_smem();
+    wg_fence();
+    tail_issue_scores<C, E>(s, dq, dk0);
+    wg_wait<0>();
+#pragma unroll
+    for (int kb = 0; kb < C::BN / 64; ++kb) pin(s[kb]);
+    tail_softmax<C, E>(s, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red, sQw + TAIL_P0);
+    fence_async_smem();  // P^T_0 (generic stores) -> the wgmma reads, after everyone's stores
+    named_sync(BAR_TAIL, 128);
+    // ---- tiles j >= 1
+#pragma unroll 1
+    for (int tile = 1; tile < n; ++tile) {
+      const int st = tile % STAGES, pst = (tile - 1) % STAGES;
+      mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+      fence_async_smem();
+      pin(o[0]);
+      pin(o[1]);
+      // S^T's registers start afresh (carried over from the last softmax into the batch, ptxas
+      // serialises every wgmma of the kernel: C7511)
+#pragma unroll
+      for (int kb = 0; kb < C::BN / 64; ++kb)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[kb][i] = 0.f;
+      wg_fence();
+      tail_issue_scores<C, E>(s, dq, dk0 + st * C::STAGE_STEP);
+      tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (tile & 1) ? dp0 : dp1);
+      wg_wait<1>();  // S^T_j done
+#pragma unroll
+      for (int kb = 0; kb < C::BN / 64; ++kb) pin(s[kb]);
+      tail_softmax<C, E>(s, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
+                         red + (tile & 1) * (4 * TAIL_N * 4), sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
+      wg_wait<0>();  // P_{j-1} V_{j-1} done
+      pin(o[0]);
+      pin(o[1]);
+      if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
+#pragma unroll
+      for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
+          o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
+        }
+      fence_async_smem();  // P^T_j -> the next batch's wgmma
+      named_sync(BAR_TAIL, 128);
+    }
+    // ---- the last tile's P V
+    pin(o[0]);
+    pin(o[1]);
+    wg_fence();
+    tail_issue_pv<C, E>(o, dv0 + ((n - 1) % STAGES) * C::STAGE_STEP, ((n - 1) & 1) ? dp1 : dp0);
+    wg_wait<0>();
+    pin(o[0]);
+    pin(o[1]);
+  }
+  // ---- the row sums across the warpgroup, then the rows' output (or partials and LSE)
+  const uint32_t sums = red + 2 * (4 * TAIL_N * 4);  // [4 warps][TAIL_N]
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], off);
+    if (lane < 4) st_shared_f32(sums + (wi * TAIL_N + tail_col(i, q4)) * 4, l_run[i]);
+  }
+  named_sync(BAR_TAIL, 128);
+  const int S = p.num_splits;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = p.full_rows + tail_col(i, q4);
+    if (row >= p.rows) continue;
+    float l = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) l += ld_shared_f32(sums + (w * TAIL_N + tail_col(i, q4)) * 4);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (S == 1) {
+      E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
+               (kvh * p.G + row % p.G) * p.so_h;
+#pragma unroll
+      for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          dst[64 * mb + kr + 8 * h] = E(o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv);
+    } else {
+      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows + row;
+      float* dst = p.part + r * D;
+#pragma unroll
+      for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) dst[64 * mb + kr + 8 * h] = o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv;
+      if (wi == 0 && lane < 4) p.lse[r] = l > 0.f ? m_run[i] + __log2f(l) : neg_inf();
+    }
+  }
+}
+
 template <class C, typename E>
 __global__ void __launch_bounds__(C::THREADS, 1)
     gqa_split_kernel(const __grid_constant__ Params p) {
@@ -436,7 +705,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
   const int tid = threadIdx.x;
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
-  const int m0 = blockIdx.x * C::BLOCK_M;
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
@@ -459,7 +727,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
     ClocksOf<C> clk(p.clocks && pt == 0);
     if (n > 0) {
-      copy_q<C, E>(sQ, p, b, kvh, m0, pt);
+      copy_q<C, E>(sQ, p, b, kvh, pt);
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
     int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
@@ -502,11 +770,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows [16 wi, 16 wi + 16)
   const int q4 = lane & 3;
   const int r0 = wi * 16 + (lane >> 2);
-  const int row0 = m0 + w * WG_ROWS + r0;  // packed rows of this thread's fragments
-  const int row1 = row0 + 8;
-
-  if (m0 + w * WG_ROWS >= p.rows || (p.ablate & 16)) {  // all 64 rows are padding: keep the
-                                                          // stage protocol only
+  bool tail;
+  const int first = wg_first_row(p, w, tail);
+  if (first < 0 || (p.ablate & 16)) {  // no rows: keep the stage protocol only
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
@@ -514,6 +780,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     }
     return;
   }
+  if (tail) {
+    tail_rows<C, E>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+    return;
+  }
+  const int row0 = first + r0;  // packed rows of this thread's fragments
+  const int row1 = row0 + 8;
 
   const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
   const uint64_t dk0 = wg_desc(sKV, 16, KV_GROUP);
@@ -542,7 +814,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   // two warpgroups with rows, or KDTREE_GQA_PINGPONG=0; the three-warpgroup shape only with
   // KDTREE_GQA_PINGPONG=2: measured within 4.5 % either way, session 12 call i); its last
   // warpgroup gives warpgroup 0 the first turn.
-  const int with_rows = min(C::CWG, (p.rows - m0 + WG_ROWS - 1) / WG_ROWS);
+  // (the 64-row warpgroups with rows are 0 .. with_rows - 1; the tail warpgroup takes no turns)
+  const int with_rows =
+      min(p.blocks, max(0, p.full_rows - static_cast<int>(blockIdx.x) * p.blocks * WG_ROWS +
+                               WG_ROWS - 1) / WG_ROWS);
   const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
   const int turns = ring && with_rows >= 2 ? with_rows : 0;
   if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
@@ -591,7 +866,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 }
 
 template <class C, typename E>
-int launch(const Params& p, int B, int merge, cudaStream_t stream) {
+int launch(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -603,7 +878,7 @@ int launch(const Params& p, int B, int merge, cudaStream_t stream) {
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  const dim3 grid((p.rows + C::BLOCK_M - 1) / C::BLOCK_M, p.num_splits, B * p.Hkv);
+  const dim3 grid(row_ctas, p.num_splits, B * p.Hkv);
   gqa_split_kernel<C, E><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -653,13 +928,18 @@ const char* kdtree_gqa_error_string(int code) {
     case -11: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
                      "or as a programmatic dependent launch, at most 2048 splits)";
     case -12: return "KDTREE_GQA_TMA=1: the driver would not encode the K / V tensor maps";
+    case -13: return "tail_blocks: expected 0, or 1 .. wgs 64-row blocks a CTA with 1 .. 16 rows "
+                     "past the last whole 64-row block (the tail warpgroup)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
 
 // Launch the split kernel on `stream` (strides in elements) and, with num_splits > 1 and
 // `merge` 1 (in stream order) or 2 (as a programmatic dependent), the shared merge; `merge` 0
-// leaves the partials to the caller. 0, a negative argument error or a cudaError_t value.
+// leaves the partials to the caller. `tail_blocks` 0: each CTA's `wgs` consumer warpgroups take
+// consecutive 64-row blocks, the last one padded; k >= 1: k whole blocks a CTA and the 1..16
+// rows past them in the tail warpgroup (tail_rows), in the last CTA's first free warpgroup (or a
+// CTA of their own). 0, a negative argument error or a cudaError_t value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
                            const int64_t* tree_mask, void* out, float* part, float* lse,
@@ -668,7 +948,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
                            int max_pages, int num_splits, float sm_scale, int64_t num_slots,
-                           int wgs, int merge, uintptr_t stream) {
+                           int wgs, int tail_blocks, int merge, uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
   if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
@@ -718,6 +998,27 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.G = G;
   p.Hkv = Hkv;
   p.rows = G * T;
+  int row_ctas;  // grid.x
+  p.tail_cta = p.tail_wg = -1;
+  if (tail_blocks == 0) {
+    p.blocks = wgs;
+    p.full_rows = p.rows;
+    row_ctas = (p.rows + wgs * WG_ROWS - 1) / (wgs * WG_ROWS);
+  } else {
+    const int n_full = p.rows / WG_ROWS, rest = p.rows % WG_ROWS;
+    if (tail_blocks < 0 || tail_blocks > wgs || rest < 1 || rest > TAIL_N) return -13;
+    p.blocks = tail_blocks;
+    p.full_rows = n_full * WG_ROWS;
+    row_ctas = (n_full + tail_blocks - 1) / tail_blocks;
+    const int last = row_ctas > 0 ? n_full - (row_ctas - 1) * tail_blocks : wgs;
+    if (last < wgs) {  // a free warpgroup in the last CTA
+      p.tail_cta = row_ctas - 1;
+      p.tail_wg = last;
+    } else {  // a CTA of its own
+      p.tail_cta = row_ctas++;
+      p.tail_wg = 0;
+    }
+  }
   p.max_pages = max_pages;
   p.page_shift = shift;
   p.num_splits = num_splits;
@@ -756,10 +1057,10 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   if (wgs == 2)
-    return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, merge, s)
-                      : launch<Wide, __half>(p, B, merge, s);
-  return dtype == 0 ? launch<Tall, __nv_bfloat16>(p, B, merge, s)
-                    : launch<Tall, __half>(p, B, merge, s);
+    return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, row_ctas, merge, s)
+                      : launch<Wide, __half>(p, B, row_ctas, merge, s);
+  return dtype == 0 ? launch<Tall, __nv_bfloat16>(p, B, row_ctas, merge, s)
+                    : launch<Tall, __half>(p, B, row_ctas, merge, s);
 }
 
 }  // extern "C"

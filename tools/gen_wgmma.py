@@ -39,19 +39,21 @@ def _acc_constraints(regs: int) -> str:
     return f"KDTREE_WGMMA_D{regs}_CONS" if regs == SHARED_REGS else _acc_cons_list(regs)
 
 
-def wrapper(n: int, tnsp_b: int, ctype: str, ptx: str) -> str:
+def wrapper(n: int, tnsp_b: int, ctype: str, ptx: str, tnsp_a: int = 0) -> str:
+    """A and B from shared memory; ``tnsp_a`` / ``tnsp_b``: MN-major A / B (suffix _ta / _tb)."""
     regs = n // 2
+    suffix = ("_ta" if tnsp_a else "") + ("_tb" if tnsp_b else "")
     outs = _acc_operands(regs)
     da, db, sc = regs, regs + 1, regs + 2
     cons = _acc_constraints(regs)
     return f"""template <>
-__device__ __forceinline__ void Wgmma<{ctype}>::ss_n{n}{"_tb" if tnsp_b else ""}(float (&d)[{regs}], uint64_t desc_a,
+__device__ __forceinline__ void Wgmma<{ctype}>::ss_n{n}{suffix}(float (&d)[{regs}], uint64_t desc_a,
                                                        uint64_t desc_b, int scale_d) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{sc}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{"
       "{outs}}}, "
-      "%{da}, %{db}, p, 1, 1, 0, {tnsp_b};\\n}}\\n"
+      "%{da}, %{db}, p, 1, 1, {tnsp_a}, {tnsp_b};\\n}}\\n"
       : {cons}
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }}
@@ -85,8 +87,10 @@ def main() -> None:
     # PTX argument can)
     body = (
         "\n".join(
-            w(n, tnsp, "CTYPE", '" PTX "')
-            for w, n, tnsp in (
+            w(n, tnsp, "CTYPE", '" PTX "', *extra)
+            for w, n, tnsp, *extra in (
+                (wrapper, 16, 0),
+                (wrapper, 16, 0, 1),
                 (wrapper, 32, 0),
                 (wrapper, 64, 0),
                 (wrapper, 128, 0),

@@ -491,12 +491,12 @@ def setup_ours_gqa_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_gqa_fn(wl, ti)
-    from kdtree.kernels.cuda_gqa import consumer_warpgroups
+    from kdtree.kernels.cuda_gqa import launch_plan
 
-    wgs = consumer_warpgroups(ti.t * (wl.layout.hq // wl.layout.hkv))
+    wgs, tail_blocks = launch_plan(ti.t * (wl.layout.hq // wl.layout.hkv))
     return (
         *_graphed(fn, wl.n_rot, wl.device),
-        {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs},
+        {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks},
     )
 
 

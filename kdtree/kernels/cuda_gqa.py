@@ -8,9 +8,11 @@
 The kernel is ``kernels/gqa_tree_sm90.cu`` (with ``kernels/sm90_common.cuh``): a producer
 warpgroup bringing whole prefix tiles by TMA and the rest by zero-filling cp.async, completing
 on per-stage mbarriers; two consumer warpgroups over 128-key tiles or three over 64-key tiles
-(:func:`consumer_warpgroups`), each of 64 packed query rows (all query heads of a KV head times
-all tree tokens); ``wgmma`` for S and for P V with P kept in registers, and the softmax of one
-tile overlapped with the previous tile's P V. Partials of several KV splits are merged by the
+(:func:`launch_plan`), each of 64 packed query rows (all query heads of a KV head times all tree
+tokens); ``wgmma`` for S and for P V with P kept in registers, and the softmax of one tile
+overlapped with the previous tile's P V. The 1-16 rows past the last whole 64-row block (G rows
+at T = 8k + 1) go to a tail warpgroup that runs the MMAs with swapped operands (the rows as the
+N = 16 of ``m64n16k16``) instead of padding them to a 64-row block. Partials of several KV splits are merged by the
 shared CUDA merge (``kernels/sm90_common.cuh``; ``KDTREE_CUDA_MERGE``,
 :func:`kdtree.kernels.cuda_common.merge_mode`, picks another). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
@@ -54,6 +56,8 @@ __all__ = [
     "compile_only",
     "consumer_warpgroups",
     "launch_args",
+    "launch_plan",
+    "row_ctas",
     "phase_clocks",
     "tree_attention_gqa_cuda",
     "workspace_numel",
@@ -67,6 +71,8 @@ HEAD_DIM = 128
 #: The split kernel's two shapes (kernels/gqa_tree_sm90.cu, ``Wide`` and ``Tall``), by consumer
 #: warpgroups: (packed query rows a CTA, keys a tile).
 SHAPES = {2: (128, 128), 3: (192, 64)}
+#: The most rows past the last whole 64-row block the tail warpgroup takes (``TAIL_N``).
+TAIL_ROWS = 16
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 _MAX_WAVES = 4
 
@@ -103,8 +109,9 @@ def _load() -> ctypes.CDLL:
                 i64,
                 i32,
                 i32,
+                i32,
                 ctypes.c_size_t,
-            ]  # sm_scale num_slots wgs merge stream
+            ]  # sm_scale num_slots wgs tail_blocks merge stream
         )
         lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
         lib.kdtree_gqa_error_string.argtypes = [i32]
@@ -135,31 +142,69 @@ def available() -> bool:  # nvcc and an sm_90 device
 # ----------------------------------------------------------------------------- launch planning
 
 
-def consumer_warpgroups(rows: int) -> int:
-    """The split kernel shape for ``rows = G * T`` packed query rows: 3 consumer warpgroups
-    (192 rows a CTA, 64-key tiles) when the rows fill at least three 64-row blocks, so fewer CTAs
-    read each KV tile, else 2 (128 rows, 128-key tiles). ``KDTREE_GQA_WARPGROUPS=2|3`` forces
-    one (a measurement knob)."""
+def _env_int(name: str, allowed: tuple[int, ...]) -> int | None:
     import os
 
-    forced = os.environ.get("KDTREE_GQA_WARPGROUPS", "").strip()
-    if forced:
-        if forced not in ("2", "3"):
-            raise ValueError(f"KDTREE_GQA_WARPGROUPS={forced!r}: expected 2 or 3")
-        return int(forced)
-    return 3 if math.ceil(rows / 64) >= 3 else 2
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) not in allowed:
+        raise ValueError(f"{name}={raw!r}: expected one of {list(allowed)}")
+    return int(raw)
+
+
+def launch_plan(rows: int) -> tuple[int, int]:
+    """The split kernel's row layout for ``rows = G * T`` packed query rows: ``(wgs,
+    tail_blocks)``. ``wgs`` consumer warpgroups a CTA: 3 (192 rows, 64-key tiles) when the rows
+    fill at least three 64-row blocks, so fewer CTAs read each KV tile, else 2 (128 rows, 128-key
+    tiles). ``tail_blocks`` 0: the last block is padded to 64 rows. ``k >= 1``: when 1-16 rows
+    are left past the whole blocks (:data:`TAIL_ROWS`), each CTA takes ``k`` whole blocks and a
+    tail warpgroup the rest, with swapped operands (16 columns of MMA work instead of a 64-row
+    block): with one whole block the two-warpgroup shape with ``k = 1``; else three warpgroups
+    and ``k`` 3 where that leaves the tail a free warpgroup in the last CTA, 2 where it does not.
+
+    Measurement knobs: ``KDTREE_GQA_WARPGROUPS=2|3`` forces the shape, ``KDTREE_GQA_TAIL=0``
+    turns the tail warpgroup off, ``KDTREE_GQA_BLOCKS=1|2|3`` forces ``k``."""
+    n_full, rest = divmod(rows, 64)
+    forced_wgs = _env_int("KDTREE_GQA_WARPGROUPS", (2, 3))
+    tail_on = _env_int("KDTREE_GQA_TAIL", (0, 1)) != 0
+    forced_k = _env_int("KDTREE_GQA_BLOCKS", (1, 2, 3))
+    if not (tail_on and n_full >= 1 and 1 <= rest <= TAIL_ROWS):
+        wgs = forced_wgs or (3 if math.ceil(rows / 64) >= 3 else 2)
+        return wgs, 0
+    wgs = forced_wgs or (2 if n_full == 1 else 3)
+    k = forced_k or (1 if wgs == 2 else (3 if n_full % 3 == 2 else 2))
+    return wgs, min(k, wgs)
+
+
+def consumer_warpgroups(rows: int) -> int:
+    """The consumer warpgroups a CTA of the split kernel for ``rows`` packed query rows (see
+    :func:`launch_plan`)."""
+    return launch_plan(rows)[0]
+
+
+def row_ctas(rows: int, wgs: int, tail_blocks: int) -> int:
+    """CTAs along the rows (grid.x) of :func:`launch_plan`'s layout: what
+    ``kdtree_gqa_tree_launch`` computes."""
+    if tail_blocks == 0:
+        return math.ceil(rows / (64 * wgs))
+    n_full = rows // 64
+    ctas = math.ceil(n_full / tail_blocks)
+    last = n_full - (ctas - 1) * tail_blocks if ctas else wgs
+    return ctas if last < wgs else ctas + 1
 
 
 def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``num_kv_heads`` KV heads with ``rows = G * T``
     packed query rows and a prefix bound ``max_len`` (static shapes only), for the kernel shape
-    :func:`consumer_warpgroups` picks. One CTA fits an SM (~210-225 KB of shared memory).
+    :func:`launch_plan` picks. One CTA fits an SM (~210-225 KB of shared memory).
     Modelled time of a split count ``s``: waves ``ceil(ctas * s / num_sms)`` times the tiles a
     CTA streams (``ceil(max_len / s / tile)``) plus 256 keys of fixed cost (Q load, pipeline
     fill, epilogue); the smallest ``s`` within 3 % of the best, at most ``_MAX_WAVES`` waves and
     at least 256 keys a split."""
-    block_m, tile = SHAPES[consumer_warpgroups(rows)]
-    ctas = batch * num_kv_heads * math.ceil(rows / block_m)
+    wgs, tail_blocks = launch_plan(rows)
+    tile = SHAPES[wgs][1]
+    ctas = batch * num_kv_heads * row_ctas(rows, wgs, tail_blocks)
     tiles = max(1, math.ceil(max_len / tile))
     fixed = 256 // tile
     cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(ctas, 1)))
@@ -254,6 +299,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
     num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 1,
+    tail_blocks: int = 0,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""
@@ -289,6 +335,7 @@ def launch_args(
         float(sm_scale),
         k_cache.shape[0] * k_cache.shape[1],  # num_slots (the TMA maps)
         int(wgs),
+        int(tail_blocks),
         int(merge),
         stream,
     )
@@ -347,12 +394,13 @@ def tree_attention_gqa_cuda(
         lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, rows)
     lib = _load()
     merge = merge_for(num_splits)
+    wgs, tail_blocks = launch_plan(rows)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(
             q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out,
             None if part is None else part.data_ptr(), None if lse is None else lse.data_ptr(),
-            num_splits, sm_scale, stream, consumer_warpgroups(rows), merge,
+            num_splits, sm_scale, stream, wgs, merge, tail_blocks,
         )  # fmt: skip
         rc = lib.kdtree_gqa_tree_launch(*args)
         if rc != 0:

@@ -64,8 +64,12 @@ def test_ctypes_call_matches_the_c_signature(gen):
         assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
     assert lib.kdtree_gqa_block_m(4) == -1
     assert args[-2] == 1  # merge: the CUDA merge in stream order
-    assert lib.kdtree_gqa_tree_launch(*args[:-3], 4, *args[-2:]) == -10
+    assert args[-3] == 0  # tail_blocks: no tail warpgroup
+    assert lib.kdtree_gqa_tree_launch(*args[:-4], 4, *args[-3:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
+    # the tail warpgroup: at most `wgs` blocks a CTA (12 rows here: a tail alone is valid)
+    assert lib.kdtree_gqa_tree_launch(*args[:-3], 3, *args[-2:]) == -13
+    assert b"tail" in lib.kdtree_gqa_error_string(-13)
     # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
     assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
     big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
@@ -82,8 +86,7 @@ def test_choose_splits_is_static_and_bounded():
         (8, 8, 4 * 65, 262144),
     ]:
         s = cuda_gqa.choose_splits(b, hkv, rows, max_len, 132)
-        block_m, _ = cuda_gqa.SHAPES[cuda_gqa.consumer_warpgroups(rows)]
-        ctas = b * hkv * -(-rows // block_m) * s
+        ctas = b * hkv * cuda_gqa.row_ctas(rows, *cuda_gqa.launch_plan(rows)) * s
         assert s >= 1 and ctas <= cuda_gqa._MAX_WAVES * 132
         assert max_len // s >= 256
     # one CTA a split per request and KV head fills the GPU with many splits
@@ -100,8 +103,43 @@ def test_consumer_warpgroups(monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
     assert cuda_gqa.consumer_warpgroups(520) == 2
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "5")
-    with pytest.raises(ValueError, match="2 or 3"):
+    with pytest.raises(ValueError, match=r"\[2, 3\]"):
         cuda_gqa.consumer_warpgroups(520)
+
+
+def test_launch_plan_and_row_ctas(monkeypatch):
+    """Rows past the last whole 64-row block (1..16) go to the tail warpgroup; the CTA count
+    along the rows is what the C launcher computes (a CTA of its own for a tail with no free
+    warpgroup in the last CTA)."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
+        monkeypatch.delenv(name, raising=False)
+    plan = {r: cuda_gqa.launch_plan(r) for r in (17, 68, 100, 136, 256, 260, 272, 273, 520, 1028)}
+    assert plan == {
+        17: (2, 0),  # no whole block
+        68: (2, 1),  # 32q/8kv T=17: [64 | 4]
+        100: (2, 0),  # 36 rows left: a padded block
+        136: (3, 3),  # 8q/1kv T=17: [64, 64 | 8]
+        256: (3, 0),
+        260: (3, 2),  # 32q/8kv T=65: [64, 64] [64, 64 | 4]
+        272: (3, 2),  # 16 rows left: the most the tail takes
+        273: (3, 0),  # 17 left: padded
+        520: (3, 3),  # 8q/1kv T=65: [64 x 3] [64 x 3] [64, 64 | 8]
+        1028: (3, 2),
+    }
+    ctas = {r: cuda_gqa.row_ctas(r, *plan[r]) for r in plan}
+    assert ctas == {17: 1, 68: 1, 100: 1, 136: 1, 256: 2, 260: 2, 272: 2, 273: 2, 520: 3, 1028: 8}
+    assert cuda_gqa.row_ctas(200, 3, 3) == 2  # three whole blocks fill the CTA: the tail alone
+    assert cuda_gqa.row_ctas(8, 2, 1) == 1  # no whole block: the tail alone
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
+    assert cuda_gqa.launch_plan(260) == (3, 0) and cuda_gqa.launch_plan(68) == (2, 0)
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
+    monkeypatch.setenv("KDTREE_GQA_BLOCKS", "3")
+    assert cuda_gqa.launch_plan(260) == (3, 3)
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
+    assert cuda_gqa.launch_plan(260) == (2, 2) and cuda_gqa.row_ctas(260, 2, 2) == 3
+    monkeypatch.setenv("KDTREE_GQA_BLOCKS", "4")
+    with pytest.raises(ValueError, match="KDTREE_GQA_BLOCKS"):
+        cuda_gqa.launch_plan(260)
 
 
 def test_registered_as_gqa_backend():
@@ -235,6 +273,43 @@ def test_both_kernel_shapes_match_fp64(wgs, case, gen, monkeypatch):
     forced through KDTREE_GQA_WARPGROUPS, match fp64 on any row count."""
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     _run(case, torch.bfloat16, gen)
+
+
+TAIL_CASES = [  # rows = G * T with 1..16 past the whole 64-row blocks
+    ([977, 1900], 65, 32, 8, 16, 3),  # 260 rows: [64, 64] [64, 64 | 4]
+    ([0, 100], 17, 8, 1, 16, 4),  # 136: an empty prefix, splits with no keys
+    ([4096], 9, 8, 1, 16, 40),  # 72: more splits than tiles (empty partials)
+    ([1234, 4000], 65, 8, 1, 64, 1),  # 520: one split, the output written directly
+    ([300], 257, 4, 1, 16, 2),  # 1028: five mask words, tree tiles over several tiles
+    ([500, 77], 17, 16, 1, 16, None),  # 272: 16 rows past the blocks, the most the tail takes
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("tail", ["0", "1"])
+@pytest.mark.parametrize("case", TAIL_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-s{c[5]}")
+def test_tail_warpgroup_matches_fp64(tail, case, gen, monkeypatch):
+    """The rows past the last whole 64-row block through the tail warpgroup (swapped-operand
+    m64n16 MMAs, KDTREE_GQA_TAIL=1, the default) and padded to a block (=0) both match fp64."""
+    monkeypatch.setenv("KDTREE_GQA_TAIL", tail)
+    _run(case, torch.bfloat16, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("wgs", ["2", "3"])
+@pytest.mark.parametrize("blocks", ["1", "2", "3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_tail_warpgroup_in_every_layout(wgs, blocks, dtype, gen, monkeypatch):
+    """Every (shape, whole blocks a CTA) layout of 260 rows: the tail in the last CTA's first
+    free warpgroup or in a CTA of its own, with and without turns; graph-captured with splits."""
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
+    monkeypatch.setenv("KDTREE_GQA_BLOCKS", blocks)
+    monkeypatch.setenv("KDTREE_GQA_PINGPONG", "2")
+    _run(([977, 1900], 65, 32, 8, 16, 3), dtype, gen, graph=True)
+    monkeypatch.setenv("KDTREE_GQA_PINGPONG", "0")
+    _run(([3000], 65, 32, 8, 64, None), dtype, gen)
 
 
 @pytest.mark.gpu

@@ -129,7 +129,7 @@ def main() -> None:
         name, t, splits = spec.split(":")
         lay = LAYOUTS[name]
         rows_packed = int(t) * lay.hq // lay.hkv
-        tile = cuda_gqa.SHAPES[cuda_gqa.consumer_warpgroups(rows_packed)][1]
+        tile = cuda_gqa.SHAPES[cuda_gqa.launch_plan(rows_packed)[0]][1]
         pts = []
         for length in SWEEP_LENGTHS:
             got, _ = time_modes(name, length, int(t), ["split"], 1, int(splits))

@@ -1,0 +1,98 @@
+"""Time the CUDA GQA split kernel's row layouts at verify bench points: the rows past the last
+whole 64-row block padded to a block (``KDTREE_GQA_TAIL=0``) or taken by the tail warpgroup
+(swapped-operand m64n16 MMAs), in every (consumer warpgroups, whole blocks a CTA) layout, with
+and without turns. Each variant's output is compared with the padded layout's (max abs diff).
+
+    python3 tools/gpu/gqa_layouts.py [--points gqa_32q8kv_d128:131072:65,...] [--out DIR]
+
+Graph-replayed p50 per call (KV rotated beyond L2, as in ``kdtree bench verify-attention``);
+the split count is ``choose_splits`` of each layout. Rows go to ``gqa_layouts.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from kdtree.bench.schema import run_env, write_dicts
+from kdtree.bench.timing import time_cuda
+from kdtree.bench.verify_attention import (
+    LAYOUTS,
+    Workload,
+    _cuda_gqa_fn,
+    _graphed,
+    make_tree_inputs,
+)
+from kdtree.kernels import cuda_gqa
+
+KNOBS = ("KDTREE_GQA_TAIL", "KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_BLOCKS", "KDTREE_GQA_PINGPONG")
+
+
+def variants(rows: int) -> list[dict[str, str]]:
+    """The padded layout first (the reference), the default, the padded ones of both shapes,
+    every tail layout, and turns forced on three warpgroups."""
+    out = [{"KDTREE_GQA_TAIL": "0"}, {}]
+    out += [{"KDTREE_GQA_TAIL": "0", "KDTREE_GQA_WARPGROUPS": w} for w in ("2", "3")]
+    n_full, rest = divmod(rows, 64)
+    if n_full >= 1 and 1 <= rest <= cuda_gqa.TAIL_ROWS:
+        for w in ("2", "3"):
+            for k in ("1", "2", "3")[: int(w)]:
+                out.append({"KDTREE_GQA_WARPGROUPS": w, "KDTREE_GQA_BLOCKS": k})
+        out.append({"KDTREE_GQA_PINGPONG": "2"})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--points",
+        default="gqa_32q8kv_d128:131072:65,gqa_8q1kv_d128:131072:65,"
+        "gqa_8q1kv_d128:131072:17,gqa_32q8kv_d128:131072:17",
+    )
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    env = run_env(shlex.join(["python3", *sys.argv]))
+    records = []
+    for spec in a.points.split(","):
+        name, length, t = spec.split(":")
+        lay = LAYOUTS[name]
+        wl = Workload(lay, 1, int(length), int(t), a.page_size, torch.bfloat16,
+                      torch.device("cuda"), seed=0)  # fmt: skip
+        ti = make_tree_inputs(wl, int(t), seed=0)
+        rows = int(t) * (lay.hq // lay.hkv)
+        ref = None
+        for var in variants(rows):
+            for k in KNOBS:
+                os.environ.pop(k, None)
+            os.environ.update(var)
+            wgs, blocks = cuda_gqa.launch_plan(rows)
+            fn, splits = _cuda_gqa_fn(wl, ti)
+            got = fn(0).float().clone()
+            if var.get("KDTREE_GQA_TAIL") == "0" and ref is None:
+                ref = got
+            diff = float((got - ref).abs().max()) if ref is not None else float("nan")
+            replay, per = _graphed(fn, wl.n_rot, wl.device)
+            ms = time_cuda(lambda replay=replay: replay(0)).p50 / per
+            label = " ".join(f"{k.removeprefix('KDTREE_GQA_')}={v}" for k, v in var.items())
+            print(f"{spec} rows={rows} [{label or 'default'}] wgs={wgs} blocks={blocks} "
+                  f"ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits}: "
+                  f"{ms * 1e3:7.1f} us  (max |diff| vs padded {diff:.2e})", flush=True)  # fmt: skip
+            records.append({"point": spec, "rows": rows, "variant": label or "default",
+                            "warpgroups": wgs, "tail_blocks": blocks, "splits": splits,
+                            "ms": ms, "max_abs_diff_vs_padded": diff, **env})  # fmt: skip
+        for k in KNOBS:
+            os.environ.pop(k, None)
+        del wl, ti
+        torch.cuda.empty_cache()
+    if a.out:
+        write_dicts(Path(a.out) / "gqa_layouts.csv", records)
+
+
+if __name__ == "__main__":
+    main()
