@@ -20,7 +20,7 @@
 //     tile), the LAST split also the T tree keys through the ancestor bitmask
 //     (kdtree_sm90::split_tiles).
 //   * Warp specialisation: a producer warpgroup brings Q by cp.async (its own mbarrier) and whole
-//     prefix tiles by TMA (5-D tensor maps over the K and V pools, one box a page run and tensor:
+//     prefix tiles by TMA (one 5-D tensor map over both the K and V pools, one box a page run:
 //     see kv_off for the stage layout); partial and tree tiles and pages of < 8 slots by
 //     zero-filling 16-byte cp.async completing on the stage's mbarrier
 //     (cp.async.mbarrier.arrive.noinc). It waits only for a stage to be released (named barrier
@@ -49,7 +49,9 @@
 // 8q/1kv, T=65, 128k from 98 to 91 us and T=17 from 49 to 44 us (two row-block CTAs -> one).
 // Session 12 (calls f-g): at page size 16 the copies alone took 62 of the 90 us at 8q/1kv, T=65,
 // 128k, and 43 at page size 64 (4 boxes of 8 KB a tile instead of 16 of 2 KB): the TMA box count
-// limits the copies, so a page run's two 64-dim halves now come in one box (kv_off).
+// limits the copies, so a page run's two 64-dim halves now come in one box (kv_off). Session 13:
+// K and V of a page run in one box too (one map over both pools), and the rows past the last
+// whole 64-row block in a tail warpgroup of swapped-operand MMAs (tail_rows).
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>
@@ -95,7 +97,7 @@ struct Cfg {
   static constexpr int THREADS = CONSUMERS + 128;  // + the producer warpgroup
   static constexpr int KV_REGION = BN * 128;       // BN keys x 64 dims
   static constexpr int SMEM_Q = CWG * 2 * Q_REGION;
-  static constexpr int SMEM_STAGE = 4 * KV_REGION;  // K then V, BN x 256 bytes each (kv_off)
+  static constexpr int SMEM_STAGE = 4 * KV_REGION;  // BN keys x (K, V) x 128 dims (kv_off)
   static constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1);
   static constexpr uint64_t STAGE_STEP = SMEM_STAGE >> 4;  // descriptor start-address units
   static constexpr int SN = BN / 2;     // S accumulator registers a thread
@@ -150,10 +152,12 @@ struct Params {
   int page_shift;            // log2(page_size)
   int num_splits;
   float qk_scale;            // sm_scale * log2(e)
-  int tma_rows;              // rows of one TMA box of k_map / v_map (0: cp.async only)
-  CUtensorMap k_map, v_map;  // the pools as 5-D maps (64 dims, 8 keys, 2 halves, key groups,
-                             // heads), boxes {64, 8, 2, tma_rows / 8, 1}, 128-byte swizzle
-                             // (encoded on the host per launch; the stage layout of kv_off)
+  int tma_rows;              // rows of one TMA box of kv_map (0: cp.async only)
+  int kv_swap;               // 1: V before K in each key group (kv_map's base is the V pool)
+  CUtensorMap kv_map;        // both pools as one 5-D map (64 dims; 8 keys; 2 Hkv head halves;
+                             // K / V, the pools' distance apart; key groups), boxes {64, 8, 2,
+                             // 2, tma_rows / 8}, 128-byte swizzle (encoded on the host per
+                             // launch; the stage layout of kv_off)
   int pingpong;              // turns issuing MMAs: 0 none, 1 two-warpgroup shape, 2 both shapes
                              // (KDTREE_GQA_PINGPONG, default 1)
   int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
@@ -227,26 +231,30 @@ __device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int 
   }
 }
 
-// A stage holds K then V (BN keys x 128 dims each, BN * 256 bytes). Key r's 16-byte chunk c of
-// its 64-dim half h sits in 128B-swizzled atoms of 8 keys x 64 dims, the two halves' atoms of
-// each 8 keys side by side: [keys 0-7, dims 0-63][keys 0-7, dims 64-127][keys 8-15, dims 0-63]...
-// One TMA box then brings both halves of a page run (a 5-D map: 64 dims, 8 keys, 2 halves,
-// key groups, head); the wgmma descriptors step 2048 bytes a group of 8 keys (SBO) and 1024 from
-// one half to the other (K: the k-step's start address; V: LBO).
-constexpr int KV_GROUP = 2048;  // one group of 8 keys, both halves
+// A stage holds BN keys of K and V (BN * 512 bytes), in groups of 8 keys: K's and V's 64-dim
+// halves side by side, each a 128B-swizzled atom of 8 keys x 64 dims: [keys 0-7: K dims 0-63,
+// K dims 64-127, V dims 0-63, V dims 64-127][keys 8-15: ...] (V first with kv_swap). One TMA box
+// then brings a whole page run of both tensors (one 5-D map over both pools: 64 dims, 8 keys, the
+// head's two halves, K / V, key groups); the wgmma descriptors step 4096 bytes a group of 8 keys
+// (SBO) and 1024 from one half to the other (K: the k-step's start address; V: LBO).
+constexpr int KV_GROUP = 4096;  // one group of 8 keys: K and V, both halves
+constexpr int KV_PART = 2048;   // K -> V (or V -> K) inside a group
 constexpr int KV_HALF = 1024;   // one half's swizzle atom
-__device__ __forceinline__ uint32_t kv_off(int r, int half, int c) {
-  return static_cast<uint32_t>((r >> 3) * KV_GROUP + half * KV_HALF) + swz(r & 7, c);
+// Byte offset of key r's chunk c of 64-dim half `half` of the tensor at position `part` (K:
+// kv_swap, V: 1 - kv_swap).
+__device__ __forceinline__ uint32_t kv_off(int r, int part, int half, int c) {
+  return static_cast<uint32_t>((r >> 3) * KV_GROUP + part * KV_PART + half * KV_HALF) +
+         swz(r & 7, c);
 }
 
 // The producer's copies of one KV tile: keys (pt >> 3) + 16 k (k < BN / 16), chunk pt & 7 of
 // each half of K and V (8 adjacent threads read one key's 128 contiguous bytes of a half).
-template <class C, typename E>
+template <class C, typename E, int SWAP>
 __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, const E* vbase,
                                              const Params& p, const int32_t* pt_row,
                                              const TileSeq& ts, int tile, int pt) {
-  constexpr int KV_REGION = C::KV_REGION;
   const int sub = pt & 7;
+  constexpr uint32_t k_part = SWAP * KV_PART, v_part = (1 - SWAP) * KV_PART;
 #pragma unroll 2
   for (int k = 0; k < C::BN / 16; ++k) {
     const int r = (pt >> 3) + 16 * k;
@@ -254,11 +262,11 @@ __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, con
     const int bytes = slot >= 0 ? 16 : 0;
     const E* ks = slot >= 0 ? kbase + slot * p.sk_slot : kbase;
     const E* vs = slot >= 0 ? vbase + slot * p.sv_slot : vbase;
-    const uint32_t dst = stage + kv_off(r, 0, sub);
-    cp_async16(dst, ks + sub * 8, bytes);
-    cp_async16(dst + KV_HALF, ks + 64 + sub * 8, bytes);
-    cp_async16(dst + 2 * KV_REGION, vs + sub * 8, bytes);
-    cp_async16(dst + 2 * KV_REGION + KV_HALF, vs + 64 + sub * 8, bytes);
+    const uint32_t dst = stage + kv_off(r, 0, 0, sub);
+    cp_async16(dst + k_part, ks + sub * 8, bytes);
+    cp_async16(dst + k_part + KV_HALF, ks + 64 + sub * 8, bytes);
+    cp_async16(dst + v_part, vs + sub * 8, bytes);
+    cp_async16(dst + v_part + KV_HALF, vs + 64 + sub * 8, bytes);
   }
 }
 
@@ -570,7 +578,7 @@ __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&
 }
 
 // The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV).
-template <class C, typename E>
+template <class C, typename E, int SWAP>
 __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, int b, int kvh,
                                           int split, uint32_t sQw, uint32_t sKV, uint32_t sBar,
                                           int t) {
@@ -593,8 +601,8 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   const uint32_t red = sQw + TAIL_RED;  // maxima: [tile parity][4 warps][TAIL_N]
   if (n > 0) {
     const uint64_t dq = wg_desc(sQw, 16, 1024);
-    const uint64_t dk0 = wg_desc(sKV, 16, KV_GROUP);
-    const uint64_t dv0 = wg_desc(sKV + 2 * C::KV_REGION, KV_HALF, KV_GROUP);
+    const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
+    const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
     const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
     // ---- tile 0
     mbar_wait(sBar + 8 * STAGES, 0);  // Q
@@ -691,10 +699,11 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   }
 }
 
-template <class C, typename E>
+// SWAP: the stage layout with V before K in each key group (Params::kv_swap).
+template <class C, typename E, int SWAP>
 __global__ void __launch_bounds__(C::THREADS, 1)
     gqa_split_kernel(const __grid_constant__ Params p) {
-  constexpr int STAGES = C::STAGES, BN = C::BN, KV_REGION = C::KV_REGION;
+  constexpr int STAGES = C::STAGES, BN = C::BN;
   constexpr int CONSUMERS = C::CONSUMERS, THREADS = C::THREADS;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -743,17 +752,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         mbar_arrive(bar);
       } else if (tma_tile<C>(p, ts, tile)) {
         // one warp: lane 0 sets the byte count (its arrival), lanes < BN / tma_rows issue one
-        // page run's two boxes (K and V, both 64-dim halves each); the rest arrive
+        // page run's box (K and V, both 64-dim halves each); the rest arrive
         if (pt == 0) mbar_expect_tx(bar, C::SMEM_STAGE);
         if (pt < 32) __syncwarp();
         if (pt * p.tma_rows < BN) {
           const uint32_t dst = stage + (pt * p.tma_rows >> 3) * KV_GROUP;
-          tma_load_5d(dst, &p.k_map, 0, 0, 0, slot >> 3, kvh, bar);
-          tma_load_5d(dst + 2 * KV_REGION, &p.v_map, 0, 0, 0, slot >> 3, kvh, bar);
+          tma_load_5d(dst, &p.kv_map, 0, 0, 2 * kvh, 0, slot >> 3, bar);
         }
         if (pt != 0) mbar_arrive(bar);
       } else {
-        copy_kv_tile<C, E>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
+        copy_kv_tile<C, E, SWAP>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
         cp_async_mbar_arrive(bar);
       }
       clk.stamp(1);
@@ -781,17 +789,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     return;
   }
   if (tail) {
-    tail_rows<C, E>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+    tail_rows<C, E, SWAP>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
     return;
   }
   const int row0 = first + r0;  // packed rows of this thread's fragments
   const int row1 = row0 + 8;
 
   const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
-  const uint64_t dk0 = wg_desc(sKV, 16, KV_GROUP);
+  const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
   // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
   // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
-  const uint64_t dv0 = wg_desc(sKV + 2 * KV_REGION, KV_HALF, KV_GROUP);
+  const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
 
   float o[64];
 #pragma unroll
@@ -865,25 +873,31 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
 }
 
-template <class C, typename E>
-int launch(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
+template <class C, typename E, int SWAP>
+int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
   static bool raised[128] = {};  // host-side only: capture-safe (one flag per instantiation)
   if (dev < 0 || dev >= 128) return -9;
   if (!raised[dev]) {
-    err = cudaFuncSetAttribute(gqa_split_kernel<C, E>,
+    err = cudaFuncSetAttribute(gqa_split_kernel<C, E, SWAP>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_TOTAL);
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
   const dim3 grid(row_ctas, p.num_splits, B * p.Hkv);
-  gqa_split_kernel<C, E><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
+  gqa_split_kernel<C, E, SWAP><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
   return launch_merge_splits<E, D>(merge_params_of(p, p.Hkv, p.G), B, stream, merge == MERGE_PDL);
+}
+
+template <class C, typename E>
+int launch(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
+  return p.kv_swap ? launch_swap<C, E, 1>(p, B, row_ctas, merge, stream)
+                   : launch_swap<C, E, 0>(p, B, row_ctas, merge, stream);
 }
 
 }  // namespace kdtree_gqa
@@ -927,7 +941,8 @@ const char* kdtree_gqa_error_string(int code) {
     case -10: return "consumer warpgroups: expected 2 (128-key tiles) or 3 (64-key tiles)";
     case -11: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
                      "or as a programmatic dependent launch, at most 2048 splits)";
-    case -12: return "KDTREE_GQA_TMA=1: the driver would not encode the K / V tensor maps";
+    case -12: return "KDTREE_GQA_TMA=1: no TMA map over the K / V pools (their slot strides must "
+                     "match, heads be 128 contiguous dims, the driver encode the map)";
     case -13: return "tail_blocks: expected 0, or 1 .. wgs 64-row blocks a CTA with 1 .. 16 rows "
                      "past the last whole 64-row block (the tail warpgroup)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
@@ -1034,26 +1049,30 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   // keeps every tile on cp.async; a layout the driver will not map does too, except under
   // KDTREE_GQA_TMA=1, where that is an error (-12: tests that mean to run the TMA path).
   p.tma_rows = 0;
+  p.kv_swap = 0;
   const char* env_tma = getenv("KDTREE_GQA_TMA");
   const bool tma_required = env_tma != nullptr && env_tma[0] == '1';
   if (page_size >= 8 && num_slots >= 1 && num_slots <= INT32_MAX &&
       !(env_tma != nullptr && env_tma[0] == '0')) {
     const int bn = wgs == 2 ? Wide::BN : Tall::BN;
     const int rows = page_size < bn ? page_size : bn;
-    // 5-D: 64 dims (contiguous), 8 keys (a slot apart), the two 64-dim halves (128 bytes apart),
-    // groups of 8 keys, KV heads; one box = one page run of `rows` keys, both halves (kv_off)
-    const cuuint64_t dims[5] = {64, 8, 2, static_cast<cuuint64_t>(num_slots / 8),
-                                static_cast<cuuint64_t>(Hkv)};
-    const cuuint64_t ks[4] = {static_cast<cuuint64_t>(sk_slot) * 2, 128,
-                              static_cast<cuuint64_t>(sk_slot) * 16, static_cast<cuuint64_t>(sk_h) * 2};
-    const cuuint64_t vs[4] = {static_cast<cuuint64_t>(sv_slot) * 2, 128,
-                              static_cast<cuuint64_t>(sv_slot) * 16, static_cast<cuuint64_t>(sv_h) * 2};
-    const cuuint32_t box[5] = {64, 8, 2, static_cast<cuuint32_t>(rows / 8), 1};
-    if (encode_swizzled_map(&p.k_map, k, dtype, 5, dims, ks, box) == 0 &&
-        encode_swizzled_map(&p.v_map, v, dtype, 5, dims, vs, box) == 0)
-      p.tma_rows = rows;
-    else if (tma_required)
-      return -12;
+    // 5-D over both pools: 64 dims (contiguous); 8 keys (a slot apart); the 2 Hkv 64-dim head
+    // halves (128 bytes apart: heads of 128 contiguous dims); K / V (the pools' distance apart,
+    // the lower pool first); groups of 8 keys. One box = one page run of `rows` keys, both
+    // tensors, both halves of the head (kv_off). Pools with other strides keep cp.async.
+    const uintptr_t ka = reinterpret_cast<uintptr_t>(k), va = reinterpret_cast<uintptr_t>(v);
+    p.kv_swap = va < ka;
+    const uint64_t gap = p.kv_swap ? ka - va : va - ka;
+    if (sk_slot == sv_slot && sk_h == D && sv_h == D && gap > 0 && gap < (1ull << 40)) {
+      const cuuint64_t dims[5] = {64, 8, static_cast<cuuint64_t>(2 * Hkv), 2,
+                                  static_cast<cuuint64_t>(num_slots / 8)};
+      const cuuint64_t strides[4] = {static_cast<cuuint64_t>(sk_slot) * 2, 128, gap,
+                                     static_cast<cuuint64_t>(sk_slot) * 16};
+      const cuuint32_t box[5] = {64, 8, 2, 2, static_cast<cuuint32_t>(rows / 8)};
+      if (encode_swizzled_map(&p.kv_map, p.kv_swap ? v : k, dtype, 5, dims, strides, box) == 0)
+        p.tma_rows = rows;
+    }
+    if (p.tma_rows == 0 && tma_required) return -12;
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   if (wgs == 2)

@@ -27,7 +27,7 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     res = cuda_gqa.compile_only(tmp_path)
     kernels = parse_ptxas(res.log)
     split = [k for k in kernels if "gqa_split_kernel" in k]
-    assert len(split) == 4, f"expected two shapes x bf16 / fp16, got {kernels}"
+    assert len(split) == 8, f"expected two shapes x bf16 / fp16 x K / V order, got {kernels}"
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
@@ -310,6 +310,44 @@ def test_tail_warpgroup_in_every_layout(wgs, blocks, dtype, gen, monkeypatch):
     _run(([977, 1900], 65, 32, 8, 16, 3), dtype, gen, graph=True)
     monkeypatch.setenv("KDTREE_GQA_PINGPONG", "0")
     _run(([3000], 65, 32, 8, 64, None), dtype, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("order", ["k_first", "v_first", "padded_heads"])
+@pytest.mark.parametrize("wgs", ["2", "3"])
+def test_kv_pools_in_either_order(order, wgs, gen, monkeypatch):
+    """One TMA map spans both pools (K and V of a page run in one box), based at the lower one:
+    V below K swaps their places in the stage (the kernel's SWAP layout). Pools whose heads are
+    not 128 contiguous dims (a padded head stride) cannot be mapped and keep the cp.async path;
+    KDTREE_GQA_TMA=1 makes that an error."""
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
+    lens, t, hq, hkv, ps = [977, 1900], 65, 32, 8, 16
+    q, k, v, pt, pl, m = (
+        x.cuda() for x in gqa_inputs(lens, t, hq, hkv, 128, ps, torch.bfloat16, gen)
+    )
+    if order == "padded_heads":
+        pool = torch.zeros(2, *k.shape[:3], 256, dtype=k.dtype, device="cuda")
+        kk, vv = pool[0, ..., :128], pool[1, ..., :128]
+    else:
+        pool = torch.zeros(2, *k.shape, dtype=k.dtype, device="cuda")
+        kk, vv = (pool[0], pool[1]) if order == "k_first" else (pool[1], pool[0])
+    kk.copy_(k)
+    vv.copy_(v)
+    truth = gqa_dense(q, kk, vv, pt, pl, m, SCALE, torch.float64)
+    base = gqa_dense(q, kk, vv, pt, pl, m, SCALE, torch.bfloat16)
+    for splits in (1, 3):
+        got = cuda_gqa.tree_attention_gqa_cuda(
+            q, kk, vv, pt, pl, m, sm_scale=SCALE, num_splits=splits
+        )
+        assert_close_to_truth(got.cpu(), truth, base, ATOL[torch.bfloat16], f"{order} {splits}")
+    monkeypatch.setenv("KDTREE_GQA_TMA", "1")
+    if order == "padded_heads":
+        with pytest.raises(RuntimeError, match="-12"):
+            cuda_gqa.tree_attention_gqa_cuda(q, kk, vv, pt, pl, m, sm_scale=SCALE)
+    else:
+        got = cuda_gqa.tree_attention_gqa_cuda(q, kk, vv, pt, pl, m, sm_scale=SCALE)
+        assert_close_to_truth(got.cpu(), truth, base, ATOL[torch.bfloat16], f"{order} tma")
 
 
 @pytest.mark.gpu
