@@ -3,10 +3,15 @@ whole 64-row block padded to a block (``KDTREE_GQA_TAIL=0``) or taken by the tai
 (swapped-operand m64n16 MMAs), in every (consumer warpgroups, whole blocks a CTA) layout, with
 and without turns. Each variant's output is compared with the padded layout's (max abs diff).
 
-    python3 tools/gpu/gqa_layouts.py [--points gqa_32q8kv_d128:131072:65,...] [--out DIR]
+    python3 tools/gpu/gqa_layouts.py [--points gqa_32q8kv_d128:131072:65,...] [--ab]
+        [--repeat N] [--out DIR]
 
 Graph-replayed p50 per call (KV rotated beyond L2, as in ``kdtree bench verify-attention``);
-the split count is ``choose_splits`` of each layout. Rows go to ``gqa_layouts.csv``.
+the split count is ``choose_splits`` of each layout. ``--ab`` times only the padded layout
+against the tail in the last CTA of three-block CTAs (``KDTREE_GQA_BLOCKS=3``) and after
+two-block two-warpgroup CTAs; ``--repeat N``
+times every variant N times in turn (ABAB..., so clock drift under a long compute-bound run
+falls on all of them) and reports each one's median. Rows go to ``gqa_layouts.csv``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -33,9 +39,15 @@ from kdtree.kernels import cuda_gqa
 KNOBS = ("KDTREE_GQA_TAIL", "KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_BLOCKS", "KDTREE_GQA_PINGPONG")
 
 
-def variants(rows: int) -> list[dict[str, str]]:
+def variants(rows: int, ab: bool = False) -> list[dict[str, str]]:
     """The padded layout first (the reference), the default, the padded ones of both shapes,
     every tail layout, and turns forced on three warpgroups."""
+    if ab:
+        return [
+            {"KDTREE_GQA_TAIL": "0"},
+            {"KDTREE_GQA_TAIL": "1", "KDTREE_GQA_BLOCKS": "3"},
+            {"KDTREE_GQA_TAIL": "1", "KDTREE_GQA_WARPGROUPS": "2", "KDTREE_GQA_BLOCKS": "2"},
+        ]
     out = [{"KDTREE_GQA_TAIL": "0"}, {}]
     out += [{"KDTREE_GQA_TAIL": "0", "KDTREE_GQA_WARPGROUPS": w} for w in ("2", "3")]
     n_full, rest = divmod(rows, 64)
@@ -55,6 +67,8 @@ def main() -> None:
         "gqa_8q1kv_d128:131072:17,gqa_32q8kv_d128:131072:17",
     )
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--ab", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     env = run_env(shlex.join(["python3", *sys.argv]))
@@ -67,7 +81,8 @@ def main() -> None:
         ti = make_tree_inputs(wl, int(t), seed=0)
         rows = int(t) * (lay.hq // lay.hkv)
         ref = None
-        for var in variants(rows):
+        setups = []
+        for var in variants(rows, a.ab):
             for k in KNOBS:
                 os.environ.pop(k, None)
             os.environ.update(var)
@@ -77,15 +92,22 @@ def main() -> None:
             if var.get("KDTREE_GQA_TAIL") == "0" and ref is None:
                 ref = got
             diff = float((got - ref).abs().max()) if ref is not None else float("nan")
-            replay, per = _graphed(fn, wl.n_rot, wl.device)
-            ms = time_cuda(lambda replay=replay: replay(0)).p50 / per
+            replay, per = _graphed(fn, wl.n_rot, wl.device)  # captured with this variant's plan
+            setups.append((var, wgs, blocks, splits, diff, replay, per, []))
+        for _ in range(a.repeat):
+            for *_, replay, per, times in setups:
+                times.append(time_cuda(lambda replay=replay: replay(0)).p50 / per)
+        for var, wgs, blocks, splits, diff, _, _, times in setups:
+            ms = statistics.median(times)
             label = " ".join(f"{k.removeprefix('KDTREE_GQA_')}={v}" for k, v in var.items())
             print(f"{spec} rows={rows} [{label or 'default'}] wgs={wgs} blocks={blocks} "
                   f"ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits}: "
-                  f"{ms * 1e3:7.1f} us  (max |diff| vs padded {diff:.2e})", flush=True)  # fmt: skip
+                  f"{ms * 1e3:7.1f} us (of {len(times)}: {min(times) * 1e3:.1f}-"
+                  f"{max(times) * 1e3:.1f})  (max |diff| vs padded {diff:.2e})", flush=True)  # fmt: skip
             records.append({"point": spec, "rows": rows, "variant": label or "default",
                             "warpgroups": wgs, "tail_blocks": blocks, "splits": splits,
-                            "ms": ms, "max_abs_diff_vs_padded": diff, **env})  # fmt: skip
+                            "ms": ms, "ms_min": min(times), "ms_max": max(times),
+                            "repeats": len(times), "max_abs_diff_vs_padded": diff, **env})  # fmt: skip
         for k in KNOBS:
             os.environ.pop(k, None)
         del wl, ti
