@@ -93,9 +93,10 @@ def main() -> None:
                 ref = got
             diff = float((got - ref).abs().max()) if ref is not None else float("nan")
             replay, per = _graphed(fn, wl.n_rot, wl.device)  # captured with this variant's plan
-            setups.append((var, wgs, blocks, splits, diff, replay, per, []))
+            # (fn holds the workspace the graph writes: it must live as long as the graph)
+            setups.append((var, wgs, blocks, splits, diff, (fn, replay), per, []))
         for _ in range(a.repeat):
-            for *_, replay, per, times in setups:
+            for *_, (_, replay), per, times in setups:
                 times.append(time_cuda(lambda replay=replay: replay(0)).p50 / per)
         for var, wgs, blocks, splits, diff, _, _, times in setups:
             ms = statistics.median(times)
