@@ -577,18 +577,80 @@ __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&
   }
 }
 
+// Zeroes S^T's registers before a batch writes them (left holding the last softmax's values, the
+// batch's inputs as far as ptxas can tell, every wgmma of the kernel is serialised: C7511).
+template <int KB>
+__device__ __forceinline__ void tail_fresh(float (&s)[KB][8]) {
+#pragma unroll
+  for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[kb][i] = 0.f;
+#pragma unroll
+  for (int kb = 0; kb < KB; ++kb) pin(s[kb]);  // written here, before the caller's wgmma.fence
+}
+
+// One tail step, tile j >= 1 (S^T_j done, in `cur`): S^T_{j+1} (into `nxt`) and O^T += V_{j-1}^T
+// P_{j-1}^T are issued, the softmax of S^T_j runs while both are on the tensor cores (so the
+// tail's S never waits behind the other warpgroups' MMAs on its critical path), then both are
+// waited for, stage j-1 released, O^T rescaled, and P^T_j published to the next batch.
+template <class C, typename E>
+__device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN / 64][8],
+                                          float (&nxt)[C::BN / 64][8], float (&m_run)[4],
+                                          float (&l_run)[4], const Params& p, const TileSeq& ts,
+                                          int b, int tile, int kr, int q4, int lane, int wi,
+                                          uint32_t sQw, uint32_t sBar, uint64_t dq, uint64_t dk0,
+                                          uint64_t dv0) {
+  constexpr int STAGES = C::STAGES;
+  const int n = ts.n_tiles;
+  const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
+  pin(o[0]);
+  pin(o[1]);
+  tail_fresh(nxt);
+  // (the last step recomputes its own tile's S^T into `nxt`, discarded: no branch between the
+  // fence and the batch, which would make ptxas inject another fence, C7519)
+  const bool more = tile + 1 < n;
+  const int st = (more ? tile + 1 : tile) % STAGES;
+  if (more) {
+    mbar_wait(sBar + 8 * st, ((tile + 1) / STAGES) & 1);
+    fence_async_smem();
+  }
+  wg_fence();
+  tail_issue_scores<C, E>(nxt, dq, dk0 + st * C::STAGE_STEP);
+  const int pst = (tile - 1) % STAGES;
+  tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (tile & 1) ? dp0 : dp1);  // P_{j-1}
+  float alpha[4];
+  tail_softmax<C, E>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
+                     sQw + TAIL_RED + (tile & 1) * (4 * TAIL_N * 4),
+                     sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
+  wg_wait<0>();  // S^T_{j+1} and P_{j-1} V_{j-1} done
+  pin(o[0]);
+  pin(o[1]);
+#pragma unroll
+  for (int kb = 0; kb < C::BN / 64; ++kb) pin(nxt[kb]);
+  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
+      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
+    }
+  fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
+  named_sync(BAR_TAIL, 128);
+}
+
 // The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV).
 template <class C, typename E, int SWAP>
 __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, int b, int kvh,
                                           int split, uint32_t sQw, uint32_t sKV, uint32_t sBar,
                                           int t) {
-  constexpr int STAGES = C::STAGES;
+  constexpr int STAGES = C::STAGES, KB = C::BN / 64;
   const int n = ts.n_tiles;
   const int lane = t & 31, wi = t >> 5, q4 = lane & 3;
   const int kr = wi * 16 + (lane >> 2);  // this thread's keys (dims) kr, kr + 8 of each 64
   float o[2][8];                         // O^T: dims 64 mb + kr (+ 8) x the rows tail_col(i)
-  float s[C::BN / 64][8];                // S^T: keys 64 kb + kr (+ 8) x the rows tail_col(i)
-  float m_run[4], l_run[4], alpha[4];
+  float sa[KB][8], sb[KB][8];            // S^T of two tiles: keys 64 kb + kr (+ 8) x the rows
+  float m_run[4], l_run[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     m_run[i] = neg_inf();
@@ -603,60 +665,47 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     const uint64_t dq = wg_desc(sQw, 16, 1024);
     const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
     const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
-    const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
-    // ---- tile 0
+    // ---- tile 0: S^T_0, then S^T_1 issued while the softmax of S^T_0 runs
     mbar_wait(sBar + 8 * STAGES, 0);  // Q
     mbar_wait(sBar, 0);
     fence_async_smem();
     wg_fence();
-    tail_issue_scores<C, E>(s, dq, dk0);
+    tail_issue_scores<C, E>(sa, dq, dk0);
     wg_wait<0>();
 #pragma unroll
-    for (int kb = 0; kb < C::BN / 64; ++kb) pin(s[kb]);
-    tail_softmax<C, E>(s, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red, sQw + TAIL_P0);
+    for (int kb = 0; kb < KB; ++kb) pin(sa[kb]);
+    tail_fresh(sb);
+    if (n > 1) {
+      mbar_wait(sBar + 8 * (1 % STAGES), (1 / STAGES) & 1);
+      fence_async_smem();
+    }
+    wg_fence();  // (one tile: S^T_0 again, discarded, as in tail_step)
+    tail_issue_scores<C, E>(sb, dq, dk0 + (n > 1 ? 1 % STAGES : 0) * C::STAGE_STEP);
+    float alpha[4];
+    tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red, sQw + TAIL_P0);
+    wg_wait<0>();
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) pin(sb[kb]);
     fence_async_smem();  // P^T_0 (generic stores) -> the wgmma reads, after everyone's stores
     named_sync(BAR_TAIL, 128);
-    // ---- tiles j >= 1
+    // ---- tiles j >= 1, two a round so S^T_j and S^T_{j+1} live in named registers (sa, sb)
+    int tile = 1;
 #pragma unroll 1
-    for (int tile = 1; tile < n; ++tile) {
-      const int st = tile % STAGES, pst = (tile - 1) % STAGES;
-      mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
-      fence_async_smem();
-      pin(o[0]);
-      pin(o[1]);
-      // S^T's registers start afresh (carried over from the last softmax into the batch, ptxas
-      // serialises every wgmma of the kernel: C7511)
-#pragma unroll
-      for (int kb = 0; kb < C::BN / 64; ++kb)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) s[kb][i] = 0.f;
-      wg_fence();
-      tail_issue_scores<C, E>(s, dq, dk0 + st * C::STAGE_STEP);
-      tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (tile & 1) ? dp0 : dp1);
-      wg_wait<1>();  // S^T_j done
-#pragma unroll
-      for (int kb = 0; kb < C::BN / 64; ++kb) pin(s[kb]);
-      tail_softmax<C, E>(s, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
-                         red + (tile & 1) * (4 * TAIL_N * 4), sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
-      wg_wait<0>();  // P_{j-1} V_{j-1} done
-      pin(o[0]);
-      pin(o[1]);
-      if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
-#pragma unroll
-      for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
-          o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
-        }
-      fence_async_smem();  // P^T_j -> the next batch's wgmma
-      named_sync(BAR_TAIL, 128);
+    for (; tile + 1 < n; tile += 2) {
+      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, kr, q4, lane, wi, sQw, sBar, dq,
+                      dk0, dv0);
+      tail_step<C, E>(o, sa, sb, m_run, l_run, p, ts, b, tile + 1, kr, q4, lane, wi, sQw, sBar,
+                      dq, dk0, dv0);
     }
+    if (tile < n)
+      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, kr, q4, lane, wi, sQw, sBar, dq,
+                      dk0, dv0);
     // ---- the last tile's P V
     pin(o[0]);
     pin(o[1]);
     wg_fence();
-    tail_issue_pv<C, E>(o, dv0 + ((n - 1) % STAGES) * C::STAGE_STEP, ((n - 1) & 1) ? dp1 : dp0);
+    tail_issue_pv<C, E>(o, dv0 + ((n - 1) % STAGES) * C::STAGE_STEP,
+                        wg_desc(sQw + (((n - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
     wg_wait<0>();
     pin(o[0]);
     pin(o[1]);

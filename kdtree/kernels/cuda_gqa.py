@@ -157,24 +157,29 @@ def launch_plan(rows: int) -> tuple[int, int]:
     """The split kernel's row layout for ``rows = G * T`` packed query rows: ``(wgs,
     tail_blocks)``. ``wgs`` consumer warpgroups a CTA: 3 (192 rows, 64-key tiles) when the rows
     fill at least three 64-row blocks, so fewer CTAs read each KV tile, else 2 (128 rows, 128-key
-    tiles). ``tail_blocks`` 0: the last block is padded to 64 rows. ``k >= 1``: when 1-16 rows
-    are left past the whole blocks (:data:`TAIL_ROWS`), each CTA takes ``k`` whole blocks and a
-    tail warpgroup the rest, with swapped operands (16 columns of MMA work instead of a 64-row
-    block): with one whole block the two-warpgroup shape with ``k = 1``; else three warpgroups
-    and ``k`` 3 where that leaves the tail a free warpgroup in the last CTA, 2 where it does not.
+    tiles). ``tail_blocks`` 0: each CTA takes ``wgs`` consecutive 64-row blocks, the last one
+    padded. ``k >= 1``: each CTA takes ``k`` whole blocks and the 1-16 rows left past them
+    (:data:`TAIL_ROWS`) go to a tail warpgroup of swapped-operand MMAs (16 columns of MMA work
+    instead of a padded 64-row block), in the last CTA's first free warpgroup.
 
-    Measurement knobs: ``KDTREE_GQA_WARPGROUPS=2|3`` forces the shape, ``KDTREE_GQA_TAIL=0``
-    turns the tail warpgroup off, ``KDTREE_GQA_BLOCKS=1|2|3`` forces ``k``."""
+    The default takes the tail where it was measured faster (session 13, calls c-e,
+    ``tools/gpu/gqa_layouts.py --ab``): three-warpgroup CTAs whose last one would hold a single
+    whole block and the padded one (32q/8kv, T=65: ``[3 blocks] [1 block + tail]``, 2-4 % faster
+    from 64k keys); elsewhere the padded block was as fast or faster (the tail warpgroup's own
+    chain of barriers per tile then sets the CTA's pace).
+
+    Measurement knobs: ``KDTREE_GQA_WARPGROUPS=2|3`` forces the shape, ``KDTREE_GQA_TAIL=0|1``
+    turns the tail off or on (on: three blocks a CTA unless ``KDTREE_GQA_BLOCKS=1|2|3``)."""
     n_full, rest = divmod(rows, 64)
     forced_wgs = _env_int("KDTREE_GQA_WARPGROUPS", (2, 3))
-    tail_on = _env_int("KDTREE_GQA_TAIL", (0, 1)) != 0
+    forced_tail = _env_int("KDTREE_GQA_TAIL", (0, 1))
     forced_k = _env_int("KDTREE_GQA_BLOCKS", (1, 2, 3))
-    if not (tail_on and n_full >= 1 and 1 <= rest <= TAIL_ROWS):
-        wgs = forced_wgs or (3 if math.ceil(rows / 64) >= 3 else 2)
+    wgs = forced_wgs or (3 if math.ceil(rows / 64) >= 3 else 2)
+    fits = n_full >= 1 and 1 <= rest <= TAIL_ROWS
+    measured = wgs == 3 and n_full % 3 == 1
+    if not fits or forced_tail == 0 or (forced_tail is None and not measured):
         return wgs, 0
-    wgs = forced_wgs or (2 if n_full == 1 else 3)
-    k = forced_k or (1 if wgs == 2 else (3 if n_full % 3 == 2 else 2))
-    return wgs, min(k, wgs)
+    return wgs, min(forced_k or 3, wgs)
 
 
 def consumer_warpgroups(rows: int) -> int:

@@ -116,25 +116,27 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     plan = {r: cuda_gqa.launch_plan(r) for r in (17, 68, 100, 136, 256, 260, 272, 273, 520, 1028)}
     assert plan == {
         17: (2, 0),  # no whole block
-        68: (2, 1),  # 32q/8kv T=17: [64 | 4]
+        68: (2, 0),  # 32q/8kv T=17: [64 | 4 padded] (the tail measured no faster)
         100: (2, 0),  # 36 rows left: a padded block
-        136: (3, 3),  # 8q/1kv T=17: [64, 64 | 8]
+        136: (3, 0),  # 8q/1kv T=17
         256: (3, 0),
-        260: (3, 2),  # 32q/8kv T=65: [64, 64] [64, 64 | 4]
-        272: (3, 2),  # 16 rows left: the most the tail takes
+        260: (3, 3),  # 32q/8kv T=65: [64 x 3] [64 | 4 in the tail]
+        272: (3, 3),  # 16 rows left: the most the tail takes
         273: (3, 0),  # 17 left: padded
-        520: (3, 3),  # 8q/1kv T=65: [64 x 3] [64 x 3] [64, 64 | 8]
-        1028: (3, 2),
+        520: (3, 0),  # 8q/1kv T=65: [64 x 3] [64 x 3] [64, 64, 8 padded]
+        1028: (3, 3),  # 16 whole blocks: [64 x 3] x 5 [64 | 4]
     }
     ctas = {r: cuda_gqa.row_ctas(r, *plan[r]) for r in plan}
-    assert ctas == {17: 1, 68: 1, 100: 1, 136: 1, 256: 2, 260: 2, 272: 2, 273: 2, 520: 3, 1028: 8}
+    assert ctas == {17: 1, 68: 1, 100: 1, 136: 1, 256: 2, 260: 2, 272: 2, 273: 2, 520: 3, 1028: 6}
     assert cuda_gqa.row_ctas(200, 3, 3) == 2  # three whole blocks fill the CTA: the tail alone
     assert cuda_gqa.row_ctas(8, 2, 1) == 1  # no whole block: the tail alone
     monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
-    assert cuda_gqa.launch_plan(260) == (3, 0) and cuda_gqa.launch_plan(68) == (2, 0)
+    assert cuda_gqa.launch_plan(260) == (3, 0)
     monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
-    monkeypatch.setenv("KDTREE_GQA_BLOCKS", "3")
-    assert cuda_gqa.launch_plan(260) == (3, 3)
+    assert cuda_gqa.launch_plan(520) == (3, 3) and cuda_gqa.launch_plan(68) == (2, 2)
+    assert cuda_gqa.launch_plan(256) == (3, 0)  # nothing left past the blocks
+    monkeypatch.setenv("KDTREE_GQA_BLOCKS", "2")
+    assert cuda_gqa.launch_plan(260) == (3, 2)
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
     assert cuda_gqa.launch_plan(260) == (2, 2) and cuda_gqa.row_ctas(260, 2, 2) == 3
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", "4")
@@ -291,7 +293,7 @@ TAIL_CASES = [  # rows = G * T with 1..16 past the whole 64-row blocks
 @pytest.mark.parametrize("case", TAIL_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-s{c[5]}")
 def test_tail_warpgroup_matches_fp64(tail, case, gen, monkeypatch):
     """The rows past the last whole 64-row block through the tail warpgroup (swapped-operand
-    m64n16 MMAs, KDTREE_GQA_TAIL=1, the default) and padded to a block (=0) both match fp64."""
+    m64n16 MMAs, KDTREE_GQA_TAIL=1) and padded to a block (=0) both match fp64."""
     monkeypatch.setenv("KDTREE_GQA_TAIL", tail)
     _run(case, torch.bfloat16, gen)
 
@@ -304,6 +306,7 @@ def test_tail_warpgroup_matches_fp64(tail, case, gen, monkeypatch):
 def test_tail_warpgroup_in_every_layout(wgs, blocks, dtype, gen, monkeypatch):
     """Every (shape, whole blocks a CTA) layout of 260 rows: the tail in the last CTA's first
     free warpgroup or in a CTA of its own, with and without turns; graph-captured with splits."""
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", blocks)
     monkeypatch.setenv("KDTREE_GQA_PINGPONG", "2")
