@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Time the CUDA GQA kernel of an older commit against the working tree's, in alternating runs of
+# the verify bench (old, new, old, new: clock drift falls on both), same points and provider.
+#   bash tools/gpu/ab_commits.sh OLD_COMMIT OUT_DIR [bench args...]
+# The old tree comes from `git archive` into /tmp/ab_old (its kernels build into its own cache
+# entry: the build cache is keyed by source). Rows go to OUT_DIR/{old,new}{1,2}/.
+set -u
+old=$1 out=$2
+shift 2
+rm -rf /tmp/ab_old && mkdir -p /tmp/ab_old
+git archive "$old" | tar -x -C /tmp/ab_old || { echo "git archive $old failed"; exit 2; }
+for round in 1 2; do
+  for side in old new; do
+    dir=$PWD
+    [ "$side" = old ] && dir=/tmp/ab_old
+    (cd "$dir" && PYTHONPATH=/tmp/site:$dir python3 -m kdtree bench verify-attention "$@" \
+      --out "$out/$side$round" 2>&1 | tail -1 | cut -c1-120)
+    echo "$side$round done"
+  done
+done
