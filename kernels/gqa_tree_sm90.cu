@@ -838,7 +838,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     return;
   }
   if (tail) {
+#ifndef KDTREE_GQA_NO_TAIL  // (a measurement build without the tail warpgroup's code)
     tail_rows<C, E, SWAP>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+#endif
     return;
   }
   const int row0 = first + r0;  // packed rows of this thread's fragments
