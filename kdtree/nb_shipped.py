@@ -801,6 +801,53 @@ def merge_cost_table(df: pd.DataFrame, call: str = "e") -> pd.DataFrame:
     return w.reset_index()
 
 
+#: The row layouts of ``tools/gpu/gqa_layouts.py --ab`` by their knob settings.
+GQA_LAYOUTS = {
+    "TAIL=0": "padded",
+    "TAIL=1 BLOCKS=3": "tail, 3 blocks a CTA",
+    "TAIL=1 WARPGROUPS=2 BLOCKS=2": "tail, 2 warpgroups x 2 blocks",
+}
+
+
+def gqa_layout_ab_table(df: pd.DataFrame, call: str = "e") -> pd.DataFrame:
+    """µs a call by point (rows) and row layout (columns) of one ``gqa_layouts.py --ab`` call
+    (medians of its interleaved rounds), with the tail's time over the padded layout's
+    (``tail_vs_padded`` < 1: the tail is faster)."""
+    need = {"call", "point", "variant", "ms"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"layout rows: missing columns {sorted(missing)}")
+    d = df[(df["call"] == call) & df["variant"].isin(GQA_LAYOUTS)]
+    if d.empty:
+        raise ValueError(f"no A/B layout rows for call {call!r}")
+    w = d.assign(layout=d["variant"].map(GQA_LAYOUTS), us=d["ms"] * 1e3).pivot_table(
+        index="point", columns="layout", values="us", sort=False
+    )
+    w = w[[c for c in GQA_LAYOUTS.values() if c in w.columns]]
+    if {"padded", "tail, 3 blocks a CTA"} <= set(w.columns):
+        w["tail_vs_padded"] = w["tail, 3 blocks a CTA"] / w["padded"]
+    return w.reset_index()
+
+
+def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
+    """``tools/gpu/ab_commits.sh`` rows of one call: µs of each side (the mean of its rounds)
+    by bench point, and new / old."""
+    need = {"call", "side", "round", "name", "provider", "metric", "p50"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"A/B rows: missing columns {sorted(missing)}")
+    d = df[(df["call"] == call) & (df["metric"] == "time") & (df["provider"] != "device")]
+    if d.empty:
+        raise ValueError(f"no A/B timing rows for call {call!r}")
+    w = (d.assign(us=d["p50"] * 1e3)
+         .pivot_table(index="name", columns="side", values="us", aggfunc="mean", sort=False))  # fmt: skip
+    if not {"old", "new"} <= set(w.columns):
+        raise ValueError(f"call {call!r}: expected an old and a new side")
+    w = w[["old", "new"]]
+    w["new_vs_old"] = w["new"] / w["old"]
+    return w.reset_index()
+
+
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     """Heap vs every device builder of ``tree_build.csv``: ms per step by (batch, budget) and
     provider, plus the fastest device provider and its speed-up over the heap."""

@@ -312,6 +312,42 @@ else:
     nb.note("The merge timings are not shipped (data/bench/logs/merge_cost_session12.csv).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 13): K and V in one box, and a tail warpgroup
+# One TMA box now brings a page run of both K and V (one 5-D map over both pools). The 1-16
+# packed rows past the last whole 64-row block (G rows when T = 8k + 1) can go to a tail
+# warpgroup of swapped-operand `m64n16` MMAs instead of a padded 64-row block. Below, the
+# interleaved A/B of the row layouts (`python3 tools/gpu/gqa_layouts.py --ab --repeat 5`, call e,
+# medians of five rounds): the tail pays at 32q/8kv, T=65 (the last of two three-block CTAs holds
+# one block), and nowhere else. Under it, this session's kernel against session 12's in
+# alternating bench runs (`bash tools/gpu/ab_commits.sh e6b85f8`, call f).
+
+# %%
+lay_csv = nb.data_path("bench", "logs", "gqa_layouts_session13.csv")
+if lay_csv.exists():
+    lay = ns.gqa_layout_ab_table(pd.read_csv(lay_csv), call="e")
+    nb.show(
+        nf.make_bar_compare_fig(
+            lay.drop(columns="tail_vs_padded").melt(
+                id_vars="point", var_name="layout", value_name="us"
+            ),
+            "point",
+            "us",
+            "layout",
+            "CUDA GQA kernel: padded last block vs the tail warpgroup (H200, µs, lower is better)",
+            "µs",
+        ),
+        "gqa_layouts_session13",
+    )
+    display(lay.round(3))
+else:
+    nb.note("The layout A/B rows are not shipped (data/bench/logs/gqa_layouts_session13.csv).")
+abc_csv = nb.data_path("bench", "logs", "gqa_ab_commits_session13.csv")
+if abc_csv.exists():
+    display(ns.ab_commits_table(pd.read_csv(abc_csv), call="f").round(3))
+else:
+    nb.note("The kernel A/B rows are not shipped (data/bench/logs/gqa_ab_commits_session13.csv).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

@@ -476,3 +476,40 @@ def test_gqa_ablation_table_and_merge_cost_table():
     assert m.loc[0, "triton"] == pytest.approx(91.1)
     with pytest.raises(ValueError, match="no merge-cost rows"):
         ns.merge_cost_table(mc, call="z")
+
+
+def test_gqa_layout_ab_table_and_ab_commits_table():
+    pt = "gqa_32q8kv_d128:131072:65"
+    rows = [
+        {"call": "e", "point": pt, "variant": v, "ms": ms}
+        for v, ms in (("TAIL=0", 0.401), ("TAIL=1 BLOCKS=3", 0.365),
+                      ("TAIL=1 WARPGROUPS=2 BLOCKS=2", 0.441))
+    ] + [{"call": "e", "point": pt, "variant": "default", "ms": 9.0},
+         {"call": "d", "point": pt, "variant": "TAIL=0", "ms": 1.0}]  # fmt: skip
+    t = ns.gqa_layout_ab_table(pd.DataFrame(rows))
+    assert list(t.columns) == ["point", *ns.GQA_LAYOUTS.values(), "tail_vs_padded"]
+    assert t.loc[0, "padded"] == pytest.approx(401.0)
+    assert t.loc[0, "tail_vs_padded"] == pytest.approx(0.365 / 0.401)
+    with pytest.raises(ValueError, match="no A/B layout rows"):
+        ns.gqa_layout_ab_table(pd.DataFrame(rows), call="z")
+    with pytest.raises(ValueError, match="missing"):
+        ns.gqa_layout_ab_table(pd.DataFrame(rows).drop(columns=["ms"]))
+
+    n = "gqa_8q1kv_d128/B1/L16384/T17"
+    ab = pd.DataFrame(
+        [{"call": "f", "side": side, "round": r, "name": n, "provider": "ours_gqa_graph",
+          "metric": "time", "p50": p50}
+         for side, r, p50 in (("old", 1, 0.0195), ("new", 1, 0.0214), ("old", 2, 0.0195),
+                              ("new", 2, 0.0214))]
+        + [{"call": "f", "side": "old", "round": 1, "name": "ceilings", "provider": "device",
+            "metric": "time", "p50": 4.2}]
+    )  # fmt: skip
+    c = ns.ab_commits_table(ab)
+    assert list(c["name"]) == [n]
+    assert c.loc[0, "old"] == pytest.approx(19.5) and c.loc[0, "new_vs_old"] == pytest.approx(
+        21.4 / 19.5
+    )
+    with pytest.raises(ValueError, match="old and a new"):
+        ns.ab_commits_table(ab[ab["side"] == "old"])
+    with pytest.raises(ValueError, match="no A/B timing rows"):
+        ns.ab_commits_table(ab, call="z")
