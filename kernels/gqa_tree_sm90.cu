@@ -8,13 +8,15 @@
 //
 // Schedule
 //   * Rows: the M dimension packs the G*T query rows of one (request, KV head), row r ->
-//     (t = r / G, h = kvh * G + r % G), so each KV tile is read once for all of them. A CTA owns
-//     64 consecutive rows per consumer warpgroup; a warpgroup whose 64 rows are all past G*T
-//     only keeps the barriers. Two shapes (Cfg below): Wide, 2 consumer warpgroups (128 rows)
-//     over 128-key tiles in 3 stages; Tall, 3 consumer warpgroups (192 rows) over 64-key tiles
-//     in 5 stages, so fewer CTAs read each KV tile from L2 when there are >= 3 row blocks of 64
-//     (the launcher's `wgs`, chosen by kdtree.kernels.cuda_gqa.consumer_warpgroups).
-//   * Grid (ceil(G*T / rows a CTA), num_splits, B * Hkv); the row blocks of one split are the
+//     (t = r / G, h = kvh * G + r % G), so each KV tile is read once for all of them. A CTA's
+//     consumer warpgroup w takes 64-row block blockIdx.x * blocks + w (`blocks` = the
+//     warpgroups, the last block padded; or fewer, with the 1-16 rows past the last whole block
+//     in a tail warpgroup of swapped-operand MMAs: tail_rows, wg_first_row); a warpgroup with no
+//     rows only keeps the barriers. Two shapes (Cfg below): Wide, 2 consumer warpgroups (128
+//     rows) over 128-key tiles in 3 stages; Tall, 3 consumer warpgroups (192 rows) over 64-key
+//     tiles in 5 stages, so fewer CTAs read each KV tile from L2 when there are >= 3 row blocks
+//     of 64 (the launcher's `wgs` and `tail_blocks`, chosen by kdtree.kernels.cuda_gqa.launch_plan).
+//   * Grid (row CTAs, num_splits, B * Hkv); the row blocks of one split are the
 //     fastest axis, so they run together and read the split's KV from DRAM once (L2 serves the
 //     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the
 //     tile), the LAST split also the T tree keys through the ancestor bitmask
@@ -161,7 +163,8 @@ struct Params {
   int pingpong;              // turns issuing MMAs: 0 none, 1 two-warpgroup shape, 2 both shapes
                              // (KDTREE_GQA_PINGPONG, default 1)
   int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
-  int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results): bit 0 no KV
+  int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results; the tail
+                             // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
 };
@@ -469,8 +472,8 @@ __device__ __forceinline__ void finish_pv(float (&o)[64], uint32_t (&pc)[C::KS][
 // A = the stage's K, K-major; B = the tail's Q rows), the online softmax down its columns (a
 // row's keys are spread over the four warps: their maxima meet in shared memory), P^T to shared
 // memory (the K-major B operand, 128B-swizzled), and O^T (128 dims x 16 rows) += V^T P^T (A = the
-// stage's V, MN-major). The same overlap as the 64-row warpgroups: S_j is issued together with
-// P_{j-1} V_{j-1}, and the softmax of S_j runs while the latter is on the tensor cores.
+// stage's V, MN-major). One tile ahead on S: S^T_{j+1} is issued together with P_{j-1} V_{j-1},
+// and the softmax of S^T_j runs while both are on the tensor cores (tail_step).
 
 __device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
@@ -829,7 +832,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int r0 = wi * 16 + (lane >> 2);
   bool tail;
   const int first = wg_first_row(p, w, tail);
-  if (first < 0 || (p.ablate & 16)) {  // no rows: keep the stage protocol only
+#ifdef KDTREE_GQA_NO_TAIL  // (a measurement build without the tail warpgroup's code: it idles)
+  const bool idle = first < 0 || (p.ablate & 16) || tail;
+#else
+  const bool idle = first < 0 || (p.ablate & 16);
+#endif
+  if (idle) {  // no rows: keep the stage protocol only
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
@@ -837,12 +845,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     }
     return;
   }
+#ifndef KDTREE_GQA_NO_TAIL
   if (tail) {
-#ifndef KDTREE_GQA_NO_TAIL  // (a measurement build without the tail warpgroup's code)
     tail_rows<C, E, SWAP>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
-#endif
     return;
   }
+#endif
   const int row0 = first + r0;  // packed rows of this thread's fragments
   const int row1 = row0 + 8;
 
@@ -1114,7 +1122,9 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     const uintptr_t ka = reinterpret_cast<uintptr_t>(k), va = reinterpret_cast<uintptr_t>(v);
     p.kv_swap = va < ka;
     const uint64_t gap = p.kv_swap ? ka - va : va - ka;
-    if (sk_slot == sv_slot && sk_h == D && sv_h == D && gap > 0 && gap < (1ull << 40)) {
+    // (one KV head: the halves dimension never steps past the head, whatever its stride)
+    const bool heads_ok = Hkv == 1 || (sk_h == D && sv_h == D);
+    if (sk_slot == sv_slot && heads_ok && gap > 0 && gap < (1ull << 40)) {
       const cuuint64_t dims[5] = {64, 8, static_cast<cuuint64_t>(2 * Hkv), 2,
                                   static_cast<cuuint64_t>(num_slots / 8)};
       const cuuint64_t strides[4] = {static_cast<cuuint64_t>(sk_slot) * 2, 128, gap,

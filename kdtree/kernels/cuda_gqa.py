@@ -162,11 +162,12 @@ def launch_plan(rows: int) -> tuple[int, int]:
     (:data:`TAIL_ROWS`) go to a tail warpgroup of swapped-operand MMAs (16 columns of MMA work
     instead of a padded 64-row block), in the last CTA's first free warpgroup.
 
-    The default takes the tail where it was measured faster (session 13, calls c-e,
-    ``tools/gpu/gqa_layouts.py --ab``): three-warpgroup CTAs whose last one would hold a single
-    whole block and the padded one (32q/8kv, T=65: ``[3 blocks] [1 block + tail]``, 2-4 % faster
-    from 64k keys); elsewhere the padded block was as fast or faster (the tail warpgroup's own
-    chain of barriers per tile then sets the CTA's pace).
+    The default takes the tail where it was measured faster (session 13, call e,
+    ``tools/gpu/gqa_layouts.py --ab --repeat 5``): three-warpgroup CTAs of three whole blocks
+    and a last one that would hold a single whole block and the padded one (32q/8kv, T=65:
+    ``[3 blocks] [1 block + tail]``, 5-9 % faster from 64k keys; more whole blocks, e.g. T=257,
+    have the same last CTA but were not measured); elsewhere the padded block was as fast or
+    faster (the tail warpgroup's own chain of barriers per tile then sets the CTA's pace).
 
     Measurement knobs: ``KDTREE_GQA_WARPGROUPS=2|3`` forces the shape, ``KDTREE_GQA_TAIL=0|1``
     turns the tail off or on (on: three blocks a CTA unless ``KDTREE_GQA_BLOCKS=1|2|3``)."""
@@ -176,7 +177,7 @@ def launch_plan(rows: int) -> tuple[int, int]:
     forced_k = _env_int("KDTREE_GQA_BLOCKS", (1, 2, 3))
     wgs = forced_wgs or (3 if math.ceil(rows / 64) >= 3 else 2)
     fits = n_full >= 1 and 1 <= rest <= TAIL_ROWS
-    measured = wgs == 3 and n_full % 3 == 1
+    measured = wgs == 3 and n_full >= 4 and n_full % 3 == 1
     if not fits or forced_tail == 0 or (forced_tail is None and not measured):
         return wgs, 0
     return wgs, min(forced_k or 3, wgs)

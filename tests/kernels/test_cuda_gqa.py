@@ -135,6 +135,11 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
     assert cuda_gqa.launch_plan(520) == (3, 3) and cuda_gqa.launch_plan(68) == (2, 2)
     assert cuda_gqa.launch_plan(256) == (3, 0)  # nothing left past the blocks
+    monkeypatch.delenv("KDTREE_GQA_TAIL")
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")
+    assert cuda_gqa.launch_plan(68) == (3, 0)  # one whole block: the tail was not measured there
+    monkeypatch.delenv("KDTREE_GQA_WARPGROUPS")
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", "2")
     assert cuda_gqa.launch_plan(260) == (3, 2)
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
@@ -278,7 +283,7 @@ def test_both_kernel_shapes_match_fp64(wgs, case, gen, monkeypatch):
 
 
 TAIL_CASES = [  # rows = G * T with 1..16 past the whole 64-row blocks
-    ([977, 1900], 65, 32, 8, 16, 3),  # 260 rows: [64, 64] [64, 64 | 4]
+    ([977, 1900], 65, 32, 8, 16, 3),  # 260 rows: [64 x 3] [64 | 4]
     ([0, 100], 17, 8, 1, 16, 4),  # 136: an empty prefix, splits with no keys
     ([4096], 9, 8, 1, 16, 40),  # 72: more splits than tiles (empty partials)
     ([1234, 4000], 65, 8, 1, 64, 1),  # 520: one split, the output written directly
@@ -317,19 +322,21 @@ def test_tail_warpgroup_in_every_layout(wgs, blocks, dtype, gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("order", ["k_first", "v_first", "padded_heads"])
+@pytest.mark.parametrize("order", ["k_first", "v_first", "padded_heads", "padded_heads_1kv"])
 @pytest.mark.parametrize("wgs", ["2", "3"])
 def test_kv_pools_in_either_order(order, wgs, gen, monkeypatch):
     """One TMA map spans both pools (K and V of a page run in one box), based at the lower one:
     V below K swaps their places in the stage (the kernel's SWAP layout). Pools whose heads are
     not 128 contiguous dims (a padded head stride) cannot be mapped and keep the cp.async path;
-    KDTREE_GQA_TMA=1 makes that an error."""
+    KDTREE_GQA_TMA=1 makes that an error. With one KV head the head stride does not matter."""
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     lens, t, hq, hkv, ps = [977, 1900], 65, 32, 8, 16
+    if order == "padded_heads_1kv":
+        hq, hkv = 8, 1
     q, k, v, pt, pl, m = (
         x.cuda() for x in gqa_inputs(lens, t, hq, hkv, 128, ps, torch.bfloat16, gen)
     )
-    if order == "padded_heads":
+    if order.startswith("padded_heads"):
         pool = torch.zeros(2, *k.shape[:3], 256, dtype=k.dtype, device="cuda")
         kk, vv = pool[0, ..., :128], pool[1, ..., :128]
     else:
