@@ -15,7 +15,8 @@
 //     rows only keeps the barriers. Two shapes (Cfg below): Wide, 2 consumer warpgroups (128
 //     rows) over 128-key tiles in 3 stages; Tall, 3 consumer warpgroups (192 rows) over 64-key
 //     tiles in 5 stages, so fewer CTAs read each KV tile from L2 when there are >= 3 row blocks
-//     of 64 (the launcher's `wgs` and `tail_blocks`, chosen by kdtree.kernels.cuda_gqa.launch_plan).
+//     of 64 (the launcher's `wgs` and `tail_blocks`, chosen by
+//     kdtree.kernels.cuda_gqa.launch_plan).
 //   * Grid (row CTAs, num_splits, B * Hkv); the row blocks of one split are the
 //     fastest axis, so they run together and read the split's KV from DRAM once (L2 serves the
 //     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the
@@ -556,7 +557,8 @@ __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&
   for (int i = 0; i < 4; ++i) {
     float m = ld_shared_f32(red + tail_col(i, q4) * 4);
 #pragma unroll
-    for (int w = 1; w < 4; ++w) m = fmaxf(m, ld_shared_f32(red + (w * TAIL_N + tail_col(i, q4)) * 4));
+    for (int w = 1; w < 4; ++w)
+      m = fmaxf(m, ld_shared_f32(red + (w * TAIL_N + tail_col(i, q4)) * 4));
     const float mnew = fmaxf(m_run[i], m * scale);  // scale > 0: order kept
     off[i] = wg_offset(mnew);
     alpha[i] = exp2f(m_run[i] - off[i]);
@@ -745,7 +747,8 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) dst[64 * mb + kr + 8 * h] = o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv;
+        for (int h = 0; h < 2; ++h)
+          dst[64 * mb + kr + 8 * h] = o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv;
       if (wi == 0 && lane < 4) p.lse[r] = l > 0.f ? m_run[i] + __log2f(l) : neg_inf();
     }
   }

@@ -11,8 +11,9 @@ on per-stage mbarriers; two consumer warpgroups over 128-key tiles or three over
 (:func:`launch_plan`), each of 64 packed query rows (all query heads of a KV head times all tree
 tokens); ``wgmma`` for S and for P V with P kept in registers, and the softmax of one tile
 overlapped with the previous tile's P V. The 1-16 rows past the last whole 64-row block (G rows
-at T = 8k + 1) go to a tail warpgroup that runs the MMAs with swapped operands (the rows as the
-N = 16 of ``m64n16k16``) instead of padding them to a 64-row block. Partials of several KV splits are merged by the
+at T = 8k + 1) can go to a tail warpgroup that runs the MMAs with swapped operands (the rows as
+the N = 16 of ``m64n16k16``) instead of padding them to a 64-row block, where that measured
+faster. Partials of several KV splits are merged by the
 shared CUDA merge (``kernels/sm90_common.cuh``; ``KDTREE_CUDA_MERGE``,
 :func:`kdtree.kernels.cuda_common.merge_mode`, picks another). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
