@@ -4,14 +4,16 @@ whole 64-row block padded to a block (``KDTREE_GQA_TAIL=0``) or taken by the tai
 and without turns. Each variant's output is compared with the padded layout's (max abs diff).
 
     python3 tools/gpu/gqa_layouts.py [--points gqa_32q8kv_d128:131072:65,...] [--ab]
-        [--repeat N] [--out DIR]
+        [--variants "TAIL=0;PAIR=0;PAIR=1;..."] [--repeat N] [--out DIR]
 
 Graph-replayed p50 per call (KV rotated beyond L2, as in ``kdtree bench verify-attention``);
 the split count is ``choose_splits`` of each layout. ``--ab`` times only the padded layout
 against the tail in the last CTA of three-block CTAs (``KDTREE_GQA_BLOCKS=3``) and after
 two-block two-warpgroup CTAs; ``--repeat N``
 times every variant N times in turn (ABAB..., so clock drift under a long compute-bound run
-falls on all of them) and reports each one's median. Rows go to ``gqa_layouts.csv``.
+falls on all of them) and reports each one's median. ``--variants`` gives the variants
+instead: ``;``-separated sets of ``,``-separated ``NAME=VALUE`` knobs (``KDTREE_GQA_NAME``; the
+first set is the reference of the diff column). Rows go to ``gqa_layouts.csv``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,31 @@ from kdtree.bench.verify_attention import (
 )
 from kdtree.kernels import cuda_gqa
 
-KNOBS = ("KDTREE_GQA_TAIL", "KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_BLOCKS", "KDTREE_GQA_PINGPONG")
+KNOBS = (
+    "KDTREE_GQA_TAIL",
+    "KDTREE_GQA_WARPGROUPS",
+    "KDTREE_GQA_BLOCKS",
+    "KDTREE_GQA_PINGPONG",
+    "KDTREE_GQA_PAIR",
+)
+
+
+def parse_variants(spec: str) -> list[dict[str, str]]:
+    """``"TAIL=0;PAIR=1,BLOCKS=3"`` -> ``[{"KDTREE_GQA_TAIL": "0"}, {...}]`` (``default``: {})."""
+    out = []
+    for group in spec.split(";"):
+        var = {}
+        for item in filter(None, (x.strip() for x in group.split(","))):
+            if item == "default":
+                continue
+            name, _, value = item.partition("=")
+            key = "KDTREE_GQA_" + name.strip().upper()
+            if key not in KNOBS or not value:
+                raise SystemExit(f"--variants: {item!r}: expected NAME=VALUE, NAME one of "
+                                 f"{[k.removeprefix('KDTREE_GQA_') for k in KNOBS]}")  # fmt: skip
+            var[key] = value.strip()
+        out.append(var)
+    return out
 
 
 def variants(rows: int, ab: bool = False) -> list[dict[str, str]]:
@@ -68,6 +94,7 @@ def main() -> None:
     )
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--ab", action="store_true")
+    ap.add_argument("--variants", default=None)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -82,31 +109,34 @@ def main() -> None:
         rows = int(t) * (lay.hq // lay.hkv)
         ref = None
         setups = []
-        for var in variants(rows, a.ab):
+        chosen = parse_variants(a.variants) if a.variants else variants(rows, a.ab)
+        for var in chosen:
             for k in KNOBS:
                 os.environ.pop(k, None)
             os.environ.update(var)
             wgs, blocks = cuda_gqa.launch_plan(rows)
+            pair = cuda_gqa.pair_heads(rows, lay.hkv)
             fn, splits = _cuda_gqa_fn(wl, ti)
             got = fn(0).float().clone()
-            if var.get("KDTREE_GQA_TAIL") == "0" and ref is None:
+            if ref is None and (a.variants or var.get("KDTREE_GQA_TAIL") == "0"):
                 ref = got
             diff = float((got - ref).abs().max()) if ref is not None else float("nan")
             replay, per = _graphed(fn, wl.n_rot, wl.device)  # captured with this variant's plan
             # (fn holds the workspace the graph writes: it must live as long as the graph)
-            setups.append((var, wgs, blocks, splits, diff, (fn, replay), per, []))
+            setups.append((var, wgs, blocks, pair, splits, diff, (fn, replay), per, []))
         for _ in range(a.repeat):
             for *_, (_, replay), per, times in setups:
                 times.append(time_cuda(lambda replay=replay: replay(0)).p50 / per)
-        for var, wgs, blocks, splits, diff, _, _, times in setups:
+        for var, wgs, blocks, pair, splits, diff, _, _, times in setups:
             ms = statistics.median(times)
             label = " ".join(f"{k.removeprefix('KDTREE_GQA_')}={v}" for k, v in var.items())
             print(f"{spec} rows={rows} [{label or 'default'}] wgs={wgs} blocks={blocks} "
-                  f"ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits}: "
+                  f"pair={int(pair)} ctas={cuda_gqa.request_ctas(rows, lay.hkv)} splits={splits}: "
                   f"{ms * 1e3:7.1f} us (of {len(times)}: {min(times) * 1e3:.1f}-"
-                  f"{max(times) * 1e3:.1f})  (max |diff| vs padded {diff:.2e})", flush=True)  # fmt: skip
+                  f"{max(times) * 1e3:.1f})  (max |diff| vs {'the first' if a.variants else 'padded'} {diff:.2e})", flush=True)  # fmt: skip
             records.append({"point": spec, "rows": rows, "variant": label or "default",
-                            "warpgroups": wgs, "tail_blocks": blocks, "splits": splits,
+                            "warpgroups": wgs, "tail_blocks": blocks, "pair_heads": int(pair),
+                            "splits": splits,
                             "ms": ms, "ms_min": min(times), "ms_max": max(times),
                             "repeats": len(times), "max_abs_diff_vs_padded": diff, **env})  # fmt: skip
         for k in KNOBS:
