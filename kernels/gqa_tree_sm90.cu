@@ -645,19 +645,30 @@ __device__ __forceinline__ void tail_fresh(float (&s)[KB][8]) {
   for (int kb = 0; kb < KB; ++kb) pin(s[kb]);  // written here, before the caller's wgmma.fence
 }
 
+// O^T *= alpha per row (column).
+__device__ __forceinline__ void tail_rescale(float (&o)[2][8], const float (&alpha)[4]) {
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
+      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
+    }
+}
+
 // One tail step, tile j >= 1 (S^T_j done, in `cur`): S^T_{j+1} (into `nxt`) and O^T += V_{j-1}^T
 // P_{j-1}^T are issued, the softmax of S^T_j runs while both are on the tensor cores (so the
 // tail's S never waits behind the other warpgroups' MMAs on its critical path), then both are
-// waited for, stage j-1 released, O^T rescaled, and P^T_j published to the next batch. H = 2:
-// a head pair's tail, tile j of both heads (ring entries 2 j, 2 j + 1).
-template <class C, typename E, int H>
+// waited for, stage j-1 released, O^T rescaled, and P^T_j published to the next batch. (Three
+// tiles in flight: a head pair's tail, whose ring holds two tiles a head, uses tail_pair_step.)
+template <class C, typename E>
 __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN / 64][8],
                                           float (&nxt)[C::BN / 64][8], float (&m_run)[4],
                                           float (&l_run)[4], const Params& p, const TileSeq& ts,
                                           int b, int tile, int kr, int q4, int lane, int wi,
                                           uint32_t sQw, uint32_t sBar, uint64_t dq, uint64_t dk0,
                                           uint64_t dv0) {
-  constexpr int STAGES = ring_stages<C, H>();
+  constexpr int STAGES = C::STAGES;
   const int n = ts.n_tiles;
   const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
   pin(o[0]);
@@ -666,18 +677,17 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
   // (the last step recomputes its own tile's S^T into `nxt`, discarded: no branch between the
   // fence and the batch, which would make ptxas inject another fence, C7519)
   const bool more = tile + 1 < n;
-  const int ri = H * (more ? tile + 1 : tile);  // S^T's ring entries: ri (, ri + 1)
+  const int st = (more ? tile + 1 : tile) % STAGES;
   if (more) {
-#pragma unroll
-    for (int hh = 0; hh < H; ++hh) mbar_wait(sBar + 8 * ((ri + hh) % STAGES), ((ri + hh) / STAGES) & 1);
+    mbar_wait(sBar + 8 * st, ((tile + 1) / STAGES) & 1);
     fence_async_smem();
   }
   wg_fence();
-  tail_issue_scores<C, E, H>(nxt, dq, dk0 + (ri % STAGES) * C::STAGE_STEP);
-  const int pri = H * (tile - 1);  // P_{j-1} V_{j-1}'s ring entries
-  tail_issue_pv<C, E, H>(o, dv0 + (pri % STAGES) * C::STAGE_STEP, (tile & 1) ? dp0 : dp1);
+  tail_issue_scores<C, E, 1>(nxt, dq, dk0 + st * C::STAGE_STEP);
+  const int pst = (tile - 1) % STAGES;
+  tail_issue_pv<C, E, 1>(o, dv0 + pst * C::STAGE_STEP, (tile & 1) ? dp0 : dp1);  // P_{j-1}
   float alpha[4];
-  tail_softmax<C, E, H>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
+  tail_softmax<C, E, 1>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
                         sQw + TAIL_RED + (tile & 1) * (4 * TAIL_N * 4),
                         sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
   wg_wait<0>();  // S^T_{j+1} and P_{j-1} V_{j-1} done
@@ -685,19 +695,82 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
   pin(o[1]);
 #pragma unroll
   for (int kb = 0; kb < C::BN / 64; ++kb) pin(nxt[kb]);
-#pragma unroll
-  for (int hh = 0; hh < H; ++hh)  // tile j-1 released
-    if (pri + hh + STAGES < H * n)
-      named_arrive(BAR_EMPTY + (pri + hh) % STAGES, ring_release_threads<C, H>());
-#pragma unroll
-  for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
-      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
-    }
+  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
+  tail_rescale(o, alpha);
   fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
   named_sync(BAR_TAIL, 128);
+}
+
+// A head pair's tail, tiles 0 .. n-1 (columns 0-7 the first head's rows against its stage,
+// 8-15 the second's, ring entries 2 j and 2 j + 1). Its ring holds two tiles a head
+// (ring_stages), so the tail cannot hold a third: per tile j, S^T_j is issued together with
+// P_{j-1} V_{j-1} (not one tile ahead, as tail_step), the softmax of S^T_j runs while the latter
+// is on the tensor cores, then tile j-1's entries are released and O^T rescaled.
+template <class C, typename E>
+__device__ __forceinline__ void tail_pair_tiles(float (&o)[2][8], float (&s)[C::BN / 64][8],
+                                                float (&m_run)[4], float (&l_run)[4],
+                                                const Params& p, const TileSeq& ts, int b,
+                                                int kr, int q4, int lane, int wi, uint32_t sQw,
+                                                uint32_t sBar, uint64_t dq, uint64_t dk0,
+                                                uint64_t dv0) {
+  constexpr int RS = ring_stages<C, 2>(), KB = C::BN / 64;
+  constexpr uint64_t STEP = C::STAGE_STEP;
+  const int n = ts.n_tiles;
+  const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
+  float alpha[4];
+  // ---- tile 0 (entries 0, 1)
+  mbar_wait(sBar + 8 * C::STAGES, 0);  // Q
+  mbar_wait(sBar, 0);
+  mbar_wait(sBar + 8, 0);
+  fence_async_smem();
+  wg_fence();
+  tail_issue_scores<C, E, 2>(s, dq, dk0);
+  wg_wait<0>();
+#pragma unroll
+  for (int kb = 0; kb < KB; ++kb) pin(s[kb]);
+  tail_softmax<C, E, 2>(s, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, sQw + TAIL_RED,
+                        sQw + TAIL_P0);
+  fence_async_smem();  // P^T_0 (generic stores) -> the next batch's wgmma, after everyone's
+  named_sync(BAR_TAIL, 128);
+  // ---- tiles j >= 1
+#pragma unroll 1
+  for (int tile = 1; tile < n; ++tile) {
+    const int ri = 2 * tile, pri = ri - 2;  // tile j's and tile j-1's first entries
+    pin(o[0]);
+    pin(o[1]);
+    tail_fresh(s);
+    mbar_wait(sBar + 8 * (ri % RS), (ri / RS) & 1);
+    mbar_wait(sBar + 8 * ((ri + 1) % RS), ((ri + 1) / RS) & 1);
+    fence_async_smem();
+    wg_fence();
+    tail_issue_scores<C, E, 2>(s, dq, dk0 + (ri % RS) * STEP);
+    tail_issue_pv<C, E, 2>(o, dv0 + (pri % RS) * STEP, (tile & 1) ? dp0 : dp1);  // P_{j-1}
+    wg_wait<1>();  // S^T_j done (groups retire in order)
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) pin(s[kb]);
+    tail_softmax<C, E, 2>(s, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
+                          sQw + TAIL_RED + (tile & 1) * (4 * TAIL_N * 4),
+                          sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
+    wg_wait<0>();  // P_{j-1} V_{j-1} done
+    pin(o[0]);
+    pin(o[1]);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)  // tile j-1 released
+      if (pri + hh + RS < 2 * n)
+        named_arrive(BAR_EMPTY + (pri + hh) % RS, ring_release_threads<C, 2>());
+    tail_rescale(o, alpha);
+    fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
+    named_sync(BAR_TAIL, 128);
+  }
+  // ---- the last tile's P V
+  const int rl = 2 * (n - 1);
+  pin(o[0]);
+  pin(o[1]);
+  wg_fence();
+  tail_issue_pv<C, E, 2>(o, dv0 + (rl % RS) * STEP, ((n - 1) & 1) ? dp1 : dp0);
+  wg_wait<0>();
+  pin(o[0]);
+  pin(o[1]);
 }
 
 // The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV). H = 2:
@@ -706,7 +779,7 @@ template <class C, typename E, int SWAP, int H>
 __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, int b, int kvh,
                                           int split, uint32_t sQw, uint32_t sKV, uint32_t sBar,
                                           int t) {
-  constexpr int STAGES = C::STAGES, RS = ring_stages<C, H>(), KB = C::BN / 64;
+  constexpr int STAGES = C::STAGES, KB = C::BN / 64;
   const int n = ts.n_tiles;
   const int lane = t & 31, wi = t >> 5, q4 = lane & 3;
   const int kr = wi * 16 + (lane >> 2);  // this thread's keys (dims) kr, kr + 8 of each 64
@@ -723,33 +796,33 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
   const uint32_t red = sQw + TAIL_RED;  // maxima: [tile parity][4 warps][TAIL_N]
-  if (n > 0) {
+  if constexpr (H == 2) {
+    if (n > 0)
+      tail_pair_tiles<C, E>(o, sa, m_run, l_run, p, ts, b, kr, q4, lane, wi, sQw, sBar,
+                            wg_desc(sQw, 16, 1024), wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP),
+                            wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP));
+  } else if (n > 0) {
     const uint64_t dq = wg_desc(sQw, 16, 1024);
     const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
     const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
-    constexpr uint64_t STEP = C::STAGE_STEP;
     // ---- tile 0: S^T_0, then S^T_1 issued while the softmax of S^T_0 runs
     mbar_wait(sBar + 8 * STAGES, 0);  // Q
-#pragma unroll
-    for (int hh = 0; hh < H; ++hh) mbar_wait(sBar + 8 * hh, 0);
+    mbar_wait(sBar, 0);
     fence_async_smem();
     wg_fence();
-    tail_issue_scores<C, E, H>(sa, dq, dk0);
+    tail_issue_scores<C, E, 1>(sa, dq, dk0);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sa[kb]);
     tail_fresh(sb);
-    const int r1 = n > 1 ? H : 0;  // S^T_1's ring entries (one tile: S^T_0's again)
     if (n > 1) {
-#pragma unroll
-      for (int hh = 0; hh < H; ++hh)
-        mbar_wait(sBar + 8 * ((r1 + hh) % RS), ((r1 + hh) / RS) & 1);
+      mbar_wait(sBar + 8 * (1 % STAGES), (1 / STAGES) & 1);
       fence_async_smem();
     }
     wg_fence();  // (one tile: S^T_0 again, discarded, as in tail_step)
-    tail_issue_scores<C, E, H>(sb, dq, dk0 + (r1 % RS) * STEP);
+    tail_issue_scores<C, E, 1>(sb, dq, dk0 + (n > 1 ? 1 % STAGES : 0) * C::STAGE_STEP);
     float alpha[4];
-    tail_softmax<C, E, H>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red,
+    tail_softmax<C, E, 1>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red,
                           sQw + TAIL_P0);
     wg_wait<0>();
 #pragma unroll
@@ -760,20 +833,19 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     int tile = 1;
 #pragma unroll 1
     for (; tile + 1 < n; tile += 2) {
-      tail_step<C, E, H>(o, sb, sa, m_run, l_run, p, ts, b, tile, kr, q4, lane, wi, sQw, sBar, dq,
-                         dk0, dv0);
-      tail_step<C, E, H>(o, sa, sb, m_run, l_run, p, ts, b, tile + 1, kr, q4, lane, wi, sQw, sBar,
-                         dq, dk0, dv0);
+      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, kr, q4, lane, wi, sQw, sBar, dq,
+                      dk0, dv0);
+      tail_step<C, E>(o, sa, sb, m_run, l_run, p, ts, b, tile + 1, kr, q4, lane, wi, sQw, sBar,
+                      dq, dk0, dv0);
     }
     if (tile < n)
-      tail_step<C, E, H>(o, sb, sa, m_run, l_run, p, ts, b, tile, kr, q4, lane, wi, sQw, sBar, dq,
-                         dk0, dv0);
+      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, kr, q4, lane, wi, sQw, sBar, dq,
+                      dk0, dv0);
     // ---- the last tile's P V
-    const int rl = H * (n - 1);
     pin(o[0]);
     pin(o[1]);
     wg_fence();
-    tail_issue_pv<C, E, H>(o, dv0 + (rl % RS) * STEP,
+    tail_issue_pv<C, E, 1>(o, dv0 + ((n - 1) % STAGES) * C::STAGE_STEP,
                            wg_desc(sQw + (((n - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
     wg_wait<0>();
     pin(o[0]);
