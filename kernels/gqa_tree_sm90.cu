@@ -151,9 +151,6 @@ struct Params {
   int blocks;                // 64-row blocks a CTA's consumer warpgroups take (<= CWG)
   int full_rows;             // rows those blocks cover (rows, or the tail's first row)
   int tail_cta, tail_wg;     // the tail warpgroup (tail_rows): CTA x and warpgroup; -1 none
-  int pair;                  // 1: KV heads in pairs, each pair's last whole blocks and tail rows
-                             // in one CTA (duo_cta); grid (2 a_ctas + 1, splits, B Hkv / 2)
-  int a_ctas;                // with pair: the CTAs of three whole blocks a KV head
   int max_pages;
   int page_shift;            // log2(page_size)
   int num_splits;
@@ -204,43 +201,34 @@ __device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, 
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
-// The first packed query row of consumer warpgroup w of row CTA x, -1 when it has none; `tail`:
+// The first packed query row of consumer warpgroup w of this CTA, -1 when it has none; `tail`:
 // it is the tail warpgroup (rows full_rows .. rows - 1, at most TAIL_N). Warpgroup w < blocks
-// takes 64-row block x * blocks + w. In a head pair's shared CTA (`duo`, Params::pair)
-// warpgroups 0 and 1 take the last whole block of the pair's first and second KV head, and
-// warpgroup 2 the rows past it of both (tail_rows with H = 2).
-__device__ __forceinline__ int wg_first_row(const Params& p, int x, bool duo, int w, bool& tail) {
-  if (duo) {
-    tail = w == 2;
-    return tail ? p.full_rows : p.full_rows - WG_ROWS;
-  }
-  tail = x == p.tail_cta && w == p.tail_wg;
+// takes 64-row block blockIdx.x * blocks + w.
+__device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail) {
+  tail = static_cast<int>(blockIdx.x) == p.tail_cta && w == p.tail_wg;
   if (tail) return p.full_rows;
   if (w >= p.blocks) return -1;
-  const int first = (x * p.blocks + w) * WG_ROWS;
+  const int first = (static_cast<int>(blockIdx.x) * p.blocks + w) * WG_ROWS;
   return first < p.full_rows ? first : -1;
 }
 
 // The producer's copies of the CTA's query rows: warpgroup w's row r -> its two 64-dim slices;
 // rows past G*T are zero-filled. The tail warpgroup gets its TAIL_N rows only (the rest of its
-// region holds its P buffers); in a head pair's CTA its rows 0-7 are the first KV head's, 8-15
-// the second's.
+// region holds its P buffers).
 template <class C, typename E>
-__device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int kvh, int x,
-                                       bool duo, int pt) {
+__device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int kvh, int pt) {
   const E* q = static_cast<const E*>(p.q);
   for (int idx = pt; idx < C::BLOCK_M * 16; idx += 128) {
     const int w = idx >> 10;
     const int r = (idx >> 4) & 63;
     const int c = idx & 15;
     bool tail;
-    const int first = wg_first_row(p, x, duo, w, tail);
+    const int first = wg_first_row(p, w, tail);
     if (first < 0 || (tail && r >= TAIL_N)) continue;
-    const int row = first + (duo && tail ? r & 7 : r);
-    const int head = kvh + (duo ? (tail ? r >> 3 : w) : 0);
+    const int row = first + r;
     const bool valid = row < p.rows;
     const int t = valid ? row / p.G : 0;
-    const int h = valid ? head * p.G + row % p.G : 0;
+    const int h = valid ? kvh * p.G + row % p.G : 0;
     const E* src = q + b * p.sq_b + t * p.sq_t + h * p.sq_h + c * 8;
     const uint32_t dst = sQ + (w * 2 + (c >> 3)) * Q_REGION + swz(r, c & 7);
     cp_async16(dst, src, valid ? 16 : 0);
@@ -388,43 +376,27 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
   }
 }
 
-// The stage ring: H KV heads' tiles in turn (H = 2 in a head pair's CTA), ring entry H j + hh
-// is tile j of the CTA's head hh, in stage (H j + hh) % ring_stages; its release is a named barrier
-// of the producer and the warpgroups that read it (all of them; in a pair's CTA the head's
-// warpgroup and the tail warpgroup).
-template <class C, int H>
-__host__ __device__ constexpr int ring_release_threads() {
-  return H == 1 ? C::THREADS : 3 * 128;
-}
-// The stages the ring cycles through: all of them, or an even count with two heads (so a tile's
-// two entries sit in adjacent stages 2 (j % (S / 2)), + 1: one descriptor and a constant step).
-template <class C, int H>
-__host__ __device__ constexpr int ring_stages() {
-  return H == 1 ? C::STAGES : C::STAGES - C::STAGES % 2;
-}
-
 // One consumer step, tile j >= 1: S_j = Q K_j^T issued together with O += P_{j-1} V_{j-1}
 // (`pc`); the online softmax of S_j (into `pn`) runs while the latter is on the tensor cores;
-// then stage j-1 is released and O rescaled by alpha_j. Head hh of H (the stage ring).
-template <class C, typename E, int H>
+// then stage j-1 is released and O rescaled by alpha_j.
+template <class C, typename E>
 __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
                                              uint32_t (&pc)[C::KS][4], uint32_t (&pn)[C::KS][4],
                                              float& m_run0, float& m_run1, float& l_run0,
                                              float& l_run1, const Params& p, const TileSeq& ts,
                                              int b, int tile, int row0, int row1, int q4,
                                              uint64_t dq, uint64_t dk0, uint64_t dv0,
-                                             uint32_t sBar, int turns, int w, int hh,
+                                             uint32_t sBar, int turns, int w,
                                              ClocksOf<C>& clk) {
-  constexpr int STAGES = ring_stages<C, H>();
+  constexpr int STAGES = C::STAGES;
   const int n = ts.n_tiles;
-  const int ri = H * tile + hh;  // ring entries: this tile's, the previous tile's
-  const int st = ri % STAGES;
-  const int pst = (ri - H) % STAGES;
+  const int st = tile % STAGES;
+  const int pst = (tile - 1) % STAGES;  // the previous tile's stage
   uint64_t bits0[C::WORDS], bits1[C::WORDS];
   tile_bits<C>(bits0, p, ts, b, tile, row0);
   tile_bits<C>(bits1, p, ts, b, tile, row1);
   const uint64_t dk = dk0 + st * C::STAGE_STEP, dv = dv0 + pst * C::STAGE_STEP;
-  mbar_wait(sBar + 8 * st, (ri / STAGES) & 1);
+  mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   clk.stamp(0);
   pin(o);              // the rescale and P_{j-1} complete before the batch starts
@@ -466,8 +438,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
   wg_wait<0>();  // P_{j-1} V_{j-1} done
   pin(o);
   clk.stamp(4);
-  if (ri - H + STAGES < H * n)  // tile j-1 released
-    named_arrive(BAR_EMPTY + pst, ring_release_threads<C, H>());
+  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
   // O *= alpha_j (skipped when no row of the warp moved)
   if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
@@ -522,10 +493,8 @@ __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint32_t v) {
 // 2 q4 + i % 2; fragment register 4 (i / 2) + 2 h + i % 2 holds it for key (or dim) kr + 8 h.
 __device__ __forceinline__ int tail_col(int i, int q4) { return 8 * (i >> 1) + 2 * q4 + (i & 1); }
 
-// S^T_j = K_j Q^T: KB key blocks of 64, 8 k-steps each; committed. H = 2 (a head pair's tail):
-// columns 0-7 against the first head's K (the stage at dk), 8-15 against the second's (the
-// next stage: ring_stages).
-template <class C, typename E, int H>
+// S^T_j = K_j Q^T: KB key blocks of 64, 8 k-steps each; committed.
+template <class C, typename E>
 __device__ __forceinline__ void tail_issue_scores(float (&s)[C::BN / 64][8], uint64_t dq,
                                                   uint64_t dk) {
 #pragma unroll
@@ -535,46 +504,26 @@ __device__ __forceinline__ void tail_issue_scores(float (&s)[C::BN / 64][8], uin
       const uint64_t oq = static_cast<uint64_t>((ks >> 2) * (Q_REGION >> 4) + (ks & 3) * 2);
       const uint64_t ok = static_cast<uint64_t>(kb * (8 * KV_GROUP >> 4) +
                                                 (ks >> 2) * (KV_HALF >> 4) + (ks & 3) * 2);
-      if constexpr (H == 1) {
-        Wgmma<E>::ss_n16(s[kb], dk + ok, dq + oq, ks > 0);
-      } else {  // Q rows 8-15: the next 1024-byte swizzle atom
-        Wgmma<E>::ss_n8_lo(s[kb], dk + ok, dq + oq, ks > 0);
-        Wgmma<E>::ss_n8_hi(s[kb], dk + C::STAGE_STEP + ok, dq + oq + (1024 >> 4), ks > 0);
-      }
+      Wgmma<E>::ss_n16(s[kb], dk + ok, dq + oq, ks > 0);
     }
   wg_commit();
 }
 
-// O^T += V_j^T P_j^T: the two 64-dim halves, BN / 16 k-steps of 16 keys; committed (H = 2:
-// columns 8-15 against the second head's V, in the next stage).
-template <class C, typename E, int H>
+// O^T += V_j^T P_j^T: the two 64-dim halves, BN / 16 k-steps of 16 keys; committed.
+template <class C, typename E>
 __device__ __forceinline__ void tail_issue_pv(float (&o)[2][8], uint64_t dv, uint64_t dp) {
 #pragma unroll
   for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-    for (int kk = 0; kk < C::KS; ++kk) {
-      const uint64_t ov = mb * (KV_HALF >> 4) + kk * (2 * KV_GROUP >> 4);
-      const uint64_t op = (kk >> 2) * (2048 >> 4) + (kk & 3) * 2;
-      if constexpr (H == 1) {
-        Wgmma<E>::ss_n16_ta(o[mb], dv + ov, dp + op, 1);
-      } else {  // P^T columns 8-15: the next 1024-byte atom
-        Wgmma<E>::ss_n8_lo_ta(o[mb], dv + ov, dp + op, 1);
-        Wgmma<E>::ss_n8_hi_ta(o[mb], dv + C::STAGE_STEP + ov, dp + op + (1024 >> 4), 1);
-      }
-    }
+    for (int kk = 0; kk < C::KS; ++kk)
+      Wgmma<E>::ss_n16_ta(o[mb], dv + mb * (KV_HALF >> 4) + kk * (2 * KV_GROUP >> 4),
+                          dp + (kk >> 2) * (2048 >> 4) + (kk & 3) * 2, 1);
   wg_commit();
-}
-
-// The packed query row of the tail's column `col` (H = 2: columns 8-15 are the second head's
-// rows, the same rows as 0-7's) and the KV head offset it belongs to.
-template <int H>
-__device__ __forceinline__ int tail_row(const Params& p, int col) {
-  return p.full_rows + (H == 2 ? col & 7 : col);
 }
 
 // The online softmax of S^T_j: masks, the row maxima across the warpgroup (scratch `red`, one
 // barrier), P^T_j as E into the buffer at `pb`, the running max / sums, and alpha_j per row.
-template <class C, typename E, int H>
+template <class C, typename E>
 __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&m_run)[4],
                                              float (&l_run)[4], float (&alpha)[4],
                                              const Params& p, const TileSeq& ts, int b, int tile,
@@ -587,7 +536,7 @@ __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint64_t bits[C::WORDS];
-    if (!full) tile_bits<C>(bits, p, ts, b, tile, tail_row<H>(p, tail_col(i, q4)));
+    if (!full) tile_bits<C>(bits, p, ts, b, tile, p.full_rows + tail_col(i, q4));
     mx[i] = neg_inf();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb)
@@ -645,22 +594,10 @@ __device__ __forceinline__ void tail_fresh(float (&s)[KB][8]) {
   for (int kb = 0; kb < KB; ++kb) pin(s[kb]);  // written here, before the caller's wgmma.fence
 }
 
-// O^T *= alpha per row (column).
-__device__ __forceinline__ void tail_rescale(float (&o)[2][8], const float (&alpha)[4]) {
-#pragma unroll
-  for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
-      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
-    }
-}
-
 // One tail step, tile j >= 1 (S^T_j done, in `cur`): S^T_{j+1} (into `nxt`) and O^T += V_{j-1}^T
 // P_{j-1}^T are issued, the softmax of S^T_j runs while both are on the tensor cores (so the
 // tail's S never waits behind the other warpgroups' MMAs on its critical path), then both are
-// waited for, stage j-1 released, O^T rescaled, and P^T_j published to the next batch. (Three
-// tiles in flight: a head pair's tail, whose ring holds two tiles a head, uses tail_pair_step.)
+// waited for, stage j-1 released, O^T rescaled, and P^T_j published to the next batch.
 template <class C, typename E>
 __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN / 64][8],
                                           float (&nxt)[C::BN / 64][8], float (&m_run)[4],
@@ -683,99 +620,32 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
     fence_async_smem();
   }
   wg_fence();
-  tail_issue_scores<C, E, 1>(nxt, dq, dk0 + st * C::STAGE_STEP);
+  tail_issue_scores<C, E>(nxt, dq, dk0 + st * C::STAGE_STEP);
   const int pst = (tile - 1) % STAGES;
-  tail_issue_pv<C, E, 1>(o, dv0 + pst * C::STAGE_STEP, (tile & 1) ? dp0 : dp1);  // P_{j-1}
+  tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (tile & 1) ? dp0 : dp1);  // P_{j-1}
   float alpha[4];
-  tail_softmax<C, E, 1>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
-                        sQw + TAIL_RED + (tile & 1) * (4 * TAIL_N * 4),
-                        sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
+  tail_softmax<C, E>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
+                     sQw + TAIL_RED + (tile & 1) * (4 * TAIL_N * 4),
+                     sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
   wg_wait<0>();  // S^T_{j+1} and P_{j-1} V_{j-1} done
   pin(o[0]);
   pin(o[1]);
 #pragma unroll
   for (int kb = 0; kb < C::BN / 64; ++kb) pin(nxt[kb]);
   if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
-  tail_rescale(o, alpha);
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
+      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
+    }
   fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
   named_sync(BAR_TAIL, 128);
 }
 
-// A head pair's tail, tiles 0 .. n-1 (columns 0-7 the first head's rows against its stage,
-// 8-15 the second's, ring entries 2 j and 2 j + 1). Its ring holds two tiles a head
-// (ring_stages), so the tail cannot hold a third: per tile j, S^T_j is issued together with
-// P_{j-1} V_{j-1} (not one tile ahead, as tail_step), the softmax of S^T_j runs while the latter
-// is on the tensor cores, then tile j-1's entries are released and O^T rescaled.
-template <class C, typename E>
-__device__ __forceinline__ void tail_pair_tiles(float (&o)[2][8], float (&s)[C::BN / 64][8],
-                                                float (&m_run)[4], float (&l_run)[4],
-                                                const Params& p, const TileSeq& ts, int b,
-                                                int kr, int q4, int lane, int wi, uint32_t sQw,
-                                                uint32_t sBar, uint64_t dq, uint64_t dk0,
-                                                uint64_t dv0) {
-  constexpr int RS = ring_stages<C, 2>(), KB = C::BN / 64;
-  constexpr uint64_t STEP = C::STAGE_STEP;
-  const int n = ts.n_tiles;
-  const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
-  float alpha[4];
-  // ---- tile 0 (entries 0, 1)
-  mbar_wait(sBar + 8 * C::STAGES, 0);  // Q
-  mbar_wait(sBar, 0);
-  mbar_wait(sBar + 8, 0);
-  fence_async_smem();
-  wg_fence();
-  tail_issue_scores<C, E, 2>(s, dq, dk0);
-  wg_wait<0>();
-#pragma unroll
-  for (int kb = 0; kb < KB; ++kb) pin(s[kb]);
-  tail_softmax<C, E, 2>(s, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, sQw + TAIL_RED,
-                        sQw + TAIL_P0);
-  fence_async_smem();  // P^T_0 (generic stores) -> the next batch's wgmma, after everyone's
-  named_sync(BAR_TAIL, 128);
-  // ---- tiles j >= 1
-#pragma unroll 1
-  for (int tile = 1; tile < n; ++tile) {
-    const int ri = 2 * tile, pri = ri - 2;  // tile j's and tile j-1's first entries
-    pin(o[0]);
-    pin(o[1]);
-    tail_fresh(s);
-    mbar_wait(sBar + 8 * (ri % RS), (ri / RS) & 1);
-    mbar_wait(sBar + 8 * ((ri + 1) % RS), ((ri + 1) / RS) & 1);
-    fence_async_smem();
-    wg_fence();
-    tail_issue_scores<C, E, 2>(s, dq, dk0 + (ri % RS) * STEP);
-    tail_issue_pv<C, E, 2>(o, dv0 + (pri % RS) * STEP, (tile & 1) ? dp0 : dp1);  // P_{j-1}
-    wg_wait<1>();  // S^T_j done (groups retire in order)
-#pragma unroll
-    for (int kb = 0; kb < KB; ++kb) pin(s[kb]);
-    tail_softmax<C, E, 2>(s, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
-                          sQw + TAIL_RED + (tile & 1) * (4 * TAIL_N * 4),
-                          sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
-    wg_wait<0>();  // P_{j-1} V_{j-1} done
-    pin(o[0]);
-    pin(o[1]);
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)  // tile j-1 released
-      if (pri + hh + RS < 2 * n)
-        named_arrive(BAR_EMPTY + (pri + hh) % RS, ring_release_threads<C, 2>());
-    tail_rescale(o, alpha);
-    fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
-    named_sync(BAR_TAIL, 128);
-  }
-  // ---- the last tile's P V
-  const int rl = 2 * (n - 1);
-  pin(o[0]);
-  pin(o[1]);
-  wg_fence();
-  tail_issue_pv<C, E, 2>(o, dv0 + (rl % RS) * STEP, ((n - 1) & 1) ? dp1 : dp0);
-  wg_wait<0>();
-  pin(o[0]);
-  pin(o[1]);
-}
-
-// The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV). H = 2:
-// a head pair's tail rows, KV heads kvh (columns 0-7) and kvh + 1 (8-15).
-template <class C, typename E, int SWAP, int H>
+// The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV).
+template <class C, typename E, int SWAP>
 __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, int b, int kvh,
                                           int split, uint32_t sQw, uint32_t sKV, uint32_t sBar,
                                           int t) {
@@ -796,12 +666,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
   const uint32_t red = sQw + TAIL_RED;  // maxima: [tile parity][4 warps][TAIL_N]
-  if constexpr (H == 2) {
-    if (n > 0)
-      tail_pair_tiles<C, E>(o, sa, m_run, l_run, p, ts, b, kr, q4, lane, wi, sQw, sBar,
-                            wg_desc(sQw, 16, 1024), wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP),
-                            wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP));
-  } else if (n > 0) {
+  if (n > 0) {
     const uint64_t dq = wg_desc(sQw, 16, 1024);
     const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
     const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
@@ -810,7 +675,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     mbar_wait(sBar, 0);
     fence_async_smem();
     wg_fence();
-    tail_issue_scores<C, E, 1>(sa, dq, dk0);
+    tail_issue_scores<C, E>(sa, dq, dk0);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sa[kb]);
@@ -820,10 +685,9 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
       fence_async_smem();
     }
     wg_fence();  // (one tile: S^T_0 again, discarded, as in tail_step)
-    tail_issue_scores<C, E, 1>(sb, dq, dk0 + (n > 1 ? 1 % STAGES : 0) * C::STAGE_STEP);
+    tail_issue_scores<C, E>(sb, dq, dk0 + (n > 1 ? 1 % STAGES : 0) * C::STAGE_STEP);
     float alpha[4];
-    tail_softmax<C, E, 1>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red,
-                          sQw + TAIL_P0);
+    tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red, sQw + TAIL_P0);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sb[kb]);
@@ -845,8 +709,8 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     pin(o[0]);
     pin(o[1]);
     wg_fence();
-    tail_issue_pv<C, E, 1>(o, dv0 + ((n - 1) % STAGES) * C::STAGE_STEP,
-                           wg_desc(sQw + (((n - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
+    tail_issue_pv<C, E>(o, dv0 + ((n - 1) % STAGES) * C::STAGE_STEP,
+                        wg_desc(sQw + (((n - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
     wg_wait<0>();
     pin(o[0]);
     pin(o[1]);
@@ -863,8 +727,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   const int S = p.num_splits;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int row = tail_row<H>(p, tail_col(i, q4));
-    const int head = kvh + (H == 2 ? tail_col(i, q4) >> 3 : 0);
+    const int row = p.full_rows + tail_col(i, q4);
     if (row >= p.rows) continue;
     float l = 0.f;
 #pragma unroll
@@ -872,14 +735,14 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     const float inv = l > 0.f ? 1.f / l : 0.f;
     if (S == 1) {
       E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
-               (head * p.G + row % p.G) * p.so_h;
+               (kvh * p.G + row % p.G) * p.so_h;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           dst[64 * mb + kr + 8 * h] = E(o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv);
     } else {
-      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + head) * S + split) * p.rows + row;
+      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows + row;
       float* dst = p.part + r * D;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
@@ -891,138 +754,8 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   }
 }
 
-// The producer's stage ring: entry i = H tile + hh is tile `tile` of KV head kvh + hh (a head
-// pair's two heads read the same page entries). A template on H: with 32 registers the
-// producer has none to spare for a runtime ring width.
-template <class C, typename E, int SWAP, int H>
-__device__ __forceinline__ void produce(const Params& p, const TileSeq& ts, const int32_t* pt_row,
-                                        int kvh, int pt, uint32_t sKV, uint32_t sBar,
-                                        ClocksOf<C>& clk) {
-  constexpr int STAGES = ring_stages<C, H>(), BN = C::BN;
-  const int n = ts.n_tiles;
-  const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;  // (H = 1 only)
-  const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
-  int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
-  for (int tile = 0; tile < n; ++tile) {
-    const int slot = next_slot;
-    next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
-#pragma unroll
-    for (int hh = 0; hh < H; ++hh) {
-      const int i = H * tile + hh;
-      const int st = i % STAGES;
-      const uint32_t bar = sBar + 8 * st;
-      const uint32_t stage = sKV + st * C::SMEM_STAGE;
-      if (i >= STAGES) named_sync(BAR_EMPTY + st, ring_release_threads<C, H>());  // i - STAGES
-      clk.stamp(0);
-      if (i >= STAGES && (p.ablate & 1)) {
-        mbar_arrive(bar);
-      } else if (tma_tile<C>(p, ts, tile)) {
-        // one warp: lane 0 sets the byte count (its arrival), lanes < BN / tma_rows issue one
-        // page run's box (K and V, both 64-dim halves each); the rest arrive
-        if (pt == 0) mbar_expect_tx(bar, C::SMEM_STAGE);
-        if (pt < 32) __syncwarp();
-        if (pt * p.tma_rows < BN) {
-          const uint32_t dst = stage + (pt * p.tma_rows >> 3) * KV_GROUP;
-          tma_load_5d(dst, &p.kv_map, 0, 0, 2 * (kvh + hh), 0, slot >> 3, bar);
-        }
-        if (pt != 0) mbar_arrive(bar);
-      } else {
-        // (the pointers computed here, not kept across the loop: registers)
-        copy_kv_tile<C, E, SWAP>(stage, H == 1 ? kbase : static_cast<const E*>(p.k) + (kvh + hh) * p.sk_h,
-                                 H == 1 ? vbase : static_cast<const E*>(p.v) + (kvh + hh) * p.sv_h,
-                                 p, pt_row, ts, tile, pt);
-        cp_async_mbar_arrive(bar);
-      }
-      clk.stamp(1);
-    }
-  }
-}
-
-// A consumer warpgroup's 64 rows from `first` (KV head `head`, head hh of the stage ring's H)
-// over the split's tiles; then its output or partials.
-template <class C, typename E, int SWAP, int H>
-__device__ __forceinline__ void whole_rows(const Params& p, const TileSeq& ts, int b, int head,
-                                           int hh, int split, int first, int w, int tid,
-                                           int turns, uint32_t sQ, uint32_t sKV, uint32_t sBar) {
-  constexpr int STAGES = C::STAGES;
-  const int n = ts.n_tiles;
-  const int lane = tid & 31;
-  const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows [16 wi, 16 wi + 16)
-  const int q4 = lane & 3;
-  const int row0 = first + wi * 16 + (lane >> 2);  // packed rows of this thread's fragments
-  const int row1 = row0 + 8;
-
-  const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
-  const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
-  // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
-  // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
-  const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
-
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  float m_run0 = neg_inf(), m_run1 = neg_inf();
-  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
-  if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
-    store_out<E>(p, o, b, head, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-    return;
-  }
-  const float scale = p.qk_scale;
-  float s[C::SN];
-  uint32_t pc[C::KS][4], pn[C::KS][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
-  uint64_t bits0[C::WORDS], bits1[C::WORDS];
-
-  ClocksOf<C> clk(p.clocks && (tid & 127) == 0);
-  if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
-  // ---- tile 0 (ring entry hh): S_0 and its softmax
-  tile_bits<C>(bits0, p, ts, b, 0, row0);
-  tile_bits<C>(bits1, p, ts, b, 0, row1);
-  mbar_wait(sBar + 8 * STAGES, 0);  // Q
-  mbar_wait(sBar + 8 * hh, 0);
-  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
-  wg_fence();
-  issue_scores<C, E>(s, dq, dk0 + hh * C::STAGE_STEP);
-  wg_wait<0>();
-  pin(s);
-  {
-    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
-    m_run0 = mx.x * scale;
-    m_run1 = mx.y * scale;
-    const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
-    l_run0 = sum.x;
-    l_run1 = sum.y;
-  }
-
-  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
-  int tile = 1;
-  for (; tile + 1 < n; tile += 2) {
-    consume_tile<C, E, H>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
-                          row1, q4, dq, dk0, dv0, sBar, turns, w, hh, clk);
-    consume_tile<C, E, H>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0,
-                          row1, q4, dq, dk0, dv0, sBar, turns, w, hh, clk);
-  }
-  const uint64_t dv_last = dv0 + ((H * (n - 1) + hh) % ring_stages<C, H>()) * C::STAGE_STEP;
-  if (tile < n) {  // an even tile count: the last tile's P lands in pn
-    consume_tile<C, E, H>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
-                          row1, q4, dq, dk0, dv0, sBar, turns, w, hh, clk);
-    finish_pv<C, E>(o, pn, dv_last);
-  } else {
-    finish_pv<C, E>(o, pc, dv_last);
-  }
-
-  clk.flush(g_gqa_clocks[w], n);
-  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
-  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
-  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
-  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
-  store_out<E>(p, o, b, head, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-}
-
-// SWAP: the stage layout with V before K in each key group (Params::kv_swap). PAIR: the head
-// pair layout (Params::pair): grid.z runs over (request, KV head pair); CTA x < 2 a_ctas is
-// three whole blocks of head 2 pair + x / a_ctas, the last CTA (`duo`) the pair's last whole
-// blocks and tail rows, its stages taking the two heads' tiles in turn (H = 2).
-template <class C, typename E, int SWAP, int PAIR>
+// SWAP: the stage layout with V before K in each key group (Params::kv_swap).
+template <class C, typename E, int SWAP>
 __global__ void __launch_bounds__(C::THREADS, 1)
     gqa_split_kernel(const __grid_constant__ Params p) {
   constexpr int STAGES = C::STAGES, BN = C::BN;
@@ -1037,23 +770,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int tid = threadIdx.x;
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
   const int split = blockIdx.y;
-  int b, kvh, x = blockIdx.x;
-  bool duo = false;
-  if constexpr (PAIR) {
-    const int pairs = p.Hkv >> 1;
-    b = blockIdx.z / pairs;
-    kvh = 2 * (blockIdx.z % pairs);
-    if (x >= 2 * p.a_ctas) {
-      duo = true;
-    } else if (x >= p.a_ctas) {  // the pair's second head
-      ++kvh;
-      x -= p.a_ctas;
-    }
-  } else {
-    b = blockIdx.z / p.Hkv;
-    kvh = blockIdx.z % p.Hkv;
-  }
-  const int H = duo ? 2 : 1;  // KV heads in the stage ring
+  const int b = blockIdx.z / p.Hkv;
+  const int kvh = blockIdx.z % p.Hkv;
   const TileSeq ts = split_tiles<BN>(p, split, b);
   const int n = ts.n_tiles;
   const int32_t* pt_row = p.page_table + b * p.spt_b;
@@ -1069,15 +787,40 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // ================= producer warpgroup ==================================================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
     const int pt = tid - CONSUMERS;
+    const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
+    const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
     ClocksOf<C> clk(p.clocks && pt == 0);
     if (n > 0) {
-      copy_q<C, E>(sQ, p, b, kvh, x, duo, pt);
+      copy_q<C, E>(sQ, p, b, kvh, pt);
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
-    if (PAIR && duo)
-      produce<C, E, SWAP, 2>(p, ts, pt_row, kvh, pt, sKV, sBar, clk);
-    else
-      produce<C, E, SWAP, 1>(p, ts, pt_row, kvh, pt, sKV, sBar, clk);
+    int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile % STAGES;
+      const uint32_t bar = sBar + 8 * st;
+      const uint32_t stage = sKV + st * C::SMEM_STAGE;
+      const int slot = next_slot;
+      next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
+      if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
+      clk.stamp(0);
+      if (tile >= STAGES && (p.ablate & 1)) {
+        mbar_arrive(bar);
+      } else if (tma_tile<C>(p, ts, tile)) {
+        // one warp: lane 0 sets the byte count (its arrival), lanes < BN / tma_rows issue one
+        // page run's box (K and V, both 64-dim halves each); the rest arrive
+        if (pt == 0) mbar_expect_tx(bar, C::SMEM_STAGE);
+        if (pt < 32) __syncwarp();
+        if (pt * p.tma_rows < BN) {
+          const uint32_t dst = stage + (pt * p.tma_rows >> 3) * KV_GROUP;
+          tma_load_5d(dst, &p.kv_map, 0, 0, 2 * kvh, 0, slot >> 3, bar);
+        }
+        if (pt != 0) mbar_arrive(bar);
+      } else {
+        copy_kv_tile<C, E, SWAP>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
+        cp_async_mbar_arrive(bar);
+      }
+      clk.stamp(1);
+    }
     cp_async_wait<0>();
     clk.flush(g_gqa_clocks[3], n);
     return;
@@ -1085,40 +828,56 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
   // ================= consumer warpgroups ===================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::CONSUMER_REGS));
+  const int lane = tid & 31;
   const int w = tid >> 7;
+  const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows [16 wi, 16 wi + 16)
+  const int q4 = lane & 3;
+  const int r0 = wi * 16 + (lane >> 2);
   bool tail;
-  const int first = wg_first_row(p, x, duo, w, tail);
+  const int first = wg_first_row(p, w, tail);
 #ifdef KDTREE_GQA_NO_TAIL  // (a measurement build without the tail warpgroup's code: it idles)
-  const bool idle = first < 0 || (p.ablate & 16) || (tail && !PAIR);
+  const bool idle = first < 0 || (p.ablate & 16) || tail;
 #else
   const bool idle = first < 0 || (p.ablate & 16);
 #endif
-  if (idle) {  // no rows (or ablation bit 4): keep the stage protocol only, the entries of the
-               // ring this warpgroup reads
-    const int RS = duo ? ring_stages<C, 2>() : STAGES;
-    for (int i = 0; i < H * n; ++i) {
-      if (duo && !tail && (i & 1) != w) continue;
-      const int st = i % RS;
-      mbar_wait(sBar + 8 * st, (i / RS) & 1);
-      if (i + RS < H * n) named_arrive(BAR_EMPTY + st, duo ? 3 * 128 : THREADS);
+  if (idle) {  // no rows: keep the stage protocol only
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile % STAGES;
+      mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+      if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, THREADS);
     }
     return;
   }
-  if constexpr (PAIR) {
-    if (duo) {
-      if (tail)
-        tail_rows<C, E, SWAP, 2>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
-      else
-        whole_rows<C, E, SWAP, 2>(p, ts, b, kvh + w, w, split, first, w, tid, 0, sQ, sKV, sBar);
-      return;
-    }
-  }
 #ifndef KDTREE_GQA_NO_TAIL
-  if (!PAIR && tail) {
-    tail_rows<C, E, SWAP, 1>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+  if (tail) {
+    tail_rows<C, E, SWAP>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
     return;
   }
 #endif
+  const int row0 = first + r0;  // packed rows of this thread's fragments
+  const int row1 = row0 + 8;
+
+  const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
+  const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
+  // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
+  // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
+  const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m_run0 = neg_inf(), m_run1 = neg_inf();
+  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
+  if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
+    store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+    return;
+  }
+  const float scale = p.qk_scale;
+  float s[C::SN];
+  uint32_t pc[C::KS][4], pn[C::KS][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
+  uint64_t bits0[C::WORDS], bits1[C::WORDS];
+
+  ClocksOf<C> clk(p.clocks && (tid & 127) == 0);
   // Turns (FlashAttention-3's ping-pong, extended to a ring of the warpgroups that have rows):
   // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
   // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than
@@ -1127,15 +886,56 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   // warpgroup gives warpgroup 0 the first turn.
   // (the 64-row warpgroups with rows are 0 .. with_rows - 1; the tail warpgroup takes no turns)
   const int with_rows =
-      min(p.blocks, max(0, p.full_rows - x * p.blocks * WG_ROWS + WG_ROWS - 1) / WG_ROWS);
+      min(p.blocks, max(0, p.full_rows - static_cast<int>(blockIdx.x) * p.blocks * WG_ROWS +
+                               WG_ROWS - 1) / WG_ROWS);
   const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
-  // (none in the head pair layout: ptxas spills the ring's bookkeeping there, and the
-  // three-warpgroup shape takes turns only as a measurement, KDTREE_GQA_PINGPONG=2)
-  const int turns = !PAIR && ring && with_rows >= 2 ? with_rows : 0;
-  whole_rows<C, E, SWAP, 1>(p, ts, b, kvh, 0, split, first, w, tid, turns, sQ, sKV, sBar);
+  const int turns = ring && with_rows >= 2 ? with_rows : 0;
+  if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
+  // ---- tile 0: S_0 and its softmax
+  tile_bits<C>(bits0, p, ts, b, 0, row0);
+  tile_bits<C>(bits1, p, ts, b, 0, row1);
+  mbar_wait(sBar + 8 * STAGES, 0);  // Q
+  mbar_wait(sBar, 0);
+  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
+  wg_fence();
+  issue_scores<C, E>(s, dq, dk0);
+  wg_wait<0>();
+  pin(s);
+  {
+    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
+    m_run0 = mx.x * scale;
+    m_run1 = mx.y * scale;
+    const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
+    l_run0 = sum.x;
+    l_run1 = sum.y;
+  }
+
+  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
+  int tile = 1;
+  for (; tile + 1 < n; tile += 2) {
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+    consume_tile<C, E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+  }
+  const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * C::STAGE_STEP;
+  if (tile < n) {  // an even tile count: the last tile's P lands in pn
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
+                       q4, dq, dk0, dv0, sBar, turns, w, clk);
+    finish_pv<C, E>(o, pn, dv_last);
+  } else {
+    finish_pv<C, E>(o, pc, dv_last);
+  }
+
+  clk.flush(g_gqa_clocks[w], n);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+  store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
 }
 
-template <class C, typename E, int SWAP, int PAIR>
+template <class C, typename E, int SWAP>
 int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -1143,13 +943,13 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
   static bool raised[128] = {};  // host-side only: capture-safe (one flag per instantiation)
   if (dev < 0 || dev >= 128) return -9;
   if (!raised[dev]) {
-    err = cudaFuncSetAttribute(gqa_split_kernel<C, E, SWAP, PAIR>,
+    err = cudaFuncSetAttribute(gqa_split_kernel<C, E, SWAP>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_TOTAL);
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  const dim3 grid(row_ctas, p.num_splits, PAIR ? B * (p.Hkv / 2) : B * p.Hkv);
-  gqa_split_kernel<C, E, SWAP, PAIR><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
+  const dim3 grid(row_ctas, p.num_splits, B * p.Hkv);
+  gqa_split_kernel<C, E, SWAP><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
@@ -1158,13 +958,8 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
 
 template <class C, typename E>
 int launch(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
-  if constexpr (C::CWG == 3) {  // head pairs: the three-warpgroup shape only
-    if (p.pair)
-      return p.kv_swap ? launch_swap<C, E, 1, 1>(p, B, row_ctas, merge, stream)
-                       : launch_swap<C, E, 0, 1>(p, B, row_ctas, merge, stream);
-  }
-  return p.kv_swap ? launch_swap<C, E, 1, 0>(p, B, row_ctas, merge, stream)
-                   : launch_swap<C, E, 0, 0>(p, B, row_ctas, merge, stream);
+  return p.kv_swap ? launch_swap<C, E, 1>(p, B, row_ctas, merge, stream)
+                   : launch_swap<C, E, 0>(p, B, row_ctas, merge, stream);
 }
 
 }  // namespace kdtree_gqa
@@ -1212,8 +1007,6 @@ const char* kdtree_gqa_error_string(int code) {
                      "match, heads be 128 contiguous dims, the driver encode the map)";
     case -13: return "tail_blocks: expected 0, or 1 .. wgs 64-row blocks a CTA with 1 .. 16 rows "
                      "past the last whole 64-row block (the tail warpgroup)";
-    case -14: return "pair: expected 0, or 1 with wgs = tail_blocks = 3, an even Hkv, whole 64-row "
-                     "blocks 3 k + 1 and 1 .. 8 rows past them";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1223,10 +1016,7 @@ const char* kdtree_gqa_error_string(int code) {
 // leaves the partials to the caller. `tail_blocks` 0: each CTA's `wgs` consumer warpgroups take
 // consecutive 64-row blocks, the last one padded; k >= 1: k whole blocks a CTA and the 1..16
 // rows past them in the tail warpgroup (tail_rows), in the last CTA's first free warpgroup (or a
-// CTA of their own). `pair` 1 (with wgs = tail_blocks = 3 and a last CTA of one whole block and
-// the tail): each pair of KV heads shares that last CTA, the two heads' last whole blocks and
-// their tail rows (grid (2 n_full / 3 + 1, splits, B Hkv / 2)), so a split takes 1.5 CTAs a
-// head instead of 2. 0, a negative argument error or a cudaError_t value.
+// CTA of their own). 0, a negative argument error or a cudaError_t value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
                            const int64_t* tree_mask, void* out, float* part, float* lse,
@@ -1235,7 +1025,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
                            int max_pages, int num_splits, float sm_scale, int64_t num_slots,
-                           int wgs, int tail_blocks, int pair, int merge, uintptr_t stream) {
+                           int wgs, int tail_blocks, int merge, uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
   if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
@@ -1287,18 +1077,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.rows = G * T;
   int row_ctas;  // grid.x
   p.tail_cta = p.tail_wg = -1;
-  p.pair = p.a_ctas = 0;
-  if (pair != 0) {
-    const int n_full = p.rows / WG_ROWS, rest = p.rows % WG_ROWS;
-    if (pair != 1 || wgs != 3 || tail_blocks != 3 || Hkv % 2 != 0 || n_full % 3 != 1 ||
-        rest < 1 || rest > 8)
-      return -14;
-    p.pair = 1;
-    p.a_ctas = n_full / 3;
-    p.blocks = 3;
-    p.full_rows = n_full * WG_ROWS;
-    row_ctas = 2 * p.a_ctas + 1;
-  } else if (tail_blocks == 0) {
+  if (tail_blocks == 0) {
     p.blocks = wgs;
     p.full_rows = p.rows;
     row_ctas = (p.rows + wgs * WG_ROWS - 1) / (wgs * WG_ROWS);

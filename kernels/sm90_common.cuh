@@ -189,16 +189,6 @@ __device__ __forceinline__ void pin(uint32_t (&a)[N][4]) {
 
 template <typename E>
 struct Wgmma {
-  // d's columns 0-7 (_lo: registers 0-3 of an m64n16 accumulator) or 8-15 (_hi: 4-7) = / +=
-  // A (64 x 16, K-major smem; _ta: MN-major) * B (8 x 16, K-major smem)^T: m64n8k16
-  static __device__ __forceinline__ void ss_n8_lo(float (&d)[8], uint64_t desc_a, uint64_t desc_b,
-                                                  int scale_d);
-  static __device__ __forceinline__ void ss_n8_hi(float (&d)[8], uint64_t desc_a, uint64_t desc_b,
-                                                  int scale_d);
-  static __device__ __forceinline__ void ss_n8_lo_ta(float (&d)[8], uint64_t desc_a,
-                                                     uint64_t desc_b, int scale_d);
-  static __device__ __forceinline__ void ss_n8_hi_ta(float (&d)[8], uint64_t desc_a,
-                                                     uint64_t desc_b, int scale_d);
   // d (64 x 16) = / += A (64 x 16, K-major smem) * B (16 x 16, K-major smem)^T
   static __device__ __forceinline__ void ss_n16(float (&d)[8], uint64_t desc_a, uint64_t desc_b,
                                                 int scale_d);
@@ -254,54 +244,6 @@ struct Wgmma {
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #define KDTREE_WGMMA_WRAPPERS(CTYPE, PTX) \
-template <> \
-__device__ __forceinline__ void Wgmma<CTYPE>::ss_n8_lo(float (&d)[8], uint64_t desc_a, \
-                                                       uint64_t desc_b, int scale_d) { \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32." PTX "." PTX " {" \
-      "%0, %1, %2, %3}, " \
-      "%4, %5, p, 1, 1, 0, 0;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
-} \
- \
-template <> \
-__device__ __forceinline__ void Wgmma<CTYPE>::ss_n8_hi(float (&d)[8], uint64_t desc_a, \
-                                                       uint64_t desc_b, int scale_d) { \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32." PTX "." PTX " {" \
-      "%0, %1, %2, %3}, " \
-      "%4, %5, p, 1, 1, 0, 0;\n}\n" \
-      : "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
-} \
- \
-template <> \
-__device__ __forceinline__ void Wgmma<CTYPE>::ss_n8_lo_ta(float (&d)[8], uint64_t desc_a, \
-                                                       uint64_t desc_b, int scale_d) { \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32." PTX "." PTX " {" \
-      "%0, %1, %2, %3}, " \
-      "%4, %5, p, 1, 1, 1, 0;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
-} \
- \
-template <> \
-__device__ __forceinline__ void Wgmma<CTYPE>::ss_n8_hi_ta(float (&d)[8], uint64_t desc_a, \
-                                                       uint64_t desc_b, int scale_d) { \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32." PTX "." PTX " {" \
-      "%0, %1, %2, %3}, " \
-      "%4, %5, p, 1, 1, 1, 0;\n}\n" \
-      : "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
-} \
- \
 template <> \
 __device__ __forceinline__ void Wgmma<CTYPE>::ss_n16(float (&d)[8], uint64_t desc_a, \
                                                        uint64_t desc_b, int scale_d) { \

@@ -60,26 +60,6 @@ __device__ __forceinline__ void Wgmma<{ctype}>::ss_n{n}{suffix}(float (&d)[{regs
 """
 
 
-def wrapper_half(half: int, ctype: str, ptx: str, tnsp_a: int = 0) -> str:
-    """m64n8k16 into the low (``half`` 0) or high four registers of an m64n16 accumulator (the
-    two 8-column halves of its fragment), A and B from shared memory (suffix _lo / _hi, _ta)."""
-    name = "_lo" if half == 0 else "_hi"
-    suffix = "_ta" if tnsp_a else ""
-    cons = ", ".join(f'"+f"(d[{4 * half + i}])' for i in range(4))
-    return f"""template <>
-__device__ __forceinline__ void Wgmma<{ctype}>::ss_n8{name}{suffix}(float (&d)[8], uint64_t desc_a,
-                                                       uint64_t desc_b, int scale_d) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %6, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.{ptx}.{ptx} {{"
-      "%0, %1, %2, %3}}, "
-      "%4, %5, p, 1, 1, {tnsp_a}, 0;\\n}}\\n"
-      : {cons}
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}}
-"""
-
-
 def wrapper_rs(n: int, tnsp_b: int, ctype: str, ptx: str) -> str:
     """A from registers (4 x 32-bit fragment registers a thread), B from shared memory."""
     regs = n // 2
@@ -105,22 +85,23 @@ def main() -> None:
     # one macro body for every element type: the PTX type is the only difference, and a PTX
     # string cannot be built from a template parameter (adjacent literals around the macro's
     # PTX argument can)
-    c, x = "CTYPE", '" PTX "'
-    parts = [
-        wrapper_half(0, c, x),
-        wrapper_half(1, c, x),
-        wrapper_half(0, c, x, 1),
-        wrapper_half(1, c, x, 1),
-        wrapper(16, 0, c, x),
-        wrapper(16, 0, c, x, 1),
-        wrapper(32, 0, c, x),
-        wrapper(64, 0, c, x),
-        wrapper(128, 0, c, x),
-        wrapper_rs(128, 1, c, x),
-        wrapper(256, 1, c, x),
-        wrapper_rs(256, 1, c, x),
-    ]
-    body = "\n".join(parts).rstrip("\n").replace('"" KDTREE_', "KDTREE_")
+    body = (
+        "\n".join(
+            w(n, tnsp, "CTYPE", '" PTX "', *extra)
+            for w, n, tnsp, *extra in (
+                (wrapper, 16, 0),
+                (wrapper, 16, 0, 1),
+                (wrapper, 32, 0),
+                (wrapper, 64, 0),
+                (wrapper, 128, 0),
+                (wrapper_rs, 128, 1),
+                (wrapper, 256, 1),
+                (wrapper_rs, 256, 1),
+            )
+        )
+        .rstrip("\n")
+        .replace('"" KDTREE_', "KDTREE_")
+    )
     print("// BEGIN GENERATED WGMMA (tools/gen_wgmma.py)")
     regs_lines = ('      "' + _acc_list(SHARED_REGS) + '"').split("\n")
     print(f"#define KDTREE_WGMMA_D{SHARED_REGS}_REGS \\")

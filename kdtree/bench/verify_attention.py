@@ -491,13 +491,13 @@ def setup_ours_gqa_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_gqa_fn(wl, ti)
-    from kdtree.kernels.cuda_gqa import launch_plan, pair_heads
+    from kdtree.kernels.cuda_gqa import launch_plan
 
-    rows = ti.t * (wl.layout.hq // wl.layout.hkv)
-    wgs, tail_blocks = launch_plan(rows)
-    meta = {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks}
-    meta["pair_heads"] = int(pair_heads(rows, wl.layout.hkv))
-    return (*_graphed(fn, wl.n_rot, wl.device), meta)
+    wgs, tail_blocks = launch_plan(ti.t * (wl.layout.hq // wl.layout.hkv))
+    return (
+        *_graphed(fn, wl.n_rot, wl.device),
+        {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks},
+    )
 
 
 def setup_ours_graph(wl, ti, opts):

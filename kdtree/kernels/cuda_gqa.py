@@ -13,9 +13,7 @@ tokens); ``wgmma`` for S and for P V with P kept in registers, and the softmax o
 overlapped with the previous tile's P V. The 1-16 rows past the last whole 64-row block (G rows
 at T = 8k + 1) can go to a tail warpgroup that runs the MMAs with swapped operands (the rows as
 the N = 16 of ``m64n16k16``) instead of padding them to a 64-row block, where that measured
-faster; with an even number of KV heads, each pair of heads can share the CTA that holds
-their last whole block and tail rows (:func:`pair_heads`). Partials of several KV splits are
-merged by the
+faster. Partials of several KV splits are merged by the
 shared CUDA merge (``kernels/sm90_common.cuh``; ``KDTREE_CUDA_MERGE``,
 :func:`kdtree.kernels.cuda_common.merge_mode`, picks another). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
@@ -60,8 +58,6 @@ __all__ = [
     "consumer_warpgroups",
     "launch_args",
     "launch_plan",
-    "pair_heads",
-    "request_ctas",
     "row_ctas",
     "phase_clocks",
     "tree_attention_gqa_cuda",
@@ -115,9 +111,8 @@ def _load() -> ctypes.CDLL:
                 i32,
                 i32,
                 i32,
-                i32,
                 ctypes.c_size_t,
-            ]  # sm_scale num_slots wgs tail_blocks pair merge stream
+            ]  # sm_scale num_slots wgs tail_blocks merge stream
         )
         lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
         lib.kdtree_gqa_error_string.argtypes = [i32]
@@ -206,34 +201,6 @@ def row_ctas(rows: int, wgs: int, tail_blocks: int) -> int:
     return ctas if last < wgs else ctas + 1
 
 
-def pair_heads(rows: int, num_kv_heads: int) -> bool:
-    """Whether each pair of KV heads shares one CTA for its last whole 64-row block and the
-    rows past it (``kdtree_gqa_tree_launch``'s ``pair``): with :func:`launch_plan`'s tail layout
-    ``[3 blocks] ... [1 block + tail]`` a KV head takes ``n_full // 3 + 1`` CTAs a split, and the
-    last one runs one block's MMA chain beside three idle-ish warpgroups' worth of SM. Paired,
-    two heads' last blocks take two warpgroups of one CTA and their tail rows (at most 8 each)
-    the third, the stages holding the two heads' tiles in turn: ``n_full // 3 + 1 / 2`` CTAs a
-    head and split, so more splits fit one wave. Needs an even ``num_kv_heads``, the
-    three-warpgroup tail layout with a last CTA of one whole block, and 1-8 rows past it.
-    ``KDTREE_GQA_PAIR=0|1`` turns it off or on where it fits (the default: on where it fits)."""
-    forced = _env_int("KDTREE_GQA_PAIR", (0, 1))
-    wgs, tail_blocks = launch_plan(rows)
-    n_full, rest = divmod(rows, 64)
-    fits = (
-        num_kv_heads % 2 == 0 and wgs == 3 and tail_blocks == 3 and n_full % 3 == 1
-        and 1 <= rest <= 8
-    )  # fmt: skip
-    return fits and forced != 0
-
-
-def request_ctas(rows: int, num_kv_heads: int) -> int:
-    """CTAs of one request and KV split: ``num_kv_heads`` times :func:`row_ctas`, or with
-    :func:`pair_heads` three whole-block CTAs a head plus one a pair."""
-    if pair_heads(rows, num_kv_heads):
-        return num_kv_heads * (rows // 64 // 3) + num_kv_heads // 2
-    return num_kv_heads * row_ctas(rows, *launch_plan(rows))
-
-
 def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``num_kv_heads`` KV heads with ``rows = G * T``
     packed query rows and a prefix bound ``max_len`` (static shapes only), for the kernel shape
@@ -242,9 +209,9 @@ def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sm
     CTA streams (``ceil(max_len / s / tile)``) plus 256 keys of fixed cost (Q load, pipeline
     fill, epilogue); the smallest ``s`` within 3 % of the best, at most ``_MAX_WAVES`` waves and
     at least 256 keys a split."""
-    wgs, _ = launch_plan(rows)
+    wgs, tail_blocks = launch_plan(rows)
     tile = SHAPES[wgs][1]
-    ctas = batch * request_ctas(rows, num_kv_heads)
+    ctas = batch * num_kv_heads * row_ctas(rows, wgs, tail_blocks)
     tiles = max(1, math.ceil(max_len / tile))
     fixed = 256 // tile
     cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(ctas, 1)))
@@ -339,7 +306,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
     num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 1,
-    tail_blocks: int = 0, pair: bool = False,
+    tail_blocks: int = 0,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""
@@ -376,7 +343,6 @@ def launch_args(
         k_cache.shape[0] * k_cache.shape[1],  # num_slots (the TMA maps)
         int(wgs),
         int(tail_blocks),
-        int(pair),
         int(merge),
         stream,
     )
@@ -436,13 +402,12 @@ def tree_attention_gqa_cuda(
     lib = _load()
     merge = merge_for(num_splits)
     wgs, tail_blocks = launch_plan(rows)
-    pair = pair_heads(rows, hkv)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(
             q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out,
             None if part is None else part.data_ptr(), None if lse is None else lse.data_ptr(),
-            num_splits, sm_scale, stream, wgs, merge, tail_blocks, pair,
+            num_splits, sm_scale, stream, wgs, merge, tail_blocks,
         )  # fmt: skip
         rc = lib.kdtree_gqa_tree_launch(*args)
         if rc != 0:

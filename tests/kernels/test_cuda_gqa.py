@@ -27,25 +27,13 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     res = cuda_gqa.compile_only(tmp_path)
     kernels = parse_ptxas(res.log)
     split = [k for k in kernels if "gqa_split_kernel" in k]
-    # two shapes x bf16 / fp16 x K / V order, and the head pair layout of the 3-warpgroup shape
-    assert len(split) == 12, f"expected 2 x 2 x 2 + 2 x 2 split kernels, got {kernels}"
-    pair = [k for k in split if re.search(r"Li[01]ELi1EEEvNS_6ParamsE", k)]
-    assert len(pair) == 4, pair
+    assert len(split) == 8, f"expected two shapes x bf16 / fp16 x K / V order, got {kernels}"
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
         assert name.endswith("@sm_90a"), name
-        if name in pair:
-            # The head pair kernels hold both the one-head and the two-head paths: ptxas spills
-            # a few words there, outside the consumers' MMA loops (read off the SASS in session
-            # 14: the pair CTA's head index kept for the epilogue, a producer index reloaded
-            # once a ring entry, the cp.async tiles' key offsets, the epilogue's pointers).
-            # Bounded here so that a growth (a spilled fragment) fails.
-            assert info["spill_stores"] <= 32 and info["spill_loads"] <= 96, (name, info)
-            assert info["stack"] <= 16, (name, info)
-            continue
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (name, info)
         assert info["stack"] == 0, (name, info)  # a local array would be a per-tile round trip
 
@@ -70,33 +58,17 @@ def test_ctypes_call_matches_the_c_signature(gen):
     d_at = args.index(128, 23)  # B T Hq Hkv head_dim ...
     assert lib.kdtree_gqa_tree_launch(*args[:d_at], 64, *args[d_at + 1 :]) == -2
     assert b"128" in lib.kdtree_gqa_error_string(-2)
-    # head pairs (the argument after tail_blocks): only the 3-warpgroup tail layout with a last
-    # CTA of one whole block, an even Hkv and <= 8 rows past the blocks (-14, before any launch)
-    q2, k2, v2, pt2, pl2, m2 = gqa_inputs([10], 65, 32, 8, 128, 16, torch.float32, gen)
-    out2 = torch.empty_like(q2)
-    for wgs, tail_blocks, pair in ((2, 2, 1), (3, 0, 1), (3, 2, 1), (3, 3, 2)):
-        pargs = cuda_gqa.launch_args(q2, k2, v2, pt2, pl2, m2, out2, None, None, 1, SCALE, 0, wgs, 1,
-                                    tail_blocks, pair)  # fmt: skip
-        assert lib.kdtree_gqa_tree_launch(0, *pargs[1:]) == -14, (wgs, tail_blocks, pair)
-    q2, k2, v2, pt2, pl2, m2 = gqa_inputs([10], 65, 4, 1, 128, 16, torch.float32, gen)  # odd Hkv
-    out2 = torch.empty_like(q2)
-    pargs = cuda_gqa.launch_args(
-        q2, k2, v2, pt2, pl2, m2, out2, None, None, 1, SCALE, 0, 3, 1, 3, 1
-    )
-    assert lib.kdtree_gqa_tree_launch(0, *pargs[1:]) == -14
-    assert b"pair" in lib.kdtree_gqa_error_string(-14)
     for wgs, (block_m, block_n) in cuda_gqa.SHAPES.items():
         assert lib.kdtree_gqa_block_m(wgs) == block_m
         assert lib.kdtree_gqa_block_n(wgs) == block_n
         assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
     assert lib.kdtree_gqa_block_m(4) == -1
     assert args[-2] == 1  # merge: the CUDA merge in stream order
-    assert args[-3] == 0  # pair: no head pairs
-    assert args[-4] == 0  # tail_blocks: no tail warpgroup
-    assert lib.kdtree_gqa_tree_launch(*args[:-5], 4, *args[-4:]) == -10
+    assert args[-3] == 0  # tail_blocks: no tail warpgroup
+    assert lib.kdtree_gqa_tree_launch(*args[:-4], 4, *args[-3:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
     # the tail warpgroup: at most `wgs` blocks a CTA (12 rows here: a tail alone is valid)
-    assert lib.kdtree_gqa_tree_launch(*args[:-4], 3, *args[-3:]) == -13
+    assert lib.kdtree_gqa_tree_launch(*args[:-3], 3, *args[-2:]) == -13
     assert b"tail" in lib.kdtree_gqa_error_string(-13)
     # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
     assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
@@ -175,34 +147,6 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", "4")
     with pytest.raises(ValueError, match="KDTREE_GQA_BLOCKS"):
         cuda_gqa.launch_plan(260)
-
-
-def test_pair_heads_and_request_ctas(monkeypatch):
-    """Head pairs: the three-warpgroup tail layout with a last CTA of one whole block and 1..8
-    rows past it, an even KV head count; a split then takes three-block CTAs a head plus one a
-    pair (32q/8kv, T=65: 8 + 4 = 12 instead of 16), and choose_splits fills one wave with them."""
-    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS",
-                 "KDTREE_GQA_PAIR"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    assert cuda_gqa.pair_heads(260, 8) and cuda_gqa.request_ctas(260, 8) == 12
-    assert cuda_gqa.pair_heads(1028, 2) and cuda_gqa.request_ctas(1028, 2) == 2 * 5 + 1
-    assert not cuda_gqa.pair_heads(260, 1)  # one KV head: nothing to pair
-    assert not cuda_gqa.pair_heads(260, 3)  # odd
-    assert not cuda_gqa.pair_heads(272, 8)  # 16 rows past the blocks: more than 8 a head
-    assert not cuda_gqa.pair_heads(520, 2)  # no tail layout (8 rows past 8 blocks: padded)
-    assert not cuda_gqa.pair_heads(68, 8)  # the two-warpgroup shape
-    assert cuda_gqa.request_ctas(68, 8) == 8 and cuda_gqa.request_ctas(520, 1) == 3
-    assert cuda_gqa.choose_splits(1, 8, 260, 131072, 132) == 11  # 132 CTAs: one whole wave
-    monkeypatch.setenv("KDTREE_GQA_PAIR", "0")
-    assert not cuda_gqa.pair_heads(260, 8) and cuda_gqa.request_ctas(260, 8) == 16
-    assert cuda_gqa.choose_splits(1, 8, 260, 131072, 132) == 8
-    monkeypatch.setenv("KDTREE_GQA_PAIR", "1")
-    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")
-    monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
-    assert cuda_gqa.pair_heads(68, 8) and cuda_gqa.request_ctas(68, 8) == 4  # pair CTAs only
-    monkeypatch.setenv("KDTREE_GQA_PAIR", "2")
-    with pytest.raises(ValueError, match="KDTREE_GQA_PAIR"):
-        cuda_gqa.pair_heads(260, 8)
 
 
 def test_registered_as_gqa_backend():
@@ -372,42 +316,10 @@ def test_tail_warpgroup_in_every_layout(wgs, blocks, dtype, gen, monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", blocks)
-    monkeypatch.setenv("KDTREE_GQA_PAIR", "0")  # (the head pairs: test_head_pairs_match_fp64)
     monkeypatch.setenv("KDTREE_GQA_PINGPONG", "2")
     _run(([977, 1900], 65, 32, 8, 16, 3), dtype, gen, graph=True)
     monkeypatch.setenv("KDTREE_GQA_PINGPONG", "0")
     _run(([3000], 65, 32, 8, 64, None), dtype, gen)
-
-
-PAIR_CASES = [  # (case, forced three-warpgroup tail layout): rows past the blocks <= 8 a head
-    (([977, 1900], 65, 32, 8, 16, 3), False),  # 260 rows: [64 x 3] x 8 heads + 4 pair CTAs
-    (([3000], 65, 32, 8, 64, None), False),  # the default split count, page size 64
-    (([977, 1900], 65, 32, 8, 1, 3), False),  # page size 1: every tile by cp.async
-    (([1234, 4000], 65, 16, 4, 16, 1), False),  # one split: the output written directly
-    (([300, 2000], 257, 8, 2, 16, 2), False),  # 1028 rows: 5 three-block CTAs a head, 5 words
-    (([0, 100], 17, 16, 4, 16, 4), True),  # 68 rows: pair CTAs only; an empty prefix
-    (([4096], 9, 16, 2, 16, 40), True),  # 72 rows (8 past the block): splits with no keys
-]
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("case,forced", PAIR_CASES, ids=lambda c: str(c))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_head_pairs_match_fp64(case, forced, dtype, gen, monkeypatch):
-    """Each pair of KV heads sharing the CTA of their last whole blocks and tail rows (the two
-    heads' tiles in turn in its stages; the tail warpgroup's m64n8 halves, one a head) matches
-    fp64, eager and graph-captured, with TMA and with every tile by cp.async."""
-    monkeypatch.setenv("KDTREE_GQA_PAIR", "1")
-    if forced:
-        monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")
-        monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
-    lens, t, hq, hkv, ps, splits = case
-    assert cuda_gqa.pair_heads(t * hq // hkv, hkv)
-    _run(case, dtype, gen)
-    _run(case, dtype, gen, graph=True)
-    monkeypatch.setenv("KDTREE_GQA_TMA", "0")
-    _run(case, dtype, gen)
 
 
 @pytest.mark.gpu

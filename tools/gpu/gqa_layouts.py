@@ -4,7 +4,7 @@ whole 64-row block padded to a block (``KDTREE_GQA_TAIL=0``) or taken by the tai
 and without turns. Each variant's output is compared with the padded layout's (max abs diff).
 
     python3 tools/gpu/gqa_layouts.py [--points gqa_32q8kv_d128:131072:65,...] [--ab]
-        [--variants "TAIL=0;PAIR=0;PAIR=1;..."] [--repeat N] [--out DIR]
+        [--variants "TAIL=0;BLOCKS=2,TAIL=1;..."] [--repeat N] [--out DIR]
 
 Graph-replayed p50 per call (KV rotated beyond L2, as in ``kdtree bench verify-attention``);
 the split count is ``choose_splits`` of each layout. ``--ab`` times only the padded layout
@@ -43,7 +43,6 @@ KNOBS = (
     "KDTREE_GQA_WARPGROUPS",
     "KDTREE_GQA_BLOCKS",
     "KDTREE_GQA_PINGPONG",
-    "KDTREE_GQA_PAIR",
 )
 
 
@@ -115,7 +114,6 @@ def main() -> None:
                 os.environ.pop(k, None)
             os.environ.update(var)
             wgs, blocks = cuda_gqa.launch_plan(rows)
-            pair = cuda_gqa.pair_heads(rows, lay.hkv)
             fn, splits = _cuda_gqa_fn(wl, ti)
             got = fn(0).float().clone()
             if ref is None and (a.variants or var.get("KDTREE_GQA_TAIL") == "0"):
@@ -123,20 +121,19 @@ def main() -> None:
             diff = float((got - ref).abs().max()) if ref is not None else float("nan")
             replay, per = _graphed(fn, wl.n_rot, wl.device)  # captured with this variant's plan
             # (fn holds the workspace the graph writes: it must live as long as the graph)
-            setups.append((var, wgs, blocks, pair, splits, diff, (fn, replay), per, []))
+            setups.append((var, wgs, blocks, splits, diff, (fn, replay), per, []))
         for _ in range(a.repeat):
             for *_, (_, replay), per, times in setups:
                 times.append(time_cuda(lambda replay=replay: replay(0)).p50 / per)
-        for var, wgs, blocks, pair, splits, diff, _, _, times in setups:
+        for var, wgs, blocks, splits, diff, _, _, times in setups:
             ms = statistics.median(times)
             label = " ".join(f"{k.removeprefix('KDTREE_GQA_')}={v}" for k, v in var.items())
             print(f"{spec} rows={rows} [{label or 'default'}] wgs={wgs} blocks={blocks} "
-                  f"pair={int(pair)} ctas={cuda_gqa.request_ctas(rows, lay.hkv)} splits={splits}: "
+                  f"ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits}: "
                   f"{ms * 1e3:7.1f} us (of {len(times)}: {min(times) * 1e3:.1f}-"
                   f"{max(times) * 1e3:.1f})  (max |diff| vs {'the first' if a.variants else 'padded'} {diff:.2e})", flush=True)  # fmt: skip
             records.append({"point": spec, "rows": rows, "variant": label or "default",
-                            "warpgroups": wgs, "tail_blocks": blocks, "pair_heads": int(pair),
-                            "splits": splits,
+                            "warpgroups": wgs, "tail_blocks": blocks, "splits": splits,
                             "ms": ms, "ms_min": min(times), "ms_max": max(times),
                             "repeats": len(times), "max_abs_diff_vs_padded": diff, **env})  # fmt: skip
         for k in KNOBS:

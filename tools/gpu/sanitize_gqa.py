@@ -1,8 +1,7 @@
 """A few CUDA GQA tree-verify calls for compute-sanitizer (memcheck / racecheck): TMA and
 cp.async tiles (page sizes 16 / 64 and 1), forced and automatic splits, splits with no keys,
 T 1..257, an idle second consumer warpgroup, batch 3, the tail warpgroup (KDTREE_GQA_TAIL=1
-puts it in every case with 1-16 rows past the whole 64-row blocks), KV head pairs sharing a CTA
-(the last two cases; KDTREE_GQA_PAIR=0 turns them off); each checked against the
+puts it in every case with 1-16 rows past the whole 64-row blocks); each checked against the
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
 reference's + 2e-3). argv[1] keeps only the first N cases (racecheck is slow). Exits 1 on a
 mismatch."""
@@ -22,8 +21,8 @@ CASES = [  # prefix lengths, T, Hq, Hkv, page size, splits
     ([1000], 257, 8, 2, 1, 2),
     ([129], 1, 16, 16, 16, None),
     ([4096], 9, 12, 4, 16, 40),
-    ([2000, 500], 65, 32, 8, 16, None),  # 260 rows: head pairs (the tail warpgroup's H = 2)
-    ([800, 300], 257, 8, 2, 16, 2),  # 1028 rows: five three-block CTAs a head, one pair CTA
+    ([2000, 500], 65, 32, 8, 16, None),  # 260 rows: the tail warpgroup in the last CTA
+    ([800, 300], 257, 8, 2, 16, 2),  # 1028 rows: five three-block CTAs, the tail in the sixth
 ]
 
 
