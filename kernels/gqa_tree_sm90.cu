@@ -80,6 +80,7 @@ constexpr int MAX_STAGES = 5;
 constexpr int BAR_EMPTY = 1;                    // + stage: consumers arrive, the producer syncs
 constexpr int BAR_TURN = BAR_EMPTY + MAX_STAGES;  // + warpgroup: its turn to issue MMAs (256)
 constexpr int BAR_TAIL = BAR_TURN + 3;  // the tail warpgroup's own barrier (128)
+constexpr int BAR_Q = BAR_TAIL + 1;     // + warpgroup: its Q rows copied (128)
 // The tail warpgroup (tail_rows): up to TAIL_N query rows past the last whole 64-row block, as
 // the N of swapped-operand MMAs; its P buffers and reduction scratch sit in the unused part of
 // its Q region (rows >= TAIL_N of each 64-dim half).
@@ -108,7 +109,7 @@ struct Cfg {
   static constexpr int WORDS = BN / 64;  // tree-mask words a tile
   static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
   static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
-  static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_TAIL < 16,
+  static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_Q + CWG <= 16,
                 "named barriers");
   static_assert(TAIL_P0 + (BN / 64) * 2048 <= TAIL_RED && TAIL_RED + 768 <= Q_REGION &&
                     TAIL_P1 + (BN / 64) * 2048 <= 2 * Q_REGION,
@@ -212,6 +213,32 @@ __device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail) 
   return first < p.full_rows ? first : -1;
 }
 
+// A consumer warpgroup's copies of its own query rows (thread t of 128): row r (of `nrows`, 64,
+// or TAIL_N for the tail warpgroup, the rest of whose region holds its P buffers) -> its two
+// 64-dim slices at sQw; rows past G*T are zero-filled. The warpgroup waits for all of them.
+// (Session 13's producer copied the whole CTA's Q before its first KV tile: 24 copies a thread
+// and their index arithmetic on the producer's critical path; call c of session 14 measured the
+// first tiles' TMA issued before Q 1.5-2.4 us slower: the copies' order matters.)
+template <typename E>
+__device__ __forceinline__ void load_q(uint32_t sQw, const Params& p, int b, int kvh, int first,
+                                       int nrows, int w, int t) {
+  const E* q = static_cast<const E*>(p.q) + b * p.sq_b;
+  const int c = t & 15;
+  for (int r = t >> 4; r < nrows; r += 8) {
+    const int row = first + r;
+    const bool valid = row < p.rows;
+    const int tok = valid ? row / p.G : 0;
+    const int h = valid ? kvh * p.G + row - tok * p.G : 0;
+    cp_async16(sQw + (c >> 3) * Q_REGION + swz(r, c & 7), q + tok * p.sq_t + h * p.sq_h + c * 8,
+               valid ? 16 : 0);
+  }
+  cp_async_wait<0>();
+  fence_async_smem();
+  named_sync(BAR_Q + w, 128);
+  fence_async_smem();  // the other threads' copies -> this thread's wgmma operand reads
+}
+
+#ifdef KDTREE_GQA_PRODUCER_Q  // (a measurement build: the producer copies Q first, session 13)
 // The producer's copies of the CTA's query rows: warpgroup w's row r -> its two 64-dim slices;
 // rows past G*T are zero-filled. The tail warpgroup gets its TAIL_N rows only (the rest of its
 // region holds its P buffers).
@@ -234,6 +261,7 @@ __device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int 
     cp_async16(dst, src, valid ? 16 : 0);
   }
 }
+#endif
 
 // A stage holds BN keys of K and V (BN * 512 bytes), in groups of 8 keys: K's and V's 64-dim
 // halves side by side, each a 128B-swizzled atom of 8 keys x 64 dims: [keys 0-7: K dims 0-63,
@@ -671,7 +699,9 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
     const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
     // ---- tile 0: S^T_0, then S^T_1 issued while the softmax of S^T_0 runs
+#ifdef KDTREE_GQA_PRODUCER_Q
     mbar_wait(sBar + 8 * STAGES, 0);  // Q
+#endif
     mbar_wait(sBar, 0);
     fence_async_smem();
     wg_fence();
@@ -790,8 +820,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
     const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
     ClocksOf<C> clk(p.clocks && pt == 0);
+#ifdef KDTREE_GQA_PRODUCER_Q
+    if (n > 0) {
+      copy_q<C, E>(sQ, p, b, kvh, pt);
+      cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
+    }
+#endif
     int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
-    const auto issue = [&](int tile) {
+    for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;
       const uint32_t stage = sKV + st * C::SMEM_STAGE;
@@ -816,22 +852,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         cp_async_mbar_arrive(bar);
       }
       clk.stamp(1);
-    };
-    // The whole prefix tiles that need no released stage go out before Q's copies: their DRAM
-    // round trip is the longer one, and Q's 16-byte copies take the producer a while to issue.
-    // (Not a cp.async tile: Q's mbarrier arrival would wait for its copies too.)
-#ifdef KDTREE_GQA_Q_FIRST  // (a measurement build: Q's copies before any tile, as in session 13)
-    constexpr int ahead = 0;
-#else
-    constexpr int ahead = STAGES;
-#endif
-    int tile = 0;
-    for (; tile < n && tile < ahead && tma_tile<C>(p, ts, tile); ++tile) issue(tile);
-    if (n > 0) {
-      copy_q<C, E>(sQ, p, b, kvh, pt);
-      cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
-    for (; tile < n; ++tile) issue(tile);
     cp_async_wait<0>();
     clk.flush(g_gqa_clocks[3], n);
     return;
@@ -859,6 +880,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     }
     return;
   }
+#ifndef KDTREE_GQA_PRODUCER_Q
+  if (n > 0)
+    load_q<E>(sQ + w * 2 * Q_REGION, p, b, kvh, first, tail ? TAIL_N : WG_ROWS, w, tid & 127);
+#endif
 #ifndef KDTREE_GQA_NO_TAIL
   if (tail) {
     tail_rows<C, E, SWAP>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
@@ -905,7 +930,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   // ---- tile 0: S_0 and its softmax
   tile_bits<C>(bits0, p, ts, b, 0, row0);
   tile_bits<C>(bits1, p, ts, b, 0, row1);
+#ifdef KDTREE_GQA_PRODUCER_Q
   mbar_wait(sBar + 8 * STAGES, 0);  // Q
+#endif
   mbar_wait(sBar, 0);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   wg_fence();
