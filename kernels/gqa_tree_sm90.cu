@@ -232,6 +232,7 @@ __device__ __forceinline__ void load_q(uint32_t sQw, const Params& p, int b, int
     cp_async16(sQw + (c >> 3) * Q_REGION + swz(r, c & 7), q + tok * p.sq_t + h * p.sq_h + c * 8,
                valid ? 16 : 0);
   }
+  cp_async_commit();  // (wait_group waits for committed groups only)
   cp_async_wait<0>();
   fence_async_smem();
   named_sync(BAR_Q + w, 128);
