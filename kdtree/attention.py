@@ -159,11 +159,11 @@ def resolve_backend(
       ``cuda`` (0.52 ms at h=16, L=128k, T=65, session 12, against the Triton kernel's 1.50 ms
       in session 6);
     * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
-      G * T`` number at least 64: ``cuda`` (1.09-1.63x the Triton kernel at 32q/8kv and 8q/1kv,
-      T=17 and 65, L 16k-256k; session 12, call k), except for 129-144 rows when the page table
-      holds fewer than 64k keys (``max_len``) or its size is not given (8q/1kv, T=17: the Triton
-      kernel, with its small tail tile, takes 0.85x our time at 16k; 1.09x at 64k, 1.22-1.36x
-      at 128k-256k);
+      G * T`` number at least 64: ``cuda`` (1.28-1.76x the Triton kernel at 32q/8kv and 8q/1kv,
+      T=17 and 65, L 16k-256k, session 14, call e), except for 129-144 rows when the page table
+      holds fewer than 16k keys (``max_len``) or its size is not given (8q/1kv, T=17: at 16k the
+      CUDA kernel is only 1.04x the Triton one, 16.0 against 16.6 us, and below 16k it was not
+      measured; the Triton kernel's small tail tile suits short prefixes);
     * else ``triton`` on CUDA if registered and it supports the head dims (``dims``, when
       given), else ``ref``.
 
@@ -192,7 +192,7 @@ def resolve_backend(
         and dtype in (torch.bfloat16, torch.float16)
         and rows is not None
         and rows >= 64
-        and not (128 < rows <= 144 and (max_len is None or max_len < 65536))
+        and not (128 < rows <= 144 and (max_len is None or max_len < 16384))
         and "cuda" in available_backends(kind)
     ):
         from kdtree.kernels import cuda_gqa

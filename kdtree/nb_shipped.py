@@ -829,6 +829,26 @@ def gqa_layout_ab_table(df: pd.DataFrame, call: str = "e") -> pd.DataFrame:
     return w.reset_index()
 
 
+def layout_variants_table(df: pd.DataFrame, call: str) -> pd.DataFrame:
+    """µs a call by point (rows) and variant (columns, in the order first run) of one
+    ``gqa_layouts.py --variants`` call, with each variant's time over the first one's
+    (``<variant>_vs_first``)."""
+    need = {"call", "point", "variant", "ms"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"layout rows: missing columns {sorted(missing)}")
+    d = df[df["call"] == call]
+    if d.empty:
+        raise ValueError(f"no layout rows for call {call!r}")
+    order = list(dict.fromkeys(d["variant"]))
+    w = d.assign(us=d["ms"] * 1e3).pivot_table(
+        index="point", columns="variant", values="us", sort=False
+    )[order]
+    for v in order[1:]:
+        w[f"{v}_vs_first"] = w[v] / w[order[0]]
+    return w.reset_index()
+
+
 def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
     """``tools/gpu/ab_commits.sh`` rows of one call: µs of each side (the mean of its rounds)
     by bench point, and new / old."""

@@ -22,8 +22,9 @@
 //     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the
 //     tile), the LAST split also the T tree keys through the ancestor bitmask
 //     (kdtree_sm90::split_tiles).
-//   * Warp specialisation: a producer warpgroup brings Q by cp.async (its own mbarrier) and whole
-//     prefix tiles by TMA (one 5-D tensor map over both the K and V pools, one box a page run:
+//   * Warp specialisation: each consumer warpgroup copies its own Q rows by cp.async (load_q);
+//     a producer warpgroup brings whole prefix tiles by TMA (one 5-D tensor map over both the K
+//     and V pools, one box a page run:
 //     see kv_off for the stage layout); partial and tree tiles and pages of < 8 slots by
 //     zero-filling 16-byte cp.async completing on the stage's mbarrier
 //     (cp.async.mbarrier.arrive.noinc). It waits only for a stage to be released (named barrier
@@ -54,7 +55,10 @@
 // 128k, and 43 at page size 64 (4 boxes of 8 KB a tile instead of 16 of 2 KB): the TMA box count
 // limits the copies, so a page run's two 64-dim halves now come in one box (kv_off). Session 13:
 // K and V of a page run in one box too (one map over both pools), and the rows past the last
-// whole 64-row block in a tail warpgroup of swapped-operand MMAs (tail_rows).
+// whole 64-row block in a tail warpgroup of swapped-operand MMAs (tail_rows). Session 14: the
+// consumers copy Q (the producer's copies of the whole CTA's Q delayed its first tile: 8q/1kv,
+// 16k, T=17 21.5 -> 16.0 us); two KV heads' last blocks and tails in one CTA ("head pairs",
+// commit c3e89c0) were correct but 1.5x slower (the pair CTA's ring held two tiles a head).
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>

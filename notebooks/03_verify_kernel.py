@@ -348,6 +348,44 @@ else:
     nb.note("The kernel A/B rows are not shipped (data/bench/logs/gqa_ab_commits_session13.csv).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 14): Q copied by the consumer warpgroups
+# The producer used to copy the whole CTA's query rows before its first KV tile. Each consumer
+# warpgroup now copies its own rows while the producer starts on the tiles. Below, alternating
+# bench runs against a build of the same tree with the producer's copies
+# (`OLD_DEFINE=KDTREE_GQA_PRODUCER_Q bash tools/gpu/ab_commits.sh worktree`, call e): the fixed
+# cost falls by up to 5.5 µs, a quarter of the call at 8q/1kv, 16k. Under it, call c's first try
+# (the first tiles' TMA issued before the producer's Q copies: slower everywhere), and the "head
+# pairs" layout (two KV heads' last blocks and tail rows in one CTA, `gqa_layouts.py --variants`,
+# call b), correct but about 1.5x slower, taken out.
+
+# %%
+abq_csv = nb.data_path("bench", "logs", "gqa_ab_commits_session14.csv")
+if abq_csv.exists():
+    abq = pd.read_csv(abq_csv)
+    q_ab = ns.ab_commits_table(abq, call="e")
+    nb.show(
+        nf.make_bar_compare_fig(
+            q_ab.drop(columns="new_vs_old").melt(id_vars="name", var_name="Q copies", value_name="us")
+            .replace({"old": "producer (session 13)", "new": "consumers (session 14)"}),
+            "name",
+            "us",
+            "Q copies",
+            "CUDA GQA kernel: who copies Q (H200, µs, lower is better)",
+            "µs",
+        ),
+        "gqa_q_copies_session14",
+    )  # fmt: skip
+    display(q_ab.round(3))
+    display(ns.ab_commits_table(abq, call="c").round(3))
+else:
+    nb.note("The Q-copy A/B rows are not shipped (data/bench/logs/gqa_ab_commits_session14.csv).")
+pairs_csv = nb.data_path("bench", "logs", "gqa_pairs_session14.csv")
+if pairs_csv.exists():
+    display(ns.layout_variants_table(pd.read_csv(pairs_csv), "b").round(3))
+else:
+    nb.note("The head-pair rows are not shipped (data/bench/logs/gqa_pairs_session14.csv).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

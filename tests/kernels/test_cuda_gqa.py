@@ -165,9 +165,10 @@ def test_auto_picks_the_cuda_kernel_where_it_was_measured_faster(monkeypatch):
     for rows in (64, 68, 128, 260, 520):  # 32q/8kv T=17, 65; 8q/1kv T=65
         assert resolve_backend("gqa", "auto", cuda, (128,), bf, rows) == "cuda"
     assert resolve_backend("gqa", "auto", cuda, (128,), torch.float16, 260) == "cuda"
-    # 8q/1kv T=17: the Triton kernel below 64k keys of page table, the CUDA one from there
+    # 8q/1kv T=17: the Triton kernel below 16k keys of page table, the CUDA one from there
     assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136) == "triton"
-    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 32768) == "triton"
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 8192) == "triton"
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 16384) == "cuda"
     assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 65536) == "cuda"
     assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 131072) == "cuda"
     assert resolve_backend("gqa", "auto", cuda, (128,), bf, 260, 16384) == "cuda"

@@ -513,3 +513,20 @@ def test_gqa_layout_ab_table_and_ab_commits_table():
         ns.ab_commits_table(ab[ab["side"] == "old"])
     with pytest.raises(ValueError, match="no A/B timing rows"):
         ns.ab_commits_table(ab, call="z")
+
+
+def test_layout_variants_table():
+    rows = [
+        {"call": "b", "point": p, "variant": v, "ms": ms}
+        for p, v, ms in (("a:1:65", "TAIL=0 PAIR=0", 0.36), ("a:1:65", "PAIR=1", 0.54),
+                         ("a:2:65", "TAIL=0 PAIR=0", 0.70), ("a:2:65", "PAIR=1", 1.05))
+    ] + [{"call": "x", "point": "a:1:65", "variant": "PAIR=1", "ms": 9.0}]  # fmt: skip
+    t = ns.layout_variants_table(pd.DataFrame(rows), "b")
+    assert list(t.columns) == ["point", "TAIL=0 PAIR=0", "PAIR=1", "PAIR=1_vs_first"]
+    assert list(t["point"]) == ["a:1:65", "a:2:65"]
+    assert t.loc[0, "PAIR=1"] == pytest.approx(540.0)
+    assert t.loc[1, "PAIR=1_vs_first"] == pytest.approx(1.05 / 0.70)
+    with pytest.raises(ValueError, match="no layout rows"):
+        ns.layout_variants_table(pd.DataFrame(rows), "z")
+    with pytest.raises(ValueError, match="missing"):
+        ns.layout_variants_table(pd.DataFrame(rows).drop(columns=["variant"]), "b")
