@@ -554,11 +554,11 @@ __device__ __forceinline__ TileSeq wg_tiles(const Params& p, int split, int b) {
   return split_tiles<wg::BN>(p, split, b);
 }
 
-// The producer warpgroup's cp.async copies of this CTA's 64 query rows (q_nope | q_pe, 72
-// 16-byte chunks a row) into the nine swizzled Q slices; rows past `rows` are zero-filled.
-template <typename E>
+// The cp.async copies of this CTA's 64 query rows (q_nope | q_pe, 72 16-byte chunks a row) into
+// the nine swizzled Q slices by THREADS threads (thread pt); rows past `rows` are zero-filled.
+template <typename E, int THREADS = 128>
 __device__ __forceinline__ void wg_copy_q(uint32_t sQ, const Params& p, int b, int m0, int pt) {
-  for (int idx = pt; idx < BLOCK_M * CHUNKS; idx += 128) {
+  for (int idx = pt; idx < BLOCK_M * CHUNKS; idx += THREADS) {
     const int r = idx / CHUNKS;
     const int c = idx % CHUNKS;
     bool valid;
@@ -1033,7 +1033,9 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     const int half = pt >> 6;
     const int lt = pt & 63;
     const uint32_t stage = sKV + half * wg::SMEM_STAGE;
+#ifdef KDTREE_MLA_PRODUCER_Q  // (a measurement build: the producer copies Q, as in session 13)
     wg_copy_q<E>(sQ, p, b, m0, pt);
+#endif
     const uint32_t bar = sBar + 8 * half;
     if (pt == 0) {
       mbar_init(sBar, 1);
@@ -1047,10 +1049,14 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const int run = tma ? sw_run_slot(p, pt_row, ts, half, lt) : 0;
       sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity);
     }
+#ifdef KDTREE_MLA_PRODUCER_Q
     cp_async_commit();
     cp_async_wait<0>();  // this half's share of Q
     fence_async_smem();
     named_sync(sw::BAR_PRODUCER, 128);  // both halves' shares of Q landed
+#else
+    fence_async_smem();
+#endif
     if (half < n) named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     for (int tile = half + 2; tile < n; tile += 2) {
       const bool tma = sw_tma_tile(p, ts, tile);
@@ -1065,6 +1071,17 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 
   // ================= consumer warpgroups =================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
+#ifndef KDTREE_MLA_PRODUCER_Q
+  // Both consumer warpgroups copy Q (18 copies a thread) while the producer starts on the first
+  // tiles at once (the GQA kernel's session-14 change: there the producer's Q copies delayed its
+  // first tile by several us).
+  wg_copy_q<E, wg::CONSUMERS>(sQ, p, b, m0, tid);
+  cp_async_commit();  // (wait_group waits for committed groups only)
+  cp_async_wait<0>();
+  fence_async_smem();
+  named_sync(BAR_CONSUMERS, wg::CONSUMERS);
+  fence_async_smem();  // the other threads' copies -> this thread's wgmma operand reads
+#endif
   const int lane = tid & 31;
   const int w = tid >> 7;            // 0: tiles 2i, O[:, 0:256]; 1: tiles 2i + 1, O[:, 256:512]
   const int wi = (tid >> 5) & 3;     // warp within the warpgroup: rows [16 wi, 16 wi + 16)

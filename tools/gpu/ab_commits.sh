@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Time the CUDA GQA kernel of an older commit against the working tree's, in alternating runs of
+# Time the CUDA GQA / MLA kernels of an older commit against the working tree's, in alternating runs of
 # the verify bench (old, new, old, new: clock drift falls on both), same points and provider.
 #   bash tools/gpu/ab_commits.sh OLD_COMMIT OUT_DIR [bench args...]
 # The old tree comes from `git archive` into /tmp/ab_old (its kernels build into its own cache
 # entry: the build cache is keyed by source); OLD_COMMIT "worktree" copies the working tree
-# instead, and OLD_DEFINE=NAME puts `#define NAME 1` at the top of its GQA kernel (a measurement
+# instead, and OLD_DEFINE=NAME puts `#define NAME 1` at the top of its GQA and MLA kernels (a measurement
 # build of this tree). Rows go to OUT_DIR/{old,new}{1,2}/.
 set -u
 old=$1 out=$2
@@ -16,7 +16,7 @@ else
   git archive "$old" | tar -x -C /tmp/ab_old || { echo "git archive $old failed"; exit 2; }
 fi
 if [ -n "${OLD_DEFINE:-}" ]; then
-  sed -i "1i #define $OLD_DEFINE 1" /tmp/ab_old/kernels/gqa_tree_sm90.cu
+  sed -i "1i #define $OLD_DEFINE 1" /tmp/ab_old/kernels/gqa_tree_sm90.cu /tmp/ab_old/kernels/mla_tree_sm90.cu
 fi
 for round in 1 2; do
   for side in old new; do
