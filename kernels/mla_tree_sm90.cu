@@ -829,7 +829,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
 //   EMPTY + s  (320): both consumers arrive when done with stage s; producer half s syncs.
 //   M_A        (256): warpgroup 0 wrote P_a and m_a; warpgroup 1 syncs.
 //   P_B        (256): warpgroup 1 wrote P_b and m_b; warpgroup 0 syncs.
-//   PRODUCER   (128): the two producer halves' shares of Q have landed.
+//   PRODUCER   (128): the mbarriers are initialised (and, in the -DKDTREE_MLA_PRODUCER_Q
+//                     measurement build, the two producer halves' shares of Q have landed).
+//   CONSUMERS  (256): the two consumer warpgroups' copies of Q have landed (session 14: the
+//                     consumers copy Q while the producer starts on the tiles; 4-8 us less a
+//                     call at 16k and 128k than the producer's copies before its first tiles).
 // A one-way barrier must not see the writer's next arrival before the reader's sync: warpgroup
 // 0 arrives at M_A for pair i + 1 only after stage 0 was refilled, i.e. after warpgroup 1
 // released tile 2i (behind its M_A sync of pair i); warpgroup 1 arrives at P_B for pair i + 1
