@@ -800,7 +800,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const uint32_t base = (raw + ALIGN - 1) & ~static_cast<uint32_t>(ALIGN - 1);
   const uint32_t sQ = base;
   const uint32_t sKV = sQ + C::SMEM_Q;
-  const uint32_t sBar = sKV + STAGES * C::SMEM_STAGE;  // STAGES mbarriers ("full"), then Q's
+  // STAGES mbarriers ("full"), then Q's (used by the -DKDTREE_GQA_PRODUCER_Q build only)
+  const uint32_t sBar = sKV + STAGES * C::SMEM_STAGE;
 
   const int tid = threadIdx.x;
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
