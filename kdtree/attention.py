@@ -159,8 +159,8 @@ def resolve_backend(
       ``cuda`` (0.52 ms at h=16, L=128k, T=65, session 12, against the Triton kernel's 1.50 ms
       in session 6);
     * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
-      G * T`` number at least 64: ``cuda`` (1.28-1.76x the Triton kernel at 32q/8kv and 8q/1kv,
-      T=17 and 65, L 16k-256k, session 14, call e), except for 129-144 rows when the page table
+      G * T`` number at least 64: ``cuda`` (1.04-1.76x the Triton kernel at 32q/8kv and 8q/1kv,
+      T=17 and 65, L 16k-256k, session 14, call e; >= 1.28x but at 8q/1kv, T=17, 16k), except for 129-144 rows when the page table
       holds fewer than 16k keys (``max_len``) or its size is not given (8q/1kv, T=17: at 16k the
       CUDA kernel is only 1.04x the Triton one, 16.0 against 16.6 us, and below 16k it was not
       measured; the Triton kernel's small tail tile suits short prefixes);
