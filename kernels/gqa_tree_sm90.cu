@@ -220,9 +220,9 @@ __device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail) 
 // A consumer warpgroup's copies of its own query rows (thread t of 128): row r (of `nrows`, 64,
 // or TAIL_N for the tail warpgroup, the rest of whose region holds its P buffers) -> its two
 // 64-dim slices at sQw; rows past G*T are zero-filled. The warpgroup waits for all of them.
-// (Session 13's producer copied the whole CTA's Q before its first KV tile: 24 copies a thread
-// and their index arithmetic on the producer's critical path; call c of session 14 measured the
-// first tiles' TMA issued before Q 1.5-2.4 us slower: the copies' order matters.)
+// (Session 13's producer copied the whole CTA's Q before its first KV tile: 16 or 24 copies a
+// thread and their index arithmetic on the producer's critical path; call c of session 14
+// measured the first tiles' TMA issued before Q 1.4-2.7 us slower: the copies' order matters.)
 template <typename E>
 __device__ __forceinline__ void load_q(uint32_t sQw, const Params& p, int b, int kvh, int first,
                                        int nrows, int w, int t) {

@@ -353,7 +353,7 @@ else:
 # warpgroup now copies its own rows while the producer starts on the tiles. Below, alternating
 # bench runs against a build of the same tree with the producer's copies
 # (`OLD_DEFINE=KDTREE_GQA_PRODUCER_Q bash tools/gpu/ab_commits.sh worktree`, call e): the fixed
-# cost falls by up to 5.5 µs, a quarter of the call at 8q/1kv, 16k. Under it, call c's first try
+# cost falls by 3-8 µs a call, a quarter of it at 8q/1kv, 16k. Under it, call c's first try
 # (the first tiles' TMA issued before the producer's Q copies: slower everywhere), and the "head
 # pairs" layout (two KV heads' last blocks and tail rows in one CTA, `gqa_layouts.py --variants`,
 # call b), correct but about 1.5x slower, taken out.
