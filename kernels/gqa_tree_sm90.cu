@@ -17,14 +17,11 @@
 //     tiles in 5 stages, so fewer CTAs read each KV tile from L2 when there are >= 3 row blocks
 //     of 64 (the launcher's `wgs` and `tail_blocks`, chosen by
 //     kdtree.kernels.cuda_gqa.launch_plan).
-//   * Grid (CTAs, 1, B * Hkv). The prefix's tiles are dealt to S = num_splits stripes in turn
-//     (tile g to stripe g % S); each of the first R - 1 row CTAs has S CTAs, one a stripe, and
-//     the last row CTA S / group CTAs of `group` stripes each (place, kv_seq). Every CTA sweeps
-//     the prefix from the front, so a tile's readers run close together in time and read it from
-//     DRAM once (L2 serves the rest); the CTA holding stripe S - 1 also streams the T tree keys
-//     through the ancestor bitmask. (Until session 15 a split was a contiguous key range and
-//     every row CTA took S of them; the group lets a last row CTA with less MMA work, such as
-//     32q/8kv T=65's [1 block + tail], take a longer share.)
+//   * Grid (row CTAs, num_splits, B * Hkv); the row blocks of one split are the
+//     fastest axis, so they run together and read the split's KV from DRAM once (L2 serves the
+//     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the
+//     tile), the LAST split also the T tree keys through the ancestor bitmask
+//     (kdtree_sm90::split_tiles).
 //   * Warp specialisation: each consumer warpgroup copies its own Q rows by cp.async (load_q);
 //     a producer warpgroup brings whole prefix tiles by TMA (one 5-D tensor map over both the K
 //     and V pools, one box a page run:
@@ -161,9 +158,7 @@ struct Params {
   int tail_cta, tail_wg;     // the tail warpgroup (tail_rows): CTA x and warpgroup; -1 none
   int max_pages;
   int page_shift;            // log2(page_size)
-  int num_splits;            // S: the prefix's stripes, and the partials' split stride
-  int row_ctas;              // R: CTAs along the packed rows
-  int group_shift;           // the last row CTA takes 2^group_shift stripes a CTA (place)
+  int num_splits;
   float qk_scale;            // sm_scale * log2(e)
   int tma_rows;              // rows of one TMA box of kv_map (0: cp.async only)
   int kv_swap;               // 1: V before K in each key group (kv_map's base is the V pool)
@@ -185,85 +180,6 @@ struct Params {
 // thread 0 (PRODUCER_PHASES); [2] is unused.
 __device__ unsigned long long g_gqa_clocks[4][10];
 
-// Which keys a CTA's tiles cover. The prefix's BN-key tiles are dealt to S = num_splits
-// stripes in turn (prefix tile g belongs to stripe g % S). A CTA takes the 2^lw stripes
-// a .. a + 2^lw - 1 (one, or the last row CTA's group: place) and streams tile k of each of them
-// in turn: its tile i is prefix tile a + i + (i >> lw) * gap, gap = S - 2^lw. So every CTA sweeps
-// the prefix from the front at its own pace, and a CTA of several stripes reads each one's tiles
-// when that stripe's other row CTAs do (L2), whatever its share. Tiles [0, n_pre) are prefix
-// tiles, whole below n_full (only the prefix's last tile can be partial); then, on the CTA
-// holding stripe S - 1, the ceil(T / BN) tree tiles (key j at logical position L + j).
-struct KvSeq {
-  int L, T, a, lw, gap, n_pre, n_full, n_tiles;
-};
-
-template <int BN>
-__device__ __forceinline__ KvSeq kv_seq(const Params& p, int b, int a, int lw) {
-  KvSeq ts;
-  const int S = p.num_splits, w = 1 << lw;
-  ts.L = max(__ldg(p.prefix_lens + b), 0);
-  ts.T = p.T;
-  ts.a = a;
-  ts.lw = lw;
-  ts.gap = S - w;
-  const int nt = (ts.L + BN - 1) / BN;  // the prefix's tiles
-  const int rounds = nt / S, rem = nt - rounds * S;
-  ts.n_pre = rounds * w + min(max(rem - a, 0), w);
-  const int last = (nt - 1) % S;  // the stripe of the prefix's last tile
-  ts.n_full = ts.n_pre - (nt > 0 && ts.L % BN != 0 && last >= a && last < a + w ? 1 : 0);
-  ts.n_tiles = ts.n_pre + (a + w == S ? (ts.T + BN - 1) / BN : 0);
-  return ts;
-}
-
-// The first key position of prefix tile `tile` (< n_pre) of this CTA.
-template <int BN>
-__device__ __forceinline__ int tile_pos(const KvSeq& ts, int tile) {
-  return (ts.a + tile + (tile >> ts.lw) * ts.gap) * BN;
-}
-
-// This CTA's place (grid.x): row CTA x and stripes a .. a + 2^lw - 1, its partials in split
-// slot `slot`. The first (R - 1) * S CTAs are the first R - 1 row CTAs, one stripe each, row CTA
-// fastest (a stripe's row CTAs start together); then the last row CTA's S >> group_shift CTAs
-// of 2^group_shift stripes each, their partials in slots 0 .. (S >> group_shift) - 1 (the merge
-// reads only those for its rows: MergeParams::split_row). A last row CTA with less MMA work
-// (32q/8kv, T=65: [3 blocks] [1 block + tail]) so takes a longer share of the keys.
-__device__ __forceinline__ void place(const Params& p, int& x, int& a, int& lw, int& slot) {
-  const int id = static_cast<int>(blockIdx.x);
-  const int lead = (p.row_ctas - 1) * p.num_splits;
-  if (id < lead) {
-    x = id % (p.row_ctas - 1);
-    a = slot = id / (p.row_ctas - 1);
-    lw = 0;
-  } else {
-    x = p.row_ctas - 1;
-    slot = id - lead;
-    lw = p.group_shift;
-    a = slot << lw;
-  }
-}
-
-// Physical slot of key `row` (0..BN-1) of tile `tile`, or -1 when it is not a real key (past
-// the prefix / past T / past the page table): such rows are zero-filled.
-template <int BN>
-__device__ __forceinline__ int64_t kv_slot(const Params& p, const int32_t* pt_row,
-                                           const KvSeq& ts, int tile, int row) {
-  if (tile >= ts.n_tiles) return -1;
-  int pos;
-  bool valid;
-  if (tile < ts.n_pre) {
-    pos = tile_pos<BN>(ts, tile) + row;
-    valid = pos < ts.L;
-  } else {
-    const int j = (tile - ts.n_pre) * BN + row;
-    pos = ts.L + j;
-    valid = j < ts.T;
-  }
-  const int page_idx = pos >> p.page_shift;
-  if (!valid || page_idx >= p.max_pages) return -1;
-  const int64_t page = static_cast<int64_t>(__ldg(pt_row + page_idx));
-  return (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
-}
-
 // cp.async completion -> one arrival on `bar` (the pending count is not raised: the mbarrier's
 // expected count includes these arrivals).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
@@ -274,29 +190,30 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 // tree tiles keep the zero-filling cp.async path: a TMA box would bring whatever the unused
 // slots of a page hold, and P = 0 times a NaN there is NaN).
 template <class C>
-__device__ __forceinline__ bool tma_tile(const Params& p, const KvSeq& ts, int tile) {
-  if (p.tma_rows == 0 || tile >= ts.n_full) return false;
-  return ((tile_pos<C::BN>(ts, tile) + C::BN - 1) >> p.page_shift) < p.max_pages;
+__device__ __forceinline__ bool tma_tile(const Params& p, const TileSeq& ts, int tile) {
+  if (p.tma_rows == 0 || tile >= ts.n_pre) return false;
+  const int pos = ts.start + tile * C::BN;
+  return ts.end - pos >= C::BN && ((pos + C::BN - 1) >> p.page_shift) < p.max_pages;
 }
 
 // A TMA tile's first slot of page run `lt` (lanes lt < BN / tma_rows issue one run's boxes),
 // read before the producer waits for the stage so the page-table read overlaps that wait.
 template <class C>
-__device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, const KvSeq& ts,
+__device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, const TileSeq& ts,
                                         int tile, int lt) {
   if (!tma_tile<C>(p, ts, tile) || lt * p.tma_rows >= C::BN) return 0;
-  const int pos = tile_pos<C::BN>(ts, tile) + lt * p.tma_rows;
+  const int pos = ts.start + tile * C::BN + lt * p.tma_rows;
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
 // The first packed query row of consumer warpgroup w of this CTA, -1 when it has none; `tail`:
 // it is the tail warpgroup (rows full_rows .. rows - 1, at most TAIL_N). Warpgroup w < blocks
-// takes 64-row block x * blocks + w (x: the row CTA, place).
-__device__ __forceinline__ int wg_first_row(const Params& p, int x, int w, bool& tail) {
-  tail = x == p.tail_cta && w == p.tail_wg;
+// takes 64-row block blockIdx.x * blocks + w.
+__device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail) {
+  tail = static_cast<int>(blockIdx.x) == p.tail_cta && w == p.tail_wg;
   if (tail) return p.full_rows;
   if (w >= p.blocks) return -1;
-  const int first = (x * p.blocks + w) * WG_ROWS;
+  const int first = (static_cast<int>(blockIdx.x) * p.blocks + w) * WG_ROWS;
   return first < p.full_rows ? first : -1;
 }
 
@@ -338,7 +255,7 @@ __device__ __forceinline__ void copy_q(uint32_t sQ, const Params& p, int b, int 
     const int r = (idx >> 4) & 63;
     const int c = idx & 15;
     bool tail;
-    const int first = wg_first_row(p, x, w, tail);
+    const int first = wg_first_row(p, w, tail);
     if (first < 0 || (tail && r >= TAIL_N)) continue;
     const int row = first + r;
     const bool valid = row < p.rows;
@@ -372,13 +289,13 @@ __device__ __forceinline__ uint32_t kv_off(int r, int part, int half, int c) {
 template <class C, typename E, int SWAP>
 __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, const E* vbase,
                                              const Params& p, const int32_t* pt_row,
-                                             const KvSeq& ts, int tile, int pt) {
+                                             const TileSeq& ts, int tile, int pt) {
   const int sub = pt & 7;
   constexpr uint32_t k_part = SWAP * KV_PART, v_part = (1 - SWAP) * KV_PART;
 #pragma unroll 2
   for (int k = 0; k < C::BN / 16; ++k) {
     const int r = (pt >> 3) + 16 * k;
-    const int64_t slot = kv_slot<C::BN>(p, pt_row, ts, tile, r);
+    const int64_t slot = key_slot<C::BN>(p, pt_row, ts, tile, r);
     const int bytes = slot >= 0 ? 16 : 0;
     const E* ks = slot >= 0 ? kbase + slot * p.sk_slot : kbase;
     const E* vs = slot >= 0 ? vbase + slot * p.sv_slot : vbase;
@@ -393,12 +310,12 @@ __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, con
 // Visibility of the BN keys of tile `tile` for query row `row` (one word per 64 keys).
 template <class C>
 __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Params& p,
-                                          const KvSeq& ts, int b, int tile, int row) {
+                                          const TileSeq& ts, int b, int tile, int row) {
   const auto low64 = [](int k) {
     return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
   };
   if (tile < ts.n_pre) {
-    const int left = tile < ts.n_full ? C::BN : ts.L - tile_pos<C::BN>(ts, tile);
+    const int left = ts.end - (ts.start + tile * C::BN);
 #pragma unroll
     for (int w = 0; w < C::WORDS; ++w) bits[w] = low64(left - 64 * w);
     return;
@@ -416,8 +333,8 @@ __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Para
 
 // Whether tile `tile` is a whole prefix tile (no mask).
 template <class C>
-__device__ __forceinline__ bool tile_is_full(const KvSeq& ts, int tile) {
-  return tile < ts.n_full;
+__device__ __forceinline__ bool tile_is_full(const TileSeq& ts, int tile) {
+  return tile < ts.n_pre && ts.end - (ts.start + tile * C::BN) >= C::BN;
 }
 
 // S (64 x BN) = Q K^T: 8 k-steps of m64nBNk16, issued and committed (not waited for).
@@ -449,7 +366,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[C:
 // log-sum-exp.
 template <typename E>
 __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64], int b, int kvh,
-                                          int slot, int row0, int row1, int q4, float m0,
+                                          int split, int row0, int row1, int q4, float m0,
                                           float m1, float l0, float l1) {
   const int S = p.num_splits;
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f;
@@ -472,7 +389,7 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
     }
     return;
   }
-  const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + slot) * p.rows;
+  const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows;
   if (ok0) {
     float* dst = p.part + (rbase + row0) * D + col0;
 #pragma unroll
@@ -499,7 +416,7 @@ template <class C, typename E>
 __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
                                              uint32_t (&pc)[C::KS][4], uint32_t (&pn)[C::KS][4],
                                              float& m_run0, float& m_run1, float& l_run0,
-                                             float& l_run1, const Params& p, const KvSeq& ts,
+                                             float& l_run1, const Params& p, const TileSeq& ts,
                                              int b, int tile, int row0, int row1, int q4,
                                              uint64_t dq, uint64_t dk0, uint64_t dv0,
                                              uint32_t sBar, int turns, int w,
@@ -642,7 +559,7 @@ __device__ __forceinline__ void tail_issue_pv(float (&o)[2][8], uint64_t dv, uin
 template <class C, typename E>
 __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&m_run)[4],
                                              float (&l_run)[4], float (&alpha)[4],
-                                             const Params& p, const KvSeq& ts, int b, int tile,
+                                             const Params& p, const TileSeq& ts, int b, int tile,
                                              int kr, int q4, int lane, int wi, uint32_t red,
                                              uint32_t pb) {
   constexpr int KB = C::BN / 64;
@@ -717,7 +634,7 @@ __device__ __forceinline__ void tail_fresh(float (&s)[KB][8]) {
 template <class C, typename E>
 __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN / 64][8],
                                           float (&nxt)[C::BN / 64][8], float (&m_run)[4],
-                                          float (&l_run)[4], const Params& p, const KvSeq& ts,
+                                          float (&l_run)[4], const Params& p, const TileSeq& ts,
                                           int b, int tile, int kr, int q4, int lane, int wi,
                                           uint32_t sQw, uint32_t sBar, uint64_t dq, uint64_t dk0,
                                           uint64_t dv0) {
@@ -762,8 +679,8 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
 
 // The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV).
 template <class C, typename E, int SWAP>
-__device__ __forceinline__ void tail_rows(const Params& p, const KvSeq& ts, int b, int kvh,
-                                          int slot, uint32_t sQw, uint32_t sKV, uint32_t sBar,
+__device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, int b, int kvh,
+                                          int split, uint32_t sQw, uint32_t sKV, uint32_t sBar,
                                           int t) {
   constexpr int STAGES = C::STAGES, KB = C::BN / 64;
   const int n = ts.n_tiles;
@@ -860,7 +777,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const KvSeq& ts, int 
         for (int h = 0; h < 2; ++h)
           dst[64 * mb + kr + 8 * h] = E(o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv);
     } else {
-      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + slot) * p.rows + row;
+      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows + row;
       float* dst = p.part + r * D;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
@@ -888,11 +805,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
   const int tid = threadIdx.x;
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
-  int x, a, lw, slot;
-  place(p, x, a, lw, slot);
+  const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
-  const KvSeq ts = kv_seq<BN>(p, b, a, lw);
+  const TileSeq ts = split_tiles<BN>(p, split, b);
   const int n = ts.n_tiles;
   const int32_t* pt_row = p.page_table + b * p.spt_b;
 
@@ -956,7 +872,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int q4 = lane & 3;
   const int r0 = wi * 16 + (lane >> 2);
   bool tail;
-  const int first = wg_first_row(p, x, w, tail);
+  const int first = wg_first_row(p, w, tail);
 #ifdef KDTREE_GQA_NO_TAIL  // (a measurement build without the tail warpgroup's code: it idles)
   const bool idle = first < 0 || (p.ablate & 16) || tail;
 #else
@@ -976,7 +892,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #endif
 #ifndef KDTREE_GQA_NO_TAIL
   if (tail) {
-    tail_rows<C, E, SWAP>(p, ts, b, kvh, slot, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+    tail_rows<C, E, SWAP>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
     return;
   }
 #endif
@@ -995,7 +911,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   float m_run0 = neg_inf(), m_run1 = neg_inf();
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
   if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
-    store_out<E>(p, o, b, kvh, slot, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+    store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
     return;
   }
   const float scale = p.qk_scale;
@@ -1012,7 +928,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   // warpgroup gives warpgroup 0 the first turn.
   // (the 64-row warpgroups with rows are 0 .. with_rows - 1; the tail warpgroup takes no turns)
   const int with_rows =
-      min(p.blocks, max(0, p.full_rows - x * p.blocks * WG_ROWS +
+      min(p.blocks, max(0, p.full_rows - static_cast<int>(blockIdx.x) * p.blocks * WG_ROWS +
                                WG_ROWS - 1) / WG_ROWS);
   const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
   const int turns = ring && with_rows >= 2 ? with_rows : 0;
@@ -1060,11 +976,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
-  store_out<E>(p, o, b, kvh, slot, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+  store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
 }
 
 template <class C, typename E, int SWAP>
-int launch_swap(const Params& p, int B, int merge, cudaStream_t stream) {
+int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -1076,22 +992,18 @@ int launch_swap(const Params& p, int B, int merge, cudaStream_t stream) {
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  const dim3 grid((p.row_ctas - 1) * p.num_splits + (p.num_splits >> p.group_shift), 1,
-                  B * p.Hkv);  // (place)
+  const dim3 grid(row_ctas, p.num_splits, B * p.Hkv);
   gqa_split_kernel<C, E, SWAP><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
-  MergeParams mp = merge_params_of(p, p.Hkv, p.G);
-  mp.split_row = (p.row_ctas - 1) * p.blocks * WG_ROWS;  // the last row CTA's first row
-  mp.last_splits = p.num_splits >> p.group_shift;
-  return launch_merge_splits<E, D>(mp, B, stream, merge == MERGE_PDL);
+  return launch_merge_splits<E, D>(merge_params_of(p, p.Hkv, p.G), B, stream, merge == MERGE_PDL);
 }
 
 template <class C, typename E>
-int launch(const Params& p, int B, int merge, cudaStream_t stream) {
-  return p.kv_swap ? launch_swap<C, E, 1>(p, B, merge, stream)
-                   : launch_swap<C, E, 0>(p, B, merge, stream);
+int launch(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
+  return p.kv_swap ? launch_swap<C, E, 1>(p, B, row_ctas, merge, stream)
+                   : launch_swap<C, E, 0>(p, B, row_ctas, merge, stream);
 }
 
 }  // namespace kdtree_gqa
@@ -1139,8 +1051,6 @@ const char* kdtree_gqa_error_string(int code) {
                      "match, heads be 128 contiguous dims, the driver encode the map)";
     case -13: return "tail_blocks: expected 0, or 1 .. wgs 64-row blocks a CTA with 1 .. 16 rows "
                      "past the last whole 64-row block (the tail warpgroup)";
-    case -14: return "group: expected a power of two dividing num_splits, and above 1 only with the "
-                     "CUDA merge (merge 1 or 2: the caller's merge reads every split of every row)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1150,8 +1060,7 @@ const char* kdtree_gqa_error_string(int code) {
 // leaves the partials to the caller. `tail_blocks` 0: each CTA's `wgs` consumer warpgroups take
 // consecutive 64-row blocks, the last one padded; k >= 1: k whole blocks a CTA and the 1..16
 // rows past them in the tail warpgroup (tail_rows), in the last CTA's first free warpgroup (or a
-// CTA of their own). `group`: the last row CTA takes `group` of the num_splits stripes a CTA
-// (place; 1: one, like the others). 0, a negative argument error or a cudaError_t value.
+// CTA of their own). 0, a negative argument error or a cudaError_t value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
                            const int64_t* tree_mask, void* out, float* part, float* lse,
@@ -1160,8 +1069,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
                            int max_pages, int num_splits, float sm_scale, int64_t num_slots,
-                           int wgs, int tail_blocks, int group, int merge,
-                           uintptr_t stream) {
+                           int wgs, int tail_blocks, int merge, uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
   if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
@@ -1172,9 +1080,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
   if (B < 1 || T < 1 || Hq < 1 || Hkv < 1 || max_pages < 1 || Hq % Hkv != 0) return -4;
   if (num_splits < 1) return -5;
-  if (group < 1 || (group & (group - 1)) != 0 || num_splits % group != 0 ||
-      (group > 1 && merge == MERGE_BY_CALLER))
-    return -14;
   if (num_splits > 1 && (part == nullptr || lse == nullptr)) return -6;
   const auto mis16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) != 0; };
   if (mis16(q) || mis16(k) || mis16(v) || mis16(part) || (sq_b | sq_t | sq_h) & 7 ||
@@ -1238,9 +1143,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.max_pages = max_pages;
   p.page_shift = shift;
   p.num_splits = num_splits;
-  p.row_ctas = row_ctas;
-  p.group_shift = 0;
-  while ((1 << p.group_shift) < group) ++p.group_shift;
   p.qk_scale = sm_scale * 1.4426950408889634f;
   const char* env_clocks = getenv("KDTREE_GQA_CLOCKS");
   const char* env_ablate = getenv("KDTREE_GQA_ABLATE");
@@ -1282,10 +1184,10 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   if (wgs == 2)
-    return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, merge, s)
-                      : launch<Wide, __half>(p, B, merge, s);
-  return dtype == 0 ? launch<Tall, __nv_bfloat16>(p, B, merge, s)
-                    : launch<Tall, __half>(p, B, merge, s);
+    return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, row_ctas, merge, s)
+                      : launch<Wide, __half>(p, B, row_ctas, merge, s);
+  return dtype == 0 ? launch<Tall, __nv_bfloat16>(p, B, row_ctas, merge, s)
+                    : launch<Tall, __half>(p, B, row_ctas, merge, s);
 }
 
 }  // extern "C"

@@ -598,8 +598,7 @@ struct MergeParams {
   const float* lse;
   void* out;
   int64_t so_b, so_t, so_h;  // out strides (elements)
-  int Hkv, G, rows, num_splits;  // num_splits: the partials' split stride
-  int split_row, last_splits;     // rows >= split_row have partials in splits < last_splits only
+  int Hkv, G, rows, num_splits;
 };
 constexpr int MERGE_THREADS = 256;
 // Who merges the partials (the launchers' `merge` argument): the caller (the Triton merge),
@@ -637,8 +636,8 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
   const int tid = threadIdx.x;
   const int row = blockIdx.x;
   const int hb = blockIdx.y;  // b * Hkv + kvh
-  const int S = row >= p.split_row ? p.last_splits : p.num_splits;
-  const int64_t base = static_cast<int64_t>(hb) * p.num_splits * p.rows + row;  // + s * rows
+  const int S = p.num_splits;
+  const int64_t base = static_cast<int64_t>(hb) * S * p.rows + row;  // + s * rows
   float mx = neg_inf();
   for (int s = tid; s < S; s += MERGE_THREADS) {
     const float l = p.lse[base + static_cast<int64_t>(s) * p.rows];
@@ -702,8 +701,6 @@ static inline MergeParams merge_params_of(const P& p, int Hkv, int G) {
   mp.G = G;
   mp.rows = p.rows;
   mp.num_splits = p.num_splits;
-  mp.split_row = p.rows;  // every row merges every split (the GQA launcher may say otherwise)
-  mp.last_splits = p.num_splits;
   return mp;
 }
 

@@ -56,9 +56,7 @@ __all__ = [
     "choose_splits",
     "compile_only",
     "consumer_warpgroups",
-    "grid_ctas",
     "launch_args",
-    "split_group",
     "launch_plan",
     "row_ctas",
     "phase_clocks",
@@ -113,9 +111,8 @@ def _load() -> ctypes.CDLL:
                 i32,
                 i32,
                 i32,
-                i32,
                 ctypes.c_size_t,
-            ]  # sm_scale num_slots wgs tail_blocks group merge stream
+            ]  # sm_scale num_slots wgs tail_blocks merge stream
         )
         lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
         lib.kdtree_gqa_error_string.argtypes = [i32]
@@ -204,80 +201,24 @@ def row_ctas(rows: int, wgs: int, tail_blocks: int) -> int:
     return ctas if last < wgs else ctas + 1
 
 
-#: The per-tile time of the last row CTA of ``[3 whole blocks] ... [1 whole block + tail]``
-#: (32q/8kv, T=65) against a three-block CTA's, for :func:`split_group`'s default; ``None``: no
-#: group by default (not measured yet).
-LAST_TILE_COST: float | None = None
-#: The groups the kernel takes (a power of two dividing the split count).
-GROUPS = (1, 2, 4, 8)
-
-
-def _lighter_last_cta(rows: int) -> bool:
-    """Whether :func:`launch_plan`'s last row CTA holds one whole block and the tail beside
-    CTAs of three whole blocks (the layout :data:`LAST_TILE_COST` was measured on)."""
-    wgs, tail_blocks = launch_plan(rows)
-    n_full = rows // 64
-    return wgs == 3 and tail_blocks == 3 and n_full >= 4 and n_full % 3 == 1
-
-
-def split_group(rows: int, num_splits: int, merge: int = 1) -> int:
-    """How many of the ``num_splits`` stripes of the prefix each CTA of the last row CTA takes
-    (``kernels/gqa_tree_sm90.cu``, ``place``): ``KDTREE_GQA_GROUP`` when set (a
-    :data:`GROUPS` value dividing ``num_splits``, else ``ValueError``), otherwise
-    :func:`_model_group`'s when it divides ``num_splits``, else 1. Always 1 with one split or
-    the caller's (Triton) merge (``merge`` 0), which reads every split of every row."""
-    forced = _env_int("KDTREE_GQA_GROUP", GROUPS)
-    if num_splits <= 1 or merge == 0:
-        return 1
-    if forced is not None:
-        if num_splits % forced:
-            raise ValueError(
-                f"KDTREE_GQA_GROUP={forced}: must divide the split count ({num_splits})"
-            )
-        return forced
-    g = _model_group(rows)
-    return g if num_splits % g == 0 else 1
-
-
-def _model_group(rows: int) -> int:
-    """The default group for ``rows``: the power of two nearest ``1 / LAST_TILE_COST`` on the
-    layout it was measured on, else 1."""
-    if LAST_TILE_COST is None or not _lighter_last_cta(rows):
-        return 1
-    return min(GROUPS, key=lambda g: abs(math.log2(g * LAST_TILE_COST)))
-
-
-def grid_ctas(rows: int, num_splits: int, group: int) -> int:
-    """The split kernel's CTAs a (request, KV head): ``(R - 1) * S + S / group`` (``place``)."""
-    r = row_ctas(rows, *launch_plan(rows))
-    return (r - 1) * num_splits + num_splits // group
-
-
 def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``num_kv_heads`` KV heads with ``rows = G * T``
     packed query rows and a prefix bound ``max_len`` (static shapes only), for the kernel shape
-    :func:`launch_plan` picks and the group :func:`split_group` gives each split count. One CTA
-    fits an SM (~210-225 KB of shared memory). Modelled time of a split count ``s``: waves
-    ``ceil(ctas / num_sms)`` times the longest CTA's tiles (``ceil(max_len / s / tile)``, times
-    ``group * LAST_TILE_COST`` for the last row CTA's when it takes a group) plus 256 keys of
-    fixed cost (Q load, pipeline fill, epilogue); the smallest ``s`` within 3 % of the best, at
-    most ``_MAX_WAVES`` waves and at least 256 keys a split."""
+    :func:`launch_plan` picks. One CTA fits an SM (~210-225 KB of shared memory).
+    Modelled time of a split count ``s``: waves ``ceil(ctas * s / num_sms)`` times the tiles a
+    CTA streams (``ceil(max_len / s / tile)``) plus 256 keys of fixed cost (Q load, pipeline
+    fill, epilogue); the smallest ``s`` within 3 % of the best, at most ``_MAX_WAVES`` waves and
+    at least 256 keys a split."""
     wgs, tail_blocks = launch_plan(rows)
     tile = SHAPES[wgs][1]
-    per_split = batch * num_kv_heads * row_ctas(rows, wgs, tail_blocks)
+    ctas = batch * num_kv_heads * row_ctas(rows, wgs, tail_blocks)
     tiles = max(1, math.ceil(max_len / tile))
     fixed = 256 // tile
-    cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(per_split, 1)))
-    forced = _env_int("KDTREE_GQA_GROUP", GROUPS)
-    costs = {}
-    for s in range(1, cap + 1):
-        if forced is not None and s > 1 and s % forced:
-            continue
-        g = split_group(rows, s)
-        ctas = batch * num_kv_heads * grid_ctas(rows, s, g)
-        t = math.ceil(tiles / s)
-        last = g * t * (LAST_TILE_COST or 1.0) if g > 1 else t
-        costs[s] = math.ceil(ctas / num_sms) * (max(t, last) + fixed)
+    cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(ctas, 1)))
+    costs = {
+        s: math.ceil(ctas * s / num_sms) * (math.ceil(tiles / s) + fixed)
+        for s in range(1, cap + 1)
+    }
     best = min(costs.values())
     return min(s for s, c in costs.items() if c <= best * 1.03)
 
@@ -365,7 +306,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
     num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 1,
-    tail_blocks: int = 0, group: int = 1,
+    tail_blocks: int = 0,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""
@@ -402,7 +343,6 @@ def launch_args(
         k_cache.shape[0] * k_cache.shape[1],  # num_slots (the TMA maps)
         int(wgs),
         int(tail_blocks),
-        int(group),
         int(merge),
         stream,
     )
@@ -462,13 +402,12 @@ def tree_attention_gqa_cuda(
     lib = _load()
     merge = merge_for(num_splits)
     wgs, tail_blocks = launch_plan(rows)
-    group = split_group(rows, num_splits, merge)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(
             q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out,
             None if part is None else part.data_ptr(), None if lse is None else lse.data_ptr(),
-            num_splits, sm_scale, stream, wgs, merge, tail_blocks, group,
+            num_splits, sm_scale, stream, wgs, merge, tail_blocks,
         )  # fmt: skip
         rc = lib.kdtree_gqa_tree_launch(*args)
         if rc != 0:

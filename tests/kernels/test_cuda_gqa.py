@@ -64,20 +64,12 @@ def test_ctypes_call_matches_the_c_signature(gen):
         assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
     assert lib.kdtree_gqa_block_m(4) == -1
     assert args[-2] == 1  # merge: the CUDA merge in stream order
-    assert args[-3] == 1  # group: one stripe a CTA
-    assert args[-4] == 0  # tail_blocks: no tail warpgroup
-    assert lib.kdtree_gqa_tree_launch(*args[:-5], 4, *args[-4:]) == -10
+    assert args[-3] == 0  # tail_blocks: no tail warpgroup
+    assert lib.kdtree_gqa_tree_launch(*args[:-4], 4, *args[-3:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
     # the tail warpgroup: at most `wgs` blocks a CTA (12 rows here: a tail alone is valid)
-    assert lib.kdtree_gqa_tree_launch(*args[:-4], 3, *args[-3:]) == -13
+    assert lib.kdtree_gqa_tree_launch(*args[:-3], 3, *args[-2:]) == -13
     assert b"tail" in lib.kdtree_gqa_error_string(-13)
-    # the last row CTA's group: a power of two dividing the splits, and the CUDA merge
-    four = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4, SCALE, 0)
-    four = (0, *four[1:])
-    for group, merge in ((3, 1), (8, 1), (0, 1), (2, 0)):
-        assert lib.kdtree_gqa_tree_launch(*four[:-3], group, merge, four[-1]) == -14
-    assert lib.kdtree_gqa_tree_launch(*args[:-3], 2, *args[-2:]) == -14  # 1 split
-    assert b"power of two" in lib.kdtree_gqa_error_string(-14)
     # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
     assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
     big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
@@ -101,42 +93,6 @@ def test_choose_splits_is_static_and_bounded():
     assert cuda_gqa.choose_splits(1, 1, 8 * 17, 131072, 132) >= 60
     assert cuda_gqa.workspace_numel(2, 8, 68, 1) == 0
     assert cuda_gqa.workspace_numel(2, 8, 68, 3) == 2 * 8 * 3 * 68 * 129
-
-
-def test_split_group_and_grid_ctas(monkeypatch):
-    """The last row CTA's group: the model's only where the last row CTA is [1 block + tail]
-    beside three-block CTAs and the group divides the splits; never with one split or the
-    Triton merge; KDTREE_GQA_GROUP forces it (a power of two dividing the splits)."""
-    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS",
-                 "KDTREE_GQA_GROUP"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(cuda_gqa, "LAST_TILE_COST", None)
-    assert cuda_gqa.split_group(260, 8) == 1  # not measured: no group
-    monkeypatch.setattr(cuda_gqa, "LAST_TILE_COST", 0.45)
-    assert cuda_gqa.split_group(260, 8) == 2  # 32q/8kv T=65: [3 blocks] [1 block + tail]
-    assert cuda_gqa.split_group(1028, 8) == 2  # 16 whole blocks: [3] x 5 [1 + tail]
-    assert cuda_gqa.split_group(260, 9) == 1  # 2 does not divide 9
-    assert cuda_gqa.split_group(260, 8, merge=0) == 1  # the Triton merge reads every split
-    assert cuda_gqa.split_group(260, 1) == 1
-    for rows in (68, 136, 520, 273):  # other last row CTAs
-        assert cuda_gqa.split_group(rows, 8) == 1
-    monkeypatch.setattr(cuda_gqa, "LAST_TILE_COST", 0.3)
-    assert cuda_gqa.split_group(260, 8) == 4  # the power of two nearest 1 / cost
-    assert cuda_gqa.grid_ctas(260, 8, 2) == 8 + 4 and cuda_gqa.grid_ctas(260, 8, 1) == 16
-    assert cuda_gqa.grid_ctas(136, 16, 4) == 4  # one row CTA: all of them grouped
-    # the split count's model takes the group's CTAs and the last CTA's longer share
-    monkeypatch.setattr(cuda_gqa, "LAST_TILE_COST", 0.5)
-    s = cuda_gqa.choose_splits(1, 8, 260, 131072, 132)
-    g = cuda_gqa.split_group(260, s)
-    assert g == 2 and s % 2 == 0 and s > 8
-    monkeypatch.setenv("KDTREE_GQA_GROUP", "4")
-    assert cuda_gqa.split_group(136, 8) == 4  # forced on any layout
-    assert cuda_gqa.choose_splits(1, 8, 260, 131072, 132) % 4 == 0
-    with pytest.raises(ValueError, match="divide"):
-        cuda_gqa.split_group(260, 6)
-    monkeypatch.setenv("KDTREE_GQA_GROUP", "3")
-    with pytest.raises(ValueError, match="KDTREE_GQA_GROUP"):
-        cuda_gqa.split_group(260, 6)
 
 
 def test_consumer_warpgroups(monkeypatch):
@@ -473,44 +429,6 @@ def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
-
-
-GROUP_CASES = [  # (case, layout knobs): stripes dealt in turn, the last row CTA's group
-    (([977, 1900], 65, 32, 8, 16, 4), {}),  # [3 blocks] [1 block + tail]
-    (([64 * 40 + 1, 3000, 5], 65, 32, 8, 16, 8), {}),  # partial last tiles, a 5-key prefix
-    (([0, 200], 65, 32, 8, 64, 4), {}),  # an empty prefix: stripes with no keys
-    (([2500], 65, 32, 8, 16, 4), {"KDTREE_GQA_TAIL": "0"}),  # padded: [3] [1, 1 padded]
-    (([5000, 123], 65, 8, 1, 16, 8), {}),  # 8q/1kv: [3] [3] [3, 8 rows padded]
-    (([3000, 77], 17, 8, 1, 16, 8), {}),  # one row CTA: every CTA takes a group
-    (([4096], 9, 32, 8, 16, 16), {"KDTREE_GQA_WARPGROUPS": "2"}),  # 128-key tiles
-    (([1000], 257, 4, 1, 8, 4), {}),  # tree tiles over several tiles, page size 8 (cp.async)
-]
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("group", ["2", "4"])
-@pytest.mark.parametrize("case,knobs", GROUP_CASES, ids=lambda c: str(c)[:40])
-def test_last_row_cta_groups_match_fp64(group, case, knobs, gen, monkeypatch):
-    """KDTREE_GQA_GROUP: the last row CTA takes 2 or 4 stripes a CTA (its partials in the
-    first S / group split slots, the merge reading only those for its rows) and matches fp64
-    in every layout, with empty and partial stripes, eager and in a CUDA graph."""
-    monkeypatch.setenv("KDTREE_GQA_GROUP", group)
-    for name, value in knobs.items():
-        monkeypatch.setenv(name, value)
-    _run(case, torch.bfloat16, gen)
-    _run(case, torch.float16, gen, graph=True)
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("merge", ["pdl", "triton"])
-def test_groups_with_every_merge(merge, gen, monkeypatch):
-    """A group with the CUDA merge as a programmatic dependent; with the Triton merge (which
-    reads every split of every row) the group falls back to 1 and the result is the same."""
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
-    monkeypatch.setenv("KDTREE_GQA_GROUP", "2")
-    _run(([977, 1900], 65, 32, 8, 16, 4), torch.bfloat16, gen)
 
 
 def test_merge_mode_setting(monkeypatch):

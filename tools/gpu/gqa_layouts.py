@@ -13,8 +13,8 @@ two-block two-warpgroup CTAs; ``--repeat N``
 times every variant N times in turn (ABAB..., so clock drift under a long compute-bound run
 falls on all of them) and reports each one's median. ``--variants`` gives the variants
 instead: ``;``-separated sets of ``,``-separated ``NAME=VALUE`` knobs (``KDTREE_GQA_NAME``; the
-first set is the reference of the diff column; ``SPLITS=S`` forces the split count, ``GROUP=g``
-the last row CTA's stripes a CTA). Rows go to ``gqa_layouts.csv``.
+first set is the reference of the diff column; ``SPLITS=S`` forces the split count). Rows go
+to ``gqa_layouts.csv``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ KNOBS = (
     "KDTREE_GQA_WARPGROUPS",
     "KDTREE_GQA_BLOCKS",
     "KDTREE_GQA_PINGPONG",
-    "KDTREE_GQA_GROUP",
     "KDTREE_GQA_SPLITS",  # this tool's own: the split count (else choose_splits)
 )
 
@@ -119,27 +118,25 @@ def main() -> None:
             wgs, blocks = cuda_gqa.launch_plan(rows)
             forced = var.get("KDTREE_GQA_SPLITS")
             fn, splits = _cuda_gqa_fn(wl, ti, int(forced) if forced else None)
-            group = cuda_gqa.split_group(rows, splits)
             got = fn(0).float().clone()
             if ref is None and (a.variants or var.get("KDTREE_GQA_TAIL") == "0"):
                 ref = got
             diff = float((got - ref).abs().max()) if ref is not None else float("nan")
             replay, per = _graphed(fn, wl.n_rot, wl.device)  # captured with this variant's plan
             # (fn holds the workspace the graph writes: it must live as long as the graph)
-            setups.append((var, wgs, blocks, splits, group, diff, (fn, replay), per, []))
+            setups.append((var, wgs, blocks, splits, diff, (fn, replay), per, []))
         for _ in range(a.repeat):
             for *_, (_, replay), per, times in setups:
                 times.append(time_cuda(lambda replay=replay: replay(0)).p50 / per)
-        for var, wgs, blocks, splits, group, diff, _, _, times in setups:
+        for var, wgs, blocks, splits, diff, _, _, times in setups:
             ms = statistics.median(times)
             label = " ".join(f"{k.removeprefix('KDTREE_GQA_')}={v}" for k, v in var.items())
             print(f"{spec} rows={rows} [{label or 'default'}] wgs={wgs} blocks={blocks} "
-                  f"ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits} group={group}: "
+                  f"ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits}: "
                   f"{ms * 1e3:7.1f} us (of {len(times)}: {min(times) * 1e3:.1f}-"
                   f"{max(times) * 1e3:.1f})  (max |diff| vs {'the first' if a.variants else 'padded'} {diff:.2e})", flush=True)  # fmt: skip
             records.append({"point": spec, "rows": rows, "variant": label or "default",
                             "warpgroups": wgs, "tail_blocks": blocks, "splits": splits,
-                            "group": group,
                             "ms": ms, "ms_min": min(times), "ms_max": max(times),
                             "repeats": len(times), "max_abs_diff_vs_padded": diff, **env})  # fmt: skip
         for k in KNOBS:

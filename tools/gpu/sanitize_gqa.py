@@ -3,13 +3,11 @@ cp.async tiles (page sizes 16 / 64 and 1), forced and automatic splits, splits w
 T 1..257, an idle second consumer warpgroup, batch 3, the tail warpgroup (KDTREE_GQA_TAIL=1
 puts it in every case with 1-16 rows past the whole 64-row blocks); each checked against the
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
-reference's + 2e-3). argv[1] keeps only the first N cases (racecheck is slow). With
-KDTREE_GQA_GROUP=g (the last row CTA's stripes a CTA) a forced split count is rounded up to a
-multiple of g. Exits 1 on a mismatch."""
+reference's + 2e-3). argv[1] keeps only the first N cases (racecheck is slow). Exits 1 on a
+mismatch."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -56,10 +54,7 @@ def main() -> int:
     cases = CASES[: int(sys.argv[1])] if len(sys.argv) > 1 else CASES
     scale = 128**-0.5
     bad = 0
-    group = int(os.environ.get("KDTREE_GQA_GROUP") or 1)
     for lens, t, hq, hkv, ps, splits in cases:
-        if splits and splits % group:
-            splits += group - splits % group
         cpu = _inputs(lens, t, hq, hkv, ps, gen)
         q, k, v, pt, plen, mask = (x.cuda() for x in cpu)
         out = cuda_gqa.tree_attention_gqa_cuda(
