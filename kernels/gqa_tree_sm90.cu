@@ -92,6 +92,7 @@ constexpr int TAIL_N = 16;
 constexpr int TAIL_P0 = TAIL_N * 128;             // P of even tiles: after Q's 16 rows, half 0
 constexpr int TAIL_P1 = Q_REGION + TAIL_N * 128;  // P of odd tiles: the same in half 1
 constexpr int TAIL_RED = 6144;                    // [2][4 warps][16] row maxima, [4][16] sums
+constexpr int CLOCK_BYTES = 4 * 8 * 4;  // SmemClocks: 8 words for each of 4 warpgroups
 
 // A split kernel's shape: CWG consumer warpgroups of 64 rows, BN-key tiles in STAGES stages, the
 // producer's and consumers' register budgets (setmaxnreg).
@@ -106,7 +107,8 @@ struct Cfg {
   static constexpr int KV_REGION = BN * 128;       // BN keys x 64 dims
   static constexpr int SMEM_Q = CWG * 2 * Q_REGION;
   static constexpr int SMEM_STAGE = 4 * KV_REGION;  // BN keys x (K, V) x 128 dims (kv_off)
-  static constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1);
+  static constexpr int SMEM_TOTAL =
+      ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1) + CLOCK_BYTES;
   static constexpr uint64_t STAGE_STEP = SMEM_STAGE >> 4;  // descriptor start-address units
   static constexpr int SN = BN / 2;     // S accumulator registers a thread
   static constexpr int KS = BN / 16;    // P V k-steps a tile
@@ -124,17 +126,60 @@ struct Cfg {
 using Wide = Cfg<2, 128, 3, 40, 232, true>;
 // Three consumer warpgroups (192 rows a CTA, so fewer CTAs read each KV tile) over 64-key
 // tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
-// the S, P and O fragments fit, the phase clocks' registers do not (spills), so it has none.
+// the S, P and O fragments fit, PhaseClocks' ten registers do not (spills), so its clocks sum
+// in shared memory (SmemClocks).
 using Tall = Cfg<3, 64, 5, 32, 160, false>;
 
-// The clocks of a configuration without them: nothing.
+// Phase clocks summed in shared memory (KDTREE_GQA_CLOCKS=1, the Tall shape, session 15): one
+// register for the last stamp; each stamp adds the cycles since the last one to this thread's
+// row of 8 words at `row` (CLOCK_ROWS, after the stage mbarriers), flushed to g_gqa_clocks like
+// PhaseClocks'.
+struct SmemClocks {
+  bool on;
+  unsigned t;
+  uint32_t row;
+  __device__ __forceinline__ SmemClocks(bool enabled, uint32_t row_addr)
+      : on(enabled), t(0u), row(row_addr) {
+    if (on) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row + 4 * i), "r"(0u) : "memory");
+      t = clock();
+    }
+  }
+  __device__ __forceinline__ void stamp(int i) {
+    if (on) {
+      const unsigned now = clock();
+      asm volatile("red.shared.add.u32 [%0], %1;\n" ::"r"(row + 4 * i), "r"(now - t) : "memory");
+      t = now;
+    }
+  }
+  __device__ __forceinline__ void flush(unsigned long long* out, int tiles) const {
+    if (!on) return;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      unsigned v;
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(row + 4 * i) : "memory");
+      atomicAdd(out + i, static_cast<unsigned long long>(v));
+    }
+    atomicAdd(out + 8, static_cast<unsigned long long>(tiles));
+    atomicAdd(out + 9, 1ull);
+  }
+};
+// PhaseClocks with SmemClocks' constructor (the row address unused).
+struct RegClocks : PhaseClocks {
+  __device__ __forceinline__ RegClocks(bool enabled, uint32_t) : PhaseClocks(enabled) {}
+};
+template <class C>
+using ClocksOf = typename std::conditional<C::CLOCKS, RegClocks, SmemClocks>::type;
+// No clocks (the Tall producer: at 32 registers SmemClocks' two spill).
 struct NoClocks {
-  __device__ __forceinline__ explicit NoClocks(bool) {}
+  __device__ __forceinline__ NoClocks(bool, uint32_t) {}
   __device__ __forceinline__ void stamp(int) {}
   __device__ __forceinline__ void flush(unsigned long long*, int) const {}
 };
 template <class C>
-using ClocksOf = typename std::conditional<C::CLOCKS, PhaseClocks, NoClocks>::type;
+using ProducerClocksOf = typename std::conditional<C::CLOCKS, RegClocks, NoClocks>::type;
 
 struct Params {
   const void* q;
@@ -175,9 +220,9 @@ struct Params {
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
 };
 
-// Phase clocks (KDTREE_GQA_CLOCKS=1, the Wide shape only), summed over CTAs: [0], [1] thread 0
-// of consumer warpgroup 0 / 1 (kdtree.kernels.cuda_gqa.CONSUMER_PHASES), [3] the producer's
-// thread 0 (PRODUCER_PHASES); [2] is unused.
+// Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
+// (kdtree.kernels.cuda_gqa.CONSUMER_PHASES; [2] only in the Tall shape), [3] the producer's
+// thread 0 (PRODUCER_PHASES).
 __device__ unsigned long long g_gqa_clocks[4][10];
 
 // cp.async completion -> one arrival on `bar` (the pending count is not raised: the mbarrier's
@@ -825,7 +870,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const int pt = tid - CONSUMERS;
     const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
     const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
-    ClocksOf<C> clk(p.clocks && pt == 0);
+    ProducerClocksOf<C> clk(p.clocks && pt == 0, sBar + 8 * (STAGES + 1) + 32 * 3);
 #ifdef KDTREE_GQA_PRODUCER_Q
     if (n > 0) {
       copy_q<C, E>(sQ, p, b, kvh, pt);
@@ -919,7 +964,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   uint32_t pc[C::KS][4], pn[C::KS][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
   uint64_t bits0[C::WORDS], bits1[C::WORDS];
 
-  ClocksOf<C> clk(p.clocks && (tid & 127) == 0);
+  ClocksOf<C> clk(p.clocks && (tid & 127) == 0, sBar + 8 * (STAGES + 1) + 32 * w);
   // Turns (FlashAttention-3's ping-pong, extended to a ring of the warpgroups that have rows):
   // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
   // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than

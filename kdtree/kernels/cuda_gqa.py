@@ -420,8 +420,9 @@ def tree_attention_gqa_cuda(
 
 #: Phases of the consumer warpgroups' clocks (``KDTREE_GQA_CLOCKS=1``; tiles j >= 1; the
 #: first "wait_tile" of a CTA also holds its tile-0 prologue): wait for the tile, issue S_j and
-#: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale. Only
-#: the two-warpgroup shape keeps clocks (the three-warpgroup one has no registers for them).
+#: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale. The
+#: two-warpgroup shape keeps them in registers, the three-warpgroup one in shared memory (one
+#: register; its producer keeps none: at 32 registers they spill).
 CONSUMER_PHASES = ("wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale")
 #: Phases of the producer's clocks: wait for a free stage, issue the tile's copies.
 PRODUCER_PHASES = ("wait_empty", "copies")
@@ -430,19 +431,20 @@ PRODUCER_PHASES = ("wait_empty", "copies")
 def phase_clocks() -> dict[str, float]:
     """Phase clocks accumulated since the last read (launches made with ``KDTREE_GQA_CLOCKS=1``),
     then reset: mean cycles per tile of each phase of thread 0 of each consumer warpgroup
-    (``wg0.<phase>``, ``wg1.<phase>``) and of the producer (``prod.<phase>``), with ``tiles``
-    and ``ctas`` (consumer warpgroup 0's)."""
+    (``wg0.<phase>``, ``wg1.<phase>``, ``wg2.<phase>`` in the three-warpgroup shape) and of the
+    producer (``prod.<phase>``, the two-warpgroup shape), with ``tiles`` and ``ctas``
+    (consumer warpgroup 0's). A warpgroup with no rows (or the tail warpgroup) stamps nothing."""
     buf = (ctypes.c_ulonglong * 40)()
     rc = _load().kdtree_gqa_clocks(ctypes.cast(buf, ctypes.c_void_p))
     if rc != 0:
         raise RuntimeError(f"reading the GQA clocks failed ({rc})")
     if buf[9] == 0:
-        raise RuntimeError(
-            "no GQA clocks were recorded: launch with KDTREE_GQA_CLOCKS=1 and the two-warpgroup "
-            "shape (KDTREE_GQA_WARPGROUPS=2; the three-warpgroup one keeps no clocks)"
-        )
+        raise RuntimeError("no GQA clocks were recorded: launch with KDTREE_GQA_CLOCKS=1")
     out: dict[str, float] = {}
-    for w, names in ((0, CONSUMER_PHASES), (1, CONSUMER_PHASES), (3, PRODUCER_PHASES)):
+    for w in range(4):
+        if buf[10 * w + 9] == 0:  # no CTA stamped this row
+            continue
+        names = PRODUCER_PHASES if w == 3 else CONSUMER_PHASES
         tiles = max(int(buf[10 * w + 8]), 1)
         key = "prod" if w == 3 else f"wg{w}"
         for i, name in enumerate(names):

@@ -3,6 +3,8 @@ comparisons on a GPU."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 
 import pytest
@@ -429,6 +431,37 @@ def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("wgs", ["2", "3"])
+def test_phase_clocks_in_both_shapes(wgs, gen, monkeypatch):
+    """KDTREE_GQA_CLOCKS=1: the result still matches fp64, and every consumer warpgroup with
+    rows reports its phases (in registers in the two-warpgroup shape, in shared memory in the
+    three-warpgroup one, whose producer keeps none); tiles and CTAs are the launch's."""
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
+    with contextlib.suppress(RuntimeError):
+        cuda_gqa.phase_clocks()  # (drop any earlier sums)
+    monkeypatch.setenv("KDTREE_GQA_CLOCKS", "1")
+    length, t, splits = 3000, 65, 4
+    _run(([length], t, 8, 1, 16, splits), torch.bfloat16, gen)  # 520 rows: no idle warpgroup
+    ck = cuda_gqa.phase_clocks()
+    n_wg = int(wgs)
+    for w in range(n_wg):
+        assert all(ck[f"wg{w}.{ph}"] >= 0 for ph in cuda_gqa.CONSUMER_PHASES)
+        assert sum(ck[f"wg{w}.{ph}"] for ph in cuda_gqa.CONSUMER_PHASES) > 0
+    assert ("prod.copies" in ck) == (n_wg == 2) and f"wg{n_wg}.issue" not in ck
+    bn = cuda_gqa.SHAPES[n_wg][1]
+    chunk = math.ceil(math.ceil(length / splits) / bn) * bn  # split_tiles: whole tiles a split
+    tiles = sum(
+        -(-(min(s * chunk + chunk, length) - min(s * chunk, length)) // bn) for s in range(splits)
+    ) + -(-t // bn)  # the last split's tree tiles
+    row_ctas = -(-520 // (64 * n_wg))
+    assert ck["ctas"] == row_ctas * splits and ck["tiles"] == row_ctas * tiles
+    with pytest.raises(RuntimeError, match="no GQA clocks"):
+        cuda_gqa.phase_clocks()  # read and reset
 
 
 def test_merge_mode_setting(monkeypatch):

@@ -11,9 +11,10 @@
     python3 tools/gpu/gqa_phases.py [--points gqa_8q1kv_d128:131072:65,...] [--warpgroups 2|3]
         [--page-size 16] [--out DIR]
 
-It runs the two-warpgroup kernel shape (``KDTREE_GQA_WARPGROUPS=2``, the one with clocks and
-turns) at every point; ``--warpgroups 3`` times the three-warpgroup shape's ablations only (it
-keeps no clocks), with and without turns.
+It runs the two-warpgroup kernel shape (``KDTREE_GQA_WARPGROUPS=2``) at every point;
+``--warpgroups 3`` the three-warpgroup shape (its consumers' clocks sum in shared memory since
+session 15; its producer keeps none), in the layout ``launch_plan`` gives it, with and without
+turns.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["KDTREE_GQA_WARPGROUPS"] = str(a.warpgroups)
-    clocks = a.warpgroups == 2  # the shape with clocks and turns
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
     for spec in a.points.split(","):
@@ -72,22 +72,18 @@ def main() -> None:
         on = "1" if a.warpgroups == 2 else "2"  # KDTREE_GQA_PINGPONG that gives this shape turns
         for turns in (on, "0"):
             os.environ["KDTREE_GQA_PINGPONG"] = turns
-            ck = {}
-            if clocks:
-                os.environ["KDTREE_GQA_CLOCKS"] = "1"
-                fn, splits = _cuda_gqa_fn(wl, ti)
-                fn(0)
-                torch.cuda.synchronize()
-                cuda_gqa.phase_clocks()  # drop the warm-up call's sums
-                fn(0)
-                torch.cuda.synchronize()
-                ck = cuda_gqa.phase_clocks()
-                os.environ["KDTREE_GQA_CLOCKS"] = "0"
-                print(f"{spec} turns={turns} splits={splits} "
-                      f"tiles/CTA={ck['tiles'] / max(ck['ctas'], 1):.1f}: "
-                      + ", ".join(f"{k} {v:.0f}" for k, v in ck.items() if "." in k), flush=True)  # fmt: skip
-            else:
-                _, splits = _cuda_gqa_fn(wl, ti)
+            os.environ["KDTREE_GQA_CLOCKS"] = "1"
+            fn, splits = _cuda_gqa_fn(wl, ti)
+            fn(0)
+            torch.cuda.synchronize()
+            cuda_gqa.phase_clocks()  # drop the warm-up call's sums
+            fn(0)
+            torch.cuda.synchronize()
+            ck = cuda_gqa.phase_clocks()
+            os.environ["KDTREE_GQA_CLOCKS"] = "0"
+            print(f"{spec} turns={turns} splits={splits} "
+                  f"tiles/CTA={ck['tiles'] / max(ck['ctas'], 1):.1f}: "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in ck.items() if "." in k), flush=True)  # fmt: skip
             rec = {"point": spec, "warpgroups": a.warpgroups, "page_size": a.page_size,
                    "tma": os.environ.get("KDTREE_GQA_TMA", "1"), "turns": int(turns),
                    "splits": splits, **ck}  # fmt: skip
