@@ -108,6 +108,17 @@ def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
     return kernels
 
 
+def measurement_defines() -> tuple[str, ...]:
+    """The macros of ``KDTREE_CUDA_DEFINES`` (comma-separated ``NAME`` or ``NAME=VALUE``, the
+    value letters, digits and ``_``), checked."""
+    raw = os.environ.get("KDTREE_CUDA_DEFINES", "")
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    for n in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_]+)?", n):
+            raise ValueError(f"KDTREE_CUDA_DEFINES: {n!r} is not NAME or NAME=VALUE")
+    return names
+
+
 def _cache_root() -> Path:
     root = os.environ.get("KDTREE_CUDA_CACHE")
     return Path(root) if root else Path.home() / ".cache" / "kdtree" / "cuda"
@@ -188,10 +199,12 @@ class CudaSource:
     def build(self) -> BuildResult:
         """The cached device library, built on first use (keyed by source, flags, nvcc).
         ``KDTREE_CUDA_LINEINFO=1`` adds ``-lineinfo`` (source lines in compute-sanitizer and
-        Nsight reports)."""
+        Nsight reports); ``KDTREE_CUDA_DEFINES=NAME[=VALUE][,...]`` defines macros
+        (measurement builds, such as ``KDTREE_GQA_TALL_CLOCKS``: :func:`measurement_defines`)."""
         flags = self.flags
         if os.environ.get("KDTREE_CUDA_LINEINFO") == "1":
             flags = (*flags, "-lineinfo")
+        flags = (*flags, *(f"-D{name}" for name in measurement_defines()))
         return self._cached(self._require_nvcc(), flags, self.lib_name, [])
 
     def compile_only(self, out_dir) -> BuildResult:

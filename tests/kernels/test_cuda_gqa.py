@@ -79,6 +79,36 @@ def test_ctypes_call_matches_the_c_signature(gen):
     assert b"2048" in lib.kdtree_gqa_error_string(-11)
 
 
+def test_measurement_defines(monkeypatch, tmp_path):
+    """KDTREE_CUDA_DEFINES: macro names or NAME=VALUE, checked, and part of the build cache's
+    key (a measurement build never reuses the default library)."""
+    from kdtree.kernels import cuda_build
+
+    monkeypatch.setenv("KDTREE_CUDA_DEFINES", " KDTREE_GQA_TALL_CLOCKS, KDTREE_GQA_EXP_FMA=4 ")
+    assert cuda_build.measurement_defines() == ("KDTREE_GQA_TALL_CLOCKS", "KDTREE_GQA_EXP_FMA=4")
+    for bad in ("1X", "A B", "A=-1", "A=(1)", "A;rm"):
+        monkeypatch.setenv("KDTREE_CUDA_DEFINES", bad)
+        with pytest.raises(ValueError, match="KDTREE_CUDA_DEFINES"):
+            cuda_build.measurement_defines()
+    monkeypatch.delenv("KDTREE_CUDA_DEFINES")
+    assert cuda_build.measurement_defines() == ()
+    seen = []
+    monkeypatch.setattr(cuda_build, "_cache_root", lambda: tmp_path)
+    monkeypatch.setattr(cuda_build.CudaSource, "_require_nvcc", lambda self: "nvcc-stub")
+    monkeypatch.setattr(
+        cuda_build.CudaSource, "_key", lambda self, compiler, flags: str(len(seen))
+    )
+    monkeypatch.setattr(
+        cuda_build.CudaSource,
+        "_compile",
+        lambda self, cmd, out_dir, lib: seen.append(cmd) or (out_dir / lib, ""),
+    )
+    cuda_gqa._SRC.build()
+    monkeypatch.setenv("KDTREE_CUDA_DEFINES", "KDTREE_GQA_EXP_FMA=2")
+    cuda_gqa._SRC.build()
+    assert "-DKDTREE_GQA_EXP_FMA=2" in seen[1] and not any(a.startswith("-D") for a in seen[0])
+
+
 def test_choose_splits_is_static_and_bounded():
     assert cuda_gqa.choose_splits(1, 8, 4 * 65, 256, 132) == 1  # one tile's worth: no split
     for b, hkv, rows, max_len in [
