@@ -93,13 +93,6 @@ constexpr int TAIL_P0 = TAIL_N * 128;             // P of even tiles: after Q's 
 constexpr int TAIL_P1 = Q_REGION + TAIL_N * 128;  // P of odd tiles: the same in half 1
 constexpr int TAIL_RED = 6144;                    // [2][4 warps][16] row maxima, [4][16] sums
 constexpr int CLOCK_BYTES = 4 * 8 * 4;  // SmemClocks: 8 words for each of 4 warpgroups
-// Of every 8 groups of 4 softmax values, how many take 2^x on the FMA pipe (exp2_fma) instead of
-// the SFU (session 15; KDTREE_CUDA_DEFINES=KDTREE_GQA_EXP_FMA=n builds another split).
-#ifndef KDTREE_GQA_EXP_FMA
-#define KDTREE_GQA_EXP_FMA 0
-#endif
-constexpr int EXP_FMA8 = KDTREE_GQA_EXP_FMA;
-static_assert(EXP_FMA8 >= 0 && EXP_FMA8 <= 8, "KDTREE_GQA_EXP_FMA: 0..8 of 8");
 
 // A split kernel's shape: CWG consumer warpgroups of 64 rows, BN-key tiles in STAGES stages, the
 // producer's and consumers' register budgets (setmaxnreg).
@@ -523,7 +516,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
     alpha1 = exp2f(m_run1 - off1);
     m_run0 = mnew0;
     m_run1 = mnew1;
-    const float2 sum = wg_exp_pack<E, C::SN, EXP_FMA8>(s, pn, scale, off0, off1);
+    const float2 sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
     l_run0 = l_run0 * alpha0 + sum.x;
     l_run1 = l_run1 * alpha1 + sum.y;
   }
@@ -1009,8 +1002,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
     m_run0 = mx.x * scale;
     m_run1 = mx.y * scale;
-    const float2 sum =
-        wg_exp_pack<E, C::SN, EXP_FMA8>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
+    const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
     l_run0 = sum.x;
     l_run1 = sum.y;
   }

@@ -12,8 +12,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 namespace kdtree_sm90 {
 
 // ------------------------------------------------------------------ small PTX wrappers
@@ -535,55 +533,20 @@ __device__ __forceinline__ float2 wg_mask_max(float (&s)[32], bool full, uint64_
 // exp2(-inf - offset) = 0 instead of NaN.
 __device__ __forceinline__ float wg_offset(float m) { return m == neg_inf() ? 0.f : m; }
 
-// 2^x for x <= 0 on the FMA and integer pipes instead of the SFU (MUFU.EX2 retires 16 lanes a
-// cycle an SM, an eighth of the FP32 rate; FlashAttention-4's trade): x = j + f with j = round(x)
-// (the 1.5 * 2^23 shift puts it in t's low mantissa bits) and f in [-0.5, 0.5]; 2^f by a
-// polynomial (degree 3: relative error 7.5e-5, under bf16's rounding of P; degree 4: 2.7e-6,
-// for fp16's), and 2^j added to its exponent bits (t's bits << 23 is j << 23 modulo 2^32).
-// x is clamped at -125 (masked keys' -inf gives 2^-125, not 0: weight below 1e-37).
-template <int DEG>
-__device__ __forceinline__ float exp2_fma(float x) {
-  x = fmaxf(x, -125.f);
-  const float t = __fadd_rn(x, 12582912.f);
-  const float f = __fadd_rn(x, -__fadd_rn(t, -12582912.f));
-  float p;
-  if (DEG == 3) {
-    p = fmaf(fmaf(fmaf(0.05517144873738289f, f, 0.2426111102104187f), f, 0.6932610273361206f), f,
-             0.9999280571937561f);
-  } else {
-    p = fmaf(fmaf(fmaf(fmaf(0.009570072405040264f, f, 0.05591785907745361f), f,
-                       0.2402474582195282f),
-                  f, 0.6931217908859253f),
-             f, 0.9999992847442627f);
-  }
-  // (the integer add's result through a float max: an integer instruction writing what was a
-  // wgmma accumulator register made ptxas serialise every wgmma of the GQA kernel, C7511)
-  return fmaxf(__int_as_float(__float_as_int(p) + (__float_as_int(t) << 23)), 0.f);
-}
-
 // s := exp2(s * scale - off) per row (r0: off0, r1: off1), packed into the A fragments of the
 // P V k-steps (N / 8 of 16 keys); returns this thread's partial row sums (its N / 4 keys of each
-// row). FMA8 of every 8 groups of 4 values (j % 8 < FMA8) take exp2_fma instead of the SFU's
-// exp2 (degree 3 for bf16 P, 4 for fp16).
-template <typename E, int N, int FMA8 = 0>
+// row).
+template <typename E, int N>
 __device__ __forceinline__ float2 wg_exp_pack(float (&s)[N], uint32_t (&pc)[N / 8][4], float scale,
                                               float off0, float off1) {
   constexpr int J = N / 4;
-  constexpr int DEG = std::is_same<E, __half>::value ? 4 : 3;
   float a[J], c[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) {
-    if (j % 8 < FMA8) {
-      s[4 * j + 0] = exp2_fma<DEG>(fmaf(s[4 * j + 0], scale, -off0));
-      s[4 * j + 1] = exp2_fma<DEG>(fmaf(s[4 * j + 1], scale, -off0));
-      s[4 * j + 2] = exp2_fma<DEG>(fmaf(s[4 * j + 2], scale, -off1));
-      s[4 * j + 3] = exp2_fma<DEG>(fmaf(s[4 * j + 3], scale, -off1));
-    } else {
-      s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], scale, -off0));
-      s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale, -off0));
-      s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale, -off1));
-      s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale, -off1));
-    }
+    s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], scale, -off0));
+    s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale, -off0));
+    s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale, -off1));
+    s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale, -off1));
     a[j] = s[4 * j + 0] + s[4 * j + 1];
     c[j] = s[4 * j + 2] + s[4 * j + 3];
   }

@@ -421,8 +421,9 @@ def tree_attention_gqa_cuda(
 #: Phases of the consumer warpgroups' clocks (``KDTREE_GQA_CLOCKS=1``; tiles j >= 1; the
 #: first "wait_tile" of a CTA also holds its tile-0 prologue): wait for the tile, issue S_j and
 #: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale. The
-#: two-warpgroup shape keeps them in registers, the three-warpgroup one in shared memory (one
-#: register; its producer keeps none: at 32 registers they spill).
+#: two-warpgroup shape keeps them in registers, the three-warpgroup one in shared memory in its
+#: measurement build only (``KDTREE_CUDA_DEFINES=KDTREE_GQA_TALL_CLOCKS``: compiled in, they
+#: cost the default kernel 3-7 % at T=65; its producer keeps none: at 32 registers they spill).
 CONSUMER_PHASES = ("wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale")
 #: Phases of the producer's clocks: wait for a free stage, issue the tile's copies.
 PRODUCER_PHASES = ("wait_empty", "copies")
@@ -439,7 +440,11 @@ def phase_clocks() -> dict[str, float]:
     if rc != 0:
         raise RuntimeError(f"reading the GQA clocks failed ({rc})")
     if buf[9] == 0:
-        raise RuntimeError("no GQA clocks were recorded: launch with KDTREE_GQA_CLOCKS=1")
+        raise RuntimeError(
+            "no GQA clocks were recorded: launch with KDTREE_GQA_CLOCKS=1 (the three-warpgroup "
+            "shape keeps them only in its measurement build, KDTREE_CUDA_DEFINES="
+            "KDTREE_GQA_TALL_CLOCKS, tools/gpu/gqa_phases.py)"
+        )
     out: dict[str, float] = {}
     for w in range(4):
         if buf[10 * w + 9] == 0:  # no CTA stamped this row

@@ -84,8 +84,8 @@ def test_measurement_defines(monkeypatch, tmp_path):
     key (a measurement build never reuses the default library)."""
     from kdtree.kernels import cuda_build
 
-    monkeypatch.setenv("KDTREE_CUDA_DEFINES", " KDTREE_GQA_TALL_CLOCKS, KDTREE_GQA_EXP_FMA=4 ")
-    assert cuda_build.measurement_defines() == ("KDTREE_GQA_TALL_CLOCKS", "KDTREE_GQA_EXP_FMA=4")
+    monkeypatch.setenv("KDTREE_CUDA_DEFINES", " KDTREE_GQA_TALL_CLOCKS, KDTREE_SOME_VALUE=4 ")
+    assert cuda_build.measurement_defines() == ("KDTREE_GQA_TALL_CLOCKS", "KDTREE_SOME_VALUE=4")
     for bad in ("1X", "A B", "A=-1", "A=(1)", "A;rm"):
         monkeypatch.setenv("KDTREE_CUDA_DEFINES", bad)
         with pytest.raises(ValueError, match="KDTREE_CUDA_DEFINES"):
@@ -104,9 +104,9 @@ def test_measurement_defines(monkeypatch, tmp_path):
         lambda self, cmd, out_dir, lib: seen.append(cmd) or (out_dir / lib, ""),
     )
     cuda_gqa._SRC.build()
-    monkeypatch.setenv("KDTREE_CUDA_DEFINES", "KDTREE_GQA_EXP_FMA=2")
+    monkeypatch.setenv("KDTREE_CUDA_DEFINES", "KDTREE_GQA_TALL_CLOCKS")
     cuda_gqa._SRC.build()
-    assert "-DKDTREE_GQA_EXP_FMA=2" in seen[1] and not any(a.startswith("-D") for a in seen[0])
+    assert "-DKDTREE_GQA_TALL_CLOCKS" in seen[1] and not any(a.startswith("-D") for a in seen[0])
 
 
 def test_choose_splits_is_static_and_bounded():
@@ -463,22 +463,21 @@ def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
     _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
 
 
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("wgs", ["2", "3"])
-def test_phase_clocks_in_both_shapes(wgs, gen, monkeypatch):
-    """KDTREE_GQA_CLOCKS=1: the result still matches fp64, and every consumer warpgroup with
-    rows reports its phases (in registers in the two-warpgroup shape, in shared memory in the
-    three-warpgroup one, whose producer keeps none); tiles and CTAs are the launch's."""
-    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
-    monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
-    with contextlib.suppress(RuntimeError):
-        cuda_gqa.phase_clocks()  # (drop any earlier sums)
-    monkeypatch.setenv("KDTREE_GQA_CLOCKS", "1")
-    length, t, splits = 3000, 65, 4
-    _run(([length], t, 8, 1, 16, splits), torch.bfloat16, gen)  # 520 rows: no idle warpgroup
-    ck = cuda_gqa.phase_clocks()
-    n_wg = int(wgs)
+_CLOCKS_SCRIPT = """
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from _kernel_inputs import gqa_inputs
+from kdtree.kernels import cuda_gqa
+gen = torch.Generator().manual_seed(0)
+dev = [x.cuda() for x in gqa_inputs([3000], 65, 8, 1, 128, 16, torch.bfloat16, gen)]
+cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=128 ** -0.5, num_splits=4)
+torch.cuda.synchronize()
+print(json.dumps(cuda_gqa.phase_clocks()))
+"""
+
+
+def _check_clocks(ck: dict, n_wg: int, length: int = 3000, t: int = 65, splits: int = 4) -> None:
     for w in range(n_wg):
         assert all(ck[f"wg{w}.{ph}"] >= 0 for ph in cuda_gqa.CONSUMER_PHASES)
         assert sum(ck[f"wg{w}.{ph}"] for ph in cuda_gqa.CONSUMER_PHASES) > 0
@@ -490,8 +489,41 @@ def test_phase_clocks_in_both_shapes(wgs, gen, monkeypatch):
     ) + -(-t // bn)  # the last split's tree tiles
     row_ctas = -(-520 // (64 * n_wg))
     assert ck["ctas"] == row_ctas * splits and ck["tiles"] == row_ctas * tiles
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_phase_clocks_in_both_shapes(gen, monkeypatch):
+    """KDTREE_GQA_CLOCKS=1: the two-warpgroup shape keeps its clocks in registers (the result
+    still matches fp64); the three-warpgroup one has none in the default build and sums its
+    consumers' clocks in shared memory in its measurement build (KDTREE_CUDA_DEFINES=
+    KDTREE_GQA_TALL_CLOCKS, a process of its own: a process loads one build). Tiles and CTAs
+    are the launch's (520 rows: no idle warpgroup)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
+    with contextlib.suppress(RuntimeError):
+        cuda_gqa.phase_clocks()  # (drop any earlier sums)
+    monkeypatch.setenv("KDTREE_GQA_CLOCKS", "1")
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
+    _run(([3000], 65, 8, 1, 16, 4), torch.bfloat16, gen)
+    _check_clocks(cuda_gqa.phase_clocks(), 2)
     with pytest.raises(RuntimeError, match="no GQA clocks"):
         cuda_gqa.phase_clocks()  # read and reset
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")
+    _run(([3000], 65, 8, 1, 16, 4), torch.bfloat16, gen)
+    with pytest.raises(RuntimeError, match="KDTREE_GQA_TALL_CLOCKS"):
+        cuda_gqa.phase_clocks()  # the default build's Tall shape keeps none
+    env = dict(os.environ, KDTREE_CUDA_DEFINES="KDTREE_GQA_TALL_CLOCKS")
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLOCKS_SCRIPT, os.path.dirname(__file__)],
+        env=env, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_clocks(json.loads(proc.stdout.strip().splitlines()[-1]), 3)
 
 
 def test_merge_mode_setting(monkeypatch):
