@@ -851,7 +851,8 @@ def layout_variants_table(df: pd.DataFrame, call: str) -> pd.DataFrame:
 
 def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
     """``tools/gpu/ab_commits.sh`` rows of one call: µs of each side (the mean of its rounds)
-    by bench point, and new / old."""
+    by bench point, and new / old. Rows of ``tools/gpu/ab_defines.sh`` (sides ``v0``, ``v1``,
+    ...: no old / new) give each side in the order first run and ``<side>_vs_<first>``."""
     need = {"call", "side", "round", "name", "provider", "metric", "p50"}
     missing = need - set(df.columns)
     if missing:
@@ -861,6 +862,12 @@ def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
         raise ValueError(f"no A/B timing rows for call {call!r}")
     w = (d.assign(us=d["p50"] * 1e3)
          .pivot_table(index="name", columns="side", values="us", aggfunc="mean", sort=False))  # fmt: skip
+    if not {"old", "new"} & set(w.columns):  # ab_defines.sh: v0, v1, ...
+        order = list(dict.fromkeys(d["side"]))
+        w = w[order]
+        for v in order[1:]:
+            w[f"{v}_vs_{order[0]}"] = w[v] / w[order[0]]
+        return w.reset_index()
     if not {"old", "new"} <= set(w.columns):
         raise ValueError(f"call {call!r}: expected an old and a new side")
     w = w[["old", "new"]]

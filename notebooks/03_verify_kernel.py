@@ -386,6 +386,68 @@ else:
     nb.note("The head-pair rows are not shipped (data/bench/logs/gqa_pairs_session14.csv).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 15): what sets the pace of a 64-key tile
+# At 32q/8kv, T=65 a split's two CTAs a KV head are `[3 blocks]` and `[1 block + tail]`, and
+# the second has a third of the MMA work. Call a gave the second a longer share of the keys
+# (`KDTREE_GQA_GROUP`: 2 or 4 stripes of the prefix a CTA): every grouped layout was slower,
+# because that CTA also takes ~1.1 µs a 64-key tile. Call b's clocks (three-warpgroup
+# measurement build) split a tile's ~2,500 cycles: the softmax ~1,000, the issue of the MMAs
+# ~500, the wait for the tile ~450; the MMAs alone (ablation 9) take 285 of the 383 µs, the
+# copies alone 180. Call c moved part of the softmax's 2^x from the SFU to the FMA pipe: slower
+# in proportion to the share, so the softmax is bound by instruction issue, not the SFU. All of
+# it was taken out; the shipped kernel is session 14's.
+
+# %%
+grp_csv = nb.data_path("bench", "logs", "gqa_groups_session15.csv")
+if grp_csv.exists():
+    grp = ns.layout_variants_table(pd.read_csv(grp_csv), "a")
+    nb.show(
+        nf.make_bar_compare_fig(
+            grp[[c for c in grp.columns if not c.endswith("_vs_first")]].melt(
+                id_vars="point", var_name="splits, group", value_name="us"
+            ),
+            "point",
+            "us",
+            "splits, group",
+            "32q/8kv, T=65: the last row CTA's group (H200, µs, lower is better)",
+            "µs",
+        ),
+        "gqa_groups_session15",
+    )
+    display(grp.round(3))
+else:
+    nb.note("The group rows are not shipped (data/bench/logs/gqa_groups_session15.csv).")
+ph_csv = nb.data_path("bench", "logs", "gqa_phases_session15.csv")
+if ph_csv.exists():
+    ph = pd.read_csv(ph_csv)
+    cols = [c for c in ph.columns if c.startswith(("wg", "ms_ablate"))]
+    display(ph.set_index(["call", "point", "turns"])[cols].dropna(axis=1, how="all").round(4))
+else:
+    nb.note("The phase rows are not shipped (data/bench/logs/gqa_phases_session15.csv).")
+exp_csv = nb.data_path("bench", "logs", "gqa_exp_fma_session15.csv")
+if exp_csv.exists():
+    ex = pd.read_csv(exp_csv)
+    labels = dict(
+        zip(ex["side"], ex["tree"].str.extract(r"EXP_FMA=(\d)")[0] + "/8 on FMA", strict=True)
+    )
+    ex_t = ns.ab_commits_table(ex, call="c")
+    nb.show(
+        nf.make_bar_compare_fig(
+            ex_t[["name", *labels]].melt(id_vars="name", var_name="2^x", value_name="us")
+            .replace({"2^x": labels}),
+            "name",
+            "us",
+            "2^x",
+            "CUDA GQA kernel: 2^x on the FMA pipe (H200, µs, lower is better)",
+            "µs",
+        ),
+        "gqa_exp_fma_session15",
+    )  # fmt: skip
+    display(ex_t.rename(columns=labels).round(3))
+else:
+    nb.note("The 2^x A/B rows are not shipped (data/bench/logs/gqa_exp_fma_session15.csv).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

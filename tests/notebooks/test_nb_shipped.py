@@ -513,6 +513,11 @@ def test_gqa_layout_ab_table_and_ab_commits_table():
         ns.ab_commits_table(ab[ab["side"] == "old"])
     with pytest.raises(ValueError, match="no A/B timing rows"):
         ns.ab_commits_table(ab, call="z")
+    # tools/gpu/ab_defines.sh: variants v0, v1, ... in the order run
+    v = ab.replace({"side": {"old": "v1", "new": "v0"}})
+    c = ns.ab_commits_table(v)
+    assert list(c.columns) == ["name", "v1", "v0", "v0_vs_v1"]
+    assert c.loc[0, "v0_vs_v1"] == pytest.approx(21.4 / 19.5)
 
 
 def test_layout_variants_table():
