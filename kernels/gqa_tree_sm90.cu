@@ -59,6 +59,9 @@
 // consumers copy Q (the producer's copies of the whole CTA's Q delayed its first tile: 8q/1kv,
 // 16k, T=17 21.5 -> 16.0 us); two KV heads' last blocks and tails in one CTA ("head pairs",
 // commit c3e89c0) were correct but 1.5x slower (the pair CTA's ring held two tiles a head).
+// Session 15 (docs/kernels_notes.md): more keys for the lighter last row CTA at 32q/8kv, T=65
+// (commit a30fe46: it too takes ~1.1 us a 64-key tile) and part of the softmax's 2^x on the FMA
+// pipe (commit 62de0aa: the softmax is issue-bound) were slower and were taken out.
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>
@@ -127,7 +130,7 @@ using Wide = Cfg<2, 128, 3, 40, 232, true>;
 // Three consumer warpgroups (192 rows a CTA, so fewer CTAs read each KV tile) over 64-key
 // tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
 // the S, P and O fragments fit, PhaseClocks' ten registers do not (spills), so its clocks sum
-// in shared memory (SmemClocks).
+// in shared memory, in a measurement build only (SmemClocks, TallClocks).
 using Tall = Cfg<3, 64, 5, 32, 160, false>;
 
 // Phase clocks summed in shared memory (KDTREE_GQA_CLOCKS=1 in the Tall shape's measurement

@@ -417,6 +417,8 @@ if grp_csv.exists():
     display(grp.round(3))
 else:
     nb.note("The group rows are not shipped (data/bench/logs/gqa_groups_session15.csv).")
+
+# %%
 ph_csv = nb.data_path("bench", "logs", "gqa_phases_session15.csv")
 if ph_csv.exists():
     ph = pd.read_csv(ph_csv)
@@ -424,6 +426,8 @@ if ph_csv.exists():
     display(ph.set_index(["call", "point", "turns"])[cols].dropna(axis=1, how="all").round(4))
 else:
     nb.note("The phase rows are not shipped (data/bench/logs/gqa_phases_session15.csv).")
+
+# %%
 exp_csv = nb.data_path("bench", "logs", "gqa_exp_fma_session15.csv")
 if exp_csv.exists():
     ex = pd.read_csv(exp_csv)
