@@ -181,7 +181,7 @@ struct NoClocks {
 };
 // The Tall consumers' clocks only in a measurement build (KDTREE_CUDA_DEFINES=
 // KDTREE_GQA_TALL_CLOCKS, tools/gpu/gqa_phases.py): compiled in, switched off, they cost the
-// default kernel 3-7 % at T=65 (session 15, call b: 32q/8kv, 128k 325 -> 346 us).
+// default kernel 2-7 % at T=65 (session 15, call b: 32q/8kv, 128k 325 -> 346 us).
 #ifdef KDTREE_GQA_TALL_CLOCKS
 using TallClocks = SmemClocks;
 #else

@@ -423,7 +423,7 @@ def tree_attention_gqa_cuda(
 #: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale. The
 #: two-warpgroup shape keeps them in registers, the three-warpgroup one in shared memory in its
 #: measurement build only (``KDTREE_CUDA_DEFINES=KDTREE_GQA_TALL_CLOCKS``: compiled in, they
-#: cost the default kernel 3-7 % at T=65; its producer keeps none: at 32 registers they spill).
+#: cost the default kernel 2-7 % at T=65; its producer keeps none: at 32 registers they spill).
 CONSUMER_PHASES = ("wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale")
 #: Phases of the producer's clocks: wait for a free stage, issue the tile's copies.
 PRODUCER_PHASES = ("wait_empty", "copies")

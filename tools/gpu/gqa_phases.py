@@ -15,7 +15,7 @@ It runs the two-warpgroup kernel shape (``KDTREE_GQA_WARPGROUPS=2``) at every po
 ``--warpgroups 3`` the three-warpgroup shape in the layout ``launch_plan`` gives it, with and
 without turns, in its clocks build (``KDTREE_CUDA_DEFINES=KDTREE_GQA_TALL_CLOCKS``, added to any
 defines already set: its consumers' clocks sum in shared memory since session 15, its producer
-keeps none; the build runs 3-7 % slower than the default one at T=65, ablations included).
+keeps none; the build runs 2-7 % slower than the default one at T=65, ablations included).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["KDTREE_GQA_WARPGROUPS"] = str(a.warpgroups)
-    if a.warpgroups == 3:  # the Tall consumers' clocks: a measurement build (3-7 % slower)
+    if a.warpgroups == 3:  # the Tall consumers' clocks: a measurement build (2-7 % slower)
         defs = os.environ.get("KDTREE_CUDA_DEFINES", "")
         os.environ["KDTREE_CUDA_DEFINES"] = ",".join(
             filter(None, (defs, "KDTREE_GQA_TALL_CLOCKS"))
