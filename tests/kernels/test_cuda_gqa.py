@@ -382,7 +382,7 @@ HALF_CASES = [  # 4 whole blocks and a tail: [3 blocks] [1 block + tail], the th
     ([2000], 65, 4, 1, 16, 40),  # one-tile splits (the odd half has none) and empty ones
     ([500, 77], 17, 16, 1, 16, 5),  # 272 rows: 16 in the tail
     ([3000, 70], 65, 4, 1, 1, 6),  # page size 1: every tile on cp.async
-    ([5000], 65, 32, 8, 64, None),  # choose_splits
+    ([5000], 65, 32, 8, 64, 8),  # page size 64
 ]
 
 
