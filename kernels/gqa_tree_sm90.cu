@@ -61,7 +61,11 @@
 // commit c3e89c0) were correct but 1.5x slower (the pair CTA's ring held two tiles a head).
 // Session 15 (docs/kernels_notes.md): more keys for the lighter last row CTA at 32q/8kv, T=65
 // (commit a30fe46: it too takes ~1.1 us a 64-key tile) and part of the softmax's 2^x on the FMA
-// pipe (commit 62de0aa: the softmax is issue-bound) were slower and were taken out.
+// pipe (commit 62de0aa: the softmax is issue-bound) were slower and were taken out. Session 16:
+// [3 blocks] [1 block + tail]'s third block shared by tile parity between the two row CTAs
+// (commit 8a6728b, 2.5 blocks of MMAs in the busiest CTA) was 3-5 % slower; at T=64 the Wide
+// shape's [2] [2] ran 27 % faster than Tall's [3] [1] (128k: 266 against 361 us), so what T=65's
+// four extra rows cost is the Wide shape, which has no room for a tail (docs/kernels_notes.md).
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>
@@ -200,8 +204,8 @@ struct Params {
   const int32_t* prefix_lens;
   const int64_t* tree_mask;
   void* out;
-  float* part;  // [B, Hkv, S, ws_rows, D] (num_splits > 1)
-  float* lse;   // [B, Hkv, S, ws_rows]
+  float* part;  // [B, Hkv, S, rows, D] (num_splits > 1)
+  float* lse;   // [B, Hkv, S, rows]
   int64_t sq_b, sq_t, sq_h;  // q strides (elements); last dim contiguous
   int64_t sk_slot, sk_h;     // k_cache: between slots (stride(1)), between KV heads (stride(2))
   int64_t sv_slot, sv_h;
@@ -212,11 +216,6 @@ struct Params {
   int blocks;                // 64-row blocks a CTA's consumer warpgroups take (<= CWG)
   int full_rows;             // rows those blocks cover (rows, or the tail's first row)
   int tail_cta, tail_wg;     // the tail warpgroup (tail_rows): CTA x and warpgroup; -1 none
-  int half_row;              // a shared 64-row block's first row (-1 none): its warpgroup takes
-                             // the even tiles, warpgroup half_wg of CTA half_cta the odd ones,
-                             // their partials in rows half_row.. and shadow rows rows..
-  int half_cta, half_wg;
-  int ws_rows;               // the workspace's rows a split: rows (+ 64 with a shared block)
   int max_pages;
   int page_shift;            // log2(page_size)
   int num_splits;
@@ -269,20 +268,12 @@ __device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, 
 
 // The first packed query row of consumer warpgroup w of this CTA, -1 when it has none; `tail`:
 // it is the tail warpgroup (rows full_rows .. rows - 1, at most TAIL_N). Warpgroup w < blocks
-// takes 64-row block blockIdx.x * blocks + w. `par`: -1 every tile; 0 / 1 the even / odd tiles
-// (the shared block, half_row: its own warpgroup takes the even ones, warpgroup half_wg of CTA
-// half_cta the odd ones).
-__device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail, int& par) {
-  par = -1;
+// takes 64-row block blockIdx.x * blocks + w.
+__device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail) {
   tail = static_cast<int>(blockIdx.x) == p.tail_cta && w == p.tail_wg;
   if (tail) return p.full_rows;
-  if (static_cast<int>(blockIdx.x) == p.half_cta && w == p.half_wg) {
-    par = 1;
-    return p.half_row;
-  }
   if (w >= p.blocks) return -1;
   const int first = (static_cast<int>(blockIdx.x) * p.blocks + w) * WG_ROWS;
-  if (first == p.half_row) par = 0;
   return first < p.full_rows ? first : -1;
 }
 
@@ -433,12 +424,10 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[C:
 
 // Writes this warpgroup's rows r0, r1 of O (normalised by l0, l1), and with splits the base-2
 // log-sum-exp.
-// `shift`: where the rows go in the workspace (rows - half_row: the shared block's odd-tile half,
-// into the shadow rows).
 template <typename E>
 __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64], int b, int kvh,
                                           int split, int row0, int row1, int q4, float m0,
-                                          float m1, float l0, float l1, int shift) {
+                                          float m1, float l0, float l1) {
   const int S = p.num_splits;
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f;
   const float inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
@@ -460,7 +449,7 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
     }
     return;
   }
-  const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows + shift;
+  const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows;
   if (ok0) {
     float* dst = p.part + (rbase + row0) * D + col0;
 #pragma unroll
@@ -480,39 +469,27 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
   }
 }
 
-// Tile j - 1, which a warpgroup of the shared block does not take, is released once tile j has
-// landed: the producer issues tiles in order, so it has passed its wait for tile j - 1 -
-// STAGES's release and this arrival cannot count towards that earlier use of the stage.
-template <class C>
-__device__ __forceinline__ void skip_before(int tile, int n) {
-  if (tile - 1 + C::STAGES < n) named_arrive(BAR_EMPTY + (tile - 1) % C::STAGES, C::THREADS);
-}
-
-// One consumer step, tile j >= `step` (the warpgroup's tiles are `step` apart: 1, or 2 for the
-// shared block): S_j = Q K_j^T issued together with O += P_prev V_prev (`pc`, prev = j - step;
-// with step 2 tile j - 1 is released once j has landed, untouched); the softmax of S_j (into `pn`)
-// runs while the latter is on the tensor cores; then stage prev is released and O rescaled by
-// alpha_j.
-template <class C, typename E, int STEP>
+// One consumer step, tile j >= 1: S_j = Q K_j^T issued together with O += P_{j-1} V_{j-1}
+// (`pc`); the online softmax of S_j (into `pn`) runs while the latter is on the tensor cores;
+// then stage j-1 is released and O rescaled by alpha_j.
+template <class C, typename E>
 __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
                                              uint32_t (&pc)[C::KS][4], uint32_t (&pn)[C::KS][4],
                                              float& m_run0, float& m_run1, float& l_run0,
                                              float& l_run1, const Params& p, const TileSeq& ts,
-                                             int b, int tile, int step, int row0, int row1,
-                                             int q4, uint64_t dq, uint64_t dk0, uint64_t dv0,
+                                             int b, int tile, int row0, int row1, int q4,
+                                             uint64_t dq, uint64_t dk0, uint64_t dv0,
                                              uint32_t sBar, int turns, int w,
                                              ClocksOf<C>& clk) {
   constexpr int STAGES = C::STAGES;
   const int n = ts.n_tiles;
   const int st = tile % STAGES;
-  const int prev = tile - (STEP ? STEP : step);
-  const int pst = prev % STAGES;  // the previous tile's stage
+  const int pst = (tile - 1) % STAGES;  // the previous tile's stage
   uint64_t bits0[C::WORDS], bits1[C::WORDS];
   tile_bits<C>(bits0, p, ts, b, tile, row0);
   tile_bits<C>(bits1, p, ts, b, tile, row1);
   const uint64_t dk = dk0 + st * C::STAGE_STEP, dv = dv0 + pst * C::STAGE_STEP;
   mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
-  if (STEP == 2 || (STEP == 0 && prev != tile - 1)) skip_before<C>(tile, n);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   clk.stamp(0);
   pin(o);              // the rescale and P_{j-1} complete before the batch starts
@@ -554,7 +531,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
   wg_wait<0>();  // P_{j-1} V_{j-1} done
   pin(o);
   clk.stamp(4);
-  if (prev + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile prev released
+  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
   // O *= alpha_j (skipped when no row of the warp moved)
   if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
@@ -860,7 +837,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
         for (int h = 0; h < 2; ++h)
           dst[64 * mb + kr + 8 * h] = E(o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv);
     } else {
-      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows + row;
+      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows + row;
       float* dst = p.part + r * D;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
@@ -872,121 +849,8 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   }
 }
 
-// store_out's `shift` for a block of STEP: the shared block's odd half (in CTA half_cta) writes
-// the shadow rows. (Read at the store, not kept in a register across the tiles: it spilled.)
-template <int STEP>
-__device__ __forceinline__ int out_shift(const Params& p) {
-  if constexpr (STEP == 1) return 0;
-  return static_cast<int>(blockIdx.x) == p.half_cta && static_cast<int>(threadIdx.x >> 7) == p.half_wg
-             ? p.rows - p.half_row
-             : 0;
-}
-
-// A consumer warpgroup's 64-row block (first row `first`) over its tiles: all of them (STEP 1),
-// or with the shared block every other one from `par` (STEP 2); TURNS: whether the warpgroups may
-// take turns issuing their MMAs (not in the shared block's kernel).
-template <class C, typename E, int SWAP, int STEP, bool TURNS>
-__device__ __forceinline__ void block_rows(const Params& p, const TileSeq& ts, int b, int kvh,
-                                           int split, uint32_t sQ, uint32_t sKV, uint32_t sBar,
-                                           int w, int tid, int q4, int r0, int first, int par) {
-  constexpr int STAGES = C::STAGES;
-  const int n = ts.n_tiles;
-  const int row0 = first + r0;  // packed rows of this thread's fragments
-  const int row1 = row0 + 8;
-  // this warpgroup's tiles: t0, t0 + step, ... below n (every other one for the shared block)
-  const int step = STEP ? STEP : (par < 0 ? 1 : 2);
-  const int t0 = STEP == 1 ? 0 : max(par, 0);
-
-  const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
-  const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
-  // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
-  // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
-  const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
-
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  float m_run0 = neg_inf(), m_run1 = neg_inf();
-  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
-  if (n <= t0) {  // a split past the prefix (or one tile, not this half's): an empty partial
-    // (before any wgmma: no divergent MMAs; a skipped tile 0 of n <= 1 needs no release)
-    store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1,
-                 out_shift<STEP>(p));
-    return;
-  }
-  const float scale = p.qk_scale;
-  float s[C::SN];
-  uint32_t pc[C::KS][4], pn[C::KS][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
-  uint64_t bits0[C::WORDS], bits1[C::WORDS];
-
-  ClocksOf<C> clk(p.clocks && (tid & 127) == 0, sBar + 8 * (STAGES + 1) + 32 * w);
-  // Turns (FlashAttention-3's ping-pong, extended to a ring of the warpgroups that have rows):
-  // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
-  // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than
-  // two warpgroups with rows, or KDTREE_GQA_PINGPONG=0; the three-warpgroup shape only with
-  // KDTREE_GQA_PINGPONG=2: measured within 4.5 % either way, session 12 call i); its last
-  // warpgroup gives warpgroup 0 the first turn.
-  // (the 64-row warpgroups with rows are 0 .. with_rows - 1; the tail warpgroup takes no turns)
-  const int with_rows =
-      min(p.blocks, max(0, p.full_rows - static_cast<int>(blockIdx.x) * p.blocks * WG_ROWS +
-                               WG_ROWS - 1) / WG_ROWS);
-  const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
-  // (none in the shared block's kernel, TURNS false: its warpgroup takes every other tile)
-  const int turns = TURNS && ring && with_rows >= 2 ? with_rows : 0;
-  if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
-  // ---- the first tile t0: S and its softmax
-  tile_bits<C>(bits0, p, ts, b, t0, row0);
-  tile_bits<C>(bits1, p, ts, b, t0, row1);
-#ifdef KDTREE_GQA_PRODUCER_Q
-  mbar_wait(sBar + 8 * STAGES, 0);  // Q
-#endif
-  mbar_wait(sBar + 8 * (t0 % STAGES), (t0 / STAGES) & 1);
-  if (STEP != 1 && t0 == 1) skip_before<C>(1, n);
-  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
-  wg_fence();
-  issue_scores<C, E>(s, dq, dk0 + (t0 % STAGES) * C::STAGE_STEP);
-  wg_wait<0>();
-  pin(s);
-  {
-    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, t0), bits0, bits1, q4);
-    m_run0 = mx.x * scale;
-    m_run1 = mx.y * scale;
-    const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
-    l_run0 = sum.x;
-    l_run1 = sum.y;
-  }
-
-  // ---- its next tiles, two a round so P_prev and P_j live in named registers (pc, pn)
-  int tile = t0 + step;
-  for (; tile + step < n; tile += 2 * step) {
-    consume_tile<C, E, STEP>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, step,
-                       row0, row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
-    consume_tile<C, E, STEP>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + step,
-                       step, row0, row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
-  }
-  // (a tile after its last one is n - 1, which needs no release)
-  const uint64_t dv_last = dv0 + ((tile < n ? tile : tile - step) % STAGES) * C::STAGE_STEP;
-  if (tile < n) {  // an even count: the last tile's P lands in pn
-    consume_tile<C, E, STEP>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile,
-                       step, row0, row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
-    finish_pv<C, E>(o, pn, dv_last);
-  } else {
-    finish_pv<C, E>(o, pc, dv_last);
-  }
-
-  clk.flush(g_gqa_clocks[w], (n - t0 + step - 1) / step);
-  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
-  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
-  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
-  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
-  store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1,
-               out_shift<STEP>(p));
-}
-
-// SWAP: the stage layout with V before K in each key group (Params::kv_swap). HALF: a shared
-// block (Params::half_row, the three-warpgroup shape only): its own instance, so the others keep
-// the registers of a kernel without its second consumer loop.
-template <class C, typename E, int SWAP, bool HALF>
+// SWAP: the stage layout with V before K in each key group (Params::kv_swap).
+template <class C, typename E, int SWAP>
 __global__ void __launch_bounds__(C::THREADS, 1)
     gqa_split_kernel(const __grid_constant__ Params p) {
   constexpr int STAGES = C::STAGES, BN = C::BN;
@@ -1068,8 +932,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int q4 = lane & 3;
   const int r0 = wi * 16 + (lane >> 2);
   bool tail;
-  int par;
-  const int first = wg_first_row(p, w, tail, par);
+  const int first = wg_first_row(p, w, tail);
 #ifdef KDTREE_GQA_NO_TAIL  // (a measurement build without the tail warpgroup's code: it idles)
   const bool idle = first < 0 || (p.ablate & 16) || tail;
 #else
@@ -1093,48 +956,108 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     return;
   }
 #endif
-  // (the shared block's kernel: one loop for every block, its step a runtime value; a second
-  // inlined loop for the shared block alone spilled registers)
-  if constexpr (HALF)
-    block_rows<C, E, SWAP, 0, false>(p, ts, b, kvh, split, sQ, sKV, sBar, w, tid, q4, r0, first,
-                                      par);
-  else
-    block_rows<C, E, SWAP, 1, true>(p, ts, b, kvh, split, sQ, sKV, sBar, w, tid, q4, r0, first,
-                                      par);
+  const int row0 = first + r0;  // packed rows of this thread's fragments
+  const int row1 = row0 + 8;
+
+  const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
+  const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
+  // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
+  // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
+  const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m_run0 = neg_inf(), m_run1 = neg_inf();
+  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
+  if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
+    store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+    return;
+  }
+  const float scale = p.qk_scale;
+  float s[C::SN];
+  uint32_t pc[C::KS][4], pn[C::KS][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
+  uint64_t bits0[C::WORDS], bits1[C::WORDS];
+
+  ClocksOf<C> clk(p.clocks && (tid & 127) == 0, sBar + 8 * (STAGES + 1) + 32 * w);
+  // Turns (FlashAttention-3's ping-pong, extended to a ring of the warpgroups that have rows):
+  // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
+  // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than
+  // two warpgroups with rows, or KDTREE_GQA_PINGPONG=0; the three-warpgroup shape only with
+  // KDTREE_GQA_PINGPONG=2: measured within 4.5 % either way, session 12 call i); its last
+  // warpgroup gives warpgroup 0 the first turn.
+  // (the 64-row warpgroups with rows are 0 .. with_rows - 1; the tail warpgroup takes no turns)
+  const int with_rows =
+      min(p.blocks, max(0, p.full_rows - static_cast<int>(blockIdx.x) * p.blocks * WG_ROWS +
+                               WG_ROWS - 1) / WG_ROWS);
+  const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
+  const int turns = ring && with_rows >= 2 ? with_rows : 0;
+  if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
+  // ---- tile 0: S_0 and its softmax
+  tile_bits<C>(bits0, p, ts, b, 0, row0);
+  tile_bits<C>(bits1, p, ts, b, 0, row1);
+#ifdef KDTREE_GQA_PRODUCER_Q
+  mbar_wait(sBar + 8 * STAGES, 0);  // Q
+#endif
+  mbar_wait(sBar, 0);
+  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
+  wg_fence();
+  issue_scores<C, E>(s, dq, dk0);
+  wg_wait<0>();
+  pin(s);
+  {
+    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
+    m_run0 = mx.x * scale;
+    m_run1 = mx.y * scale;
+    const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
+    l_run0 = sum.x;
+    l_run1 = sum.y;
+  }
+
+  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
+  int tile = 1;
+  for (; tile + 1 < n; tile += 2) {
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+    consume_tile<C, E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+  }
+  const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * C::STAGE_STEP;
+  if (tile < n) {  // an even tile count: the last tile's P lands in pn
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
+                       q4, dq, dk0, dv0, sBar, turns, w, clk);
+    finish_pv<C, E>(o, pn, dv_last);
+  } else {
+    finish_pv<C, E>(o, pc, dv_last);
+  }
+
+  clk.flush(g_gqa_clocks[w], n);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+  store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
 }
 
-template <class C, typename E, int SWAP, bool HALF>
-int launch_kernel(const Params& p, int B, int row_ctas, cudaStream_t stream) {
+template <class C, typename E, int SWAP>
+int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
   static bool raised[128] = {};  // host-side only: capture-safe (one flag per instantiation)
   if (dev < 0 || dev >= 128) return -9;
   if (!raised[dev]) {
-    err = cudaFuncSetAttribute(gqa_split_kernel<C, E, SWAP, HALF>,
+    err = cudaFuncSetAttribute(gqa_split_kernel<C, E, SWAP>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_TOTAL);
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
   const dim3 grid(row_ctas, p.num_splits, B * p.Hkv);
-  gqa_split_kernel<C, E, SWAP, HALF><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
-}
-
-template <class C, typename E, int SWAP>
-int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
-  int err;
-  if constexpr (C::CWG == 3)
-    err = p.half_row >= 0 ? launch_kernel<C, E, SWAP, true>(p, B, row_ctas, stream)
-                          : launch_kernel<C, E, SWAP, false>(p, B, row_ctas, stream);
-  else
-    err = launch_kernel<C, E, SWAP, false>(p, B, row_ctas, stream);
-  if (err != 0) return err;
+  gqa_split_kernel<C, E, SWAP><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
-  MergeParams mp = merge_params_of(p, p.Hkv, p.G);
-  mp.ws_rows = p.ws_rows;
-  mp.half_row = p.half_row;
-  return launch_merge_splits<E, D>(mp, B, stream, merge == MERGE_PDL);
+  return launch_merge_splits<E, D>(merge_params_of(p, p.Hkv, p.G), B, stream, merge == MERGE_PDL);
 }
 
 template <class C, typename E>
@@ -1188,9 +1111,6 @@ const char* kdtree_gqa_error_string(int code) {
                      "match, heads be 128 contiguous dims, the driver encode the map)";
     case -13: return "tail_blocks: expected 0, or 1 .. wgs 64-row blocks a CTA with 1 .. 16 rows "
                      "past the last whole 64-row block (the tail warpgroup)";
-    case -14: return "half: the shared block needs the layout [3 blocks] [1 block + tail] (3 "
-                     "warpgroups, tail_blocks 3, 4 whole 64-row blocks and 1 .. 16 rows past them), "
-                     "num_splits > 1 and the CUDA merge (at most 1024 splits)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1200,10 +1120,7 @@ const char* kdtree_gqa_error_string(int code) {
 // leaves the partials to the caller. `tail_blocks` 0: each CTA's `wgs` consumer warpgroups take
 // consecutive 64-row blocks, the last one padded; k >= 1: k whole blocks a CTA and the 1..16
 // rows past them in the tail warpgroup (tail_rows), in the last CTA's first free warpgroup (or a
-// CTA of their own). `half` 1 (that layout with 4 whole blocks: [3 blocks] [1 block + tail]): the
-// first CTA's third block takes the even tiles and the last CTA's free warpgroup the odd ones, its
-// partials in 64 shadow rows a split (the workspace [B, Hkv, S, rows + 64, D] and LSE), merged by
-// the CUDA merge. 0, a negative argument error or a cudaError_t value.
+// CTA of their own). 0, a negative argument error or a cudaError_t value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
                            const int64_t* tree_mask, void* out, float* part, float* lse,
@@ -1212,7 +1129,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
                            int max_pages, int num_splits, float sm_scale, int64_t num_slots,
-                           int wgs, int tail_blocks, int half, int merge, uintptr_t stream) {
+                           int wgs, int tail_blocks, int merge, uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
   if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
@@ -1282,17 +1199,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
       p.tail_cta = row_ctas++;
       p.tail_wg = 0;
     }
-  }
-  p.half_row = p.half_cta = p.half_wg = -1;
-  p.ws_rows = p.rows;
-  if (half) {
-    if (wgs != 3 || tail_blocks != 3 || p.full_rows != 4 * WG_ROWS || p.tail_cta != 1 ||
-        num_splits < 2 || merge == MERGE_BY_CALLER || 2 * num_splits > MERGE_MAX_SPLITS)
-      return -14;
-    p.half_row = 2 * WG_ROWS;  // the first CTA's third block
-    p.half_cta = 1;
-    p.half_wg = 2;  // the last CTA: block 3, the tail (warpgroup 1), then this
-    p.ws_rows = p.rows + WG_ROWS;
   }
   p.max_pages = max_pages;
   p.page_shift = shift;

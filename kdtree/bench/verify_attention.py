@@ -491,12 +491,13 @@ def setup_ours_gqa_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_gqa_fn(wl, ti)
-    from kdtree.kernels.cuda_gqa import half_block, launch_plan
+    from kdtree.kernels.cuda_gqa import launch_plan
 
-    rows = ti.t * (wl.layout.hq // wl.layout.hkv)
-    wgs, tail_blocks = launch_plan(rows)
-    meta = {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks}
-    return (*_graphed(fn, wl.n_rot, wl.device), {**meta, "half": half_block(rows, splits)})
+    wgs, tail_blocks = launch_plan(ti.t * (wl.layout.hq // wl.layout.hkv))
+    return (
+        *_graphed(fn, wl.n_rot, wl.device),
+        {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks},
+    )
 
 
 def setup_ours_graph(wl, ti, opts):

@@ -29,19 +29,13 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     res = cuda_gqa.compile_only(tmp_path)
     kernels = parse_ptxas(res.log)
     split = [k for k in kernels if "gqa_split_kernel" in k]
-    # two shapes x bf16 / fp16 x K / V order, and the three-warpgroup shape's shared-block one
-    assert len(split) == 12, f"expected 12 split kernel instances, got {kernels}"
-    half = [k for k in split if re.search(r"Li[01]ELb1EEEv", k)]
-    assert len(half) == 4, half
+    assert len(split) == 8, f"expected two shapes x bf16 / fp16 x K / V order, got {kernels}"
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
         assert name.endswith("@sm_90a"), name
-        if name in half:  # a few loop-invariant scalars (measured: docs/kernels_notes.md)
-            assert info["spill_stores"] <= 32 and info["stack"] <= 16, (name, info)
-            continue
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (name, info)
         assert info["stack"] == 0, (name, info)  # a local array would be a per-tile round trip
 
@@ -72,16 +66,12 @@ def test_ctypes_call_matches_the_c_signature(gen):
         assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
     assert lib.kdtree_gqa_block_m(4) == -1
     assert args[-2] == 1  # merge: the CUDA merge in stream order
-    assert args[-3] == 0  # half: no shared block
-    assert args[-4] == 0  # tail_blocks: no tail warpgroup
-    assert lib.kdtree_gqa_tree_launch(*args[:-5], 4, *args[-4:]) == -10
+    assert args[-3] == 0  # tail_blocks: no tail warpgroup
+    assert lib.kdtree_gqa_tree_launch(*args[:-4], 4, *args[-3:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
     # the tail warpgroup: at most `wgs` blocks a CTA (12 rows here: a tail alone is valid)
-    assert lib.kdtree_gqa_tree_launch(*args[:-4], 3, *args[-3:]) == -13
+    assert lib.kdtree_gqa_tree_launch(*args[:-3], 3, *args[-2:]) == -13
     assert b"tail" in lib.kdtree_gqa_error_string(-13)
-    # the shared block: only [3 blocks] [1 block + tail] with splits and the CUDA merge
-    assert lib.kdtree_gqa_tree_launch(*args[:-3], 1, *args[-2:]) == -14
-    assert b"shared block" in lib.kdtree_gqa_error_string(-14)
     # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
     assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
     big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
@@ -189,35 +179,6 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", "4")
     with pytest.raises(ValueError, match="KDTREE_GQA_BLOCKS"):
         cuda_gqa.launch_plan(260)
-
-
-def test_half_block(monkeypatch):
-    """The shared block only where the layout is [3 blocks] [1 block + tail] (four whole blocks),
-    with splits and the CUDA merge; its workspace holds 64 shadow rows a split."""
-    for name in (
-        "KDTREE_GQA_WARPGROUPS",
-        "KDTREE_GQA_TAIL",
-        "KDTREE_GQA_BLOCKS",
-        "KDTREE_GQA_HALF",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
-    assert cuda_gqa.half_block(260, 8) and cuda_gqa.half_block(272, 2)
-    assert not cuda_gqa.half_block(260, 1)  # one split: no merge to add the halves
-    assert not cuda_gqa.half_block(260, 8, merge=0)  # the Triton merge knows no shadow rows
-    assert not cuda_gqa.half_block(260, 1025)  # 2 S weights in the merge's 2048
-    for rows in (256, 273, 520, 1028, 68, 136):  # no tail, padded, or more than 4 blocks
-        assert not cuda_gqa.half_block(rows, 8), rows
-    assert cuda_gqa.workspace_rows(260, 8) == 324 and cuda_gqa.workspace_rows(520, 8) == 520
-    assert cuda_gqa.workspace_numel(1, 8, 260, 8) == 8 * 8 * 324 * 129
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "triton")
-    assert not cuda_gqa.half_block(260, 8) and cuda_gqa.workspace_rows(260, 8) == 260
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
-    monkeypatch.setenv("KDTREE_GQA_HALF", "0")
-    assert not cuda_gqa.half_block(260, 8) and cuda_gqa.workspace_rows(260, 8) == 260
-    monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
-    monkeypatch.setenv("KDTREE_GQA_HALF", "1")
-    assert not cuda_gqa.half_block(260, 8)  # the padded layout has no free warpgroup for it
 
 
 def test_registered_as_gqa_backend():
@@ -372,35 +333,6 @@ def test_tail_warpgroup_matches_fp64(tail, case, gen, monkeypatch):
     """The rows past the last whole 64-row block through the tail warpgroup (swapped-operand
     m64n16 MMAs, KDTREE_GQA_TAIL=1) and padded to a block (=0) both match fp64."""
     monkeypatch.setenv("KDTREE_GQA_TAIL", tail)
-    _run(case, torch.bfloat16, gen)
-
-
-HALF_CASES = [  # 4 whole blocks and a tail: [3 blocks] [1 block + tail], the third one shared
-    ([977, 1900], 65, 32, 8, 16, 3),  # 260 rows
-    ([448, 513], 65, 8, 2, 16, 2),  # 7 and 9 prefix tiles a request: odd and even tile counts
-    ([0, 100], 65, 4, 1, 16, 4),  # an empty prefix: splits with no keys
-    ([2000], 65, 4, 1, 16, 40),  # one-tile splits (the odd half has none) and empty ones
-    ([500, 77], 17, 16, 1, 16, 5),  # 272 rows: 16 in the tail
-    ([3000, 70], 65, 4, 1, 1, 6),  # page size 1: every tile on cp.async
-    ([5000], 65, 32, 8, 64, 8),  # page size 64
-]
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("half", ["0", "1"])
-@pytest.mark.parametrize("case", HALF_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-s{c[5]}")
-def test_shared_block_matches_fp64(half, case, gen, monkeypatch):
-    """The third block of [3 blocks] [1 block + tail] shared by tile parity between the two row
-    CTAs (KDTREE_GQA_HALF=1, its odd half's partials in shadow rows merged by the CUDA merge)
-    and not shared (=0) both match fp64, eager and graph-captured, in both dtypes."""
-    lens, t, hq, hkv, ps, splits = case
-    monkeypatch.setenv("KDTREE_GQA_HALF", half)
-    if splits is not None:
-        assert cuda_gqa.half_block(t * hq // hkv, splits) == (half == "1")
-    _run(case, torch.bfloat16, gen)
-    _run(case, torch.float16, gen, graph=True)
-    monkeypatch.setenv("KDTREE_GQA_PINGPONG", "2")  # turns are off in the shared block's kernel
     _run(case, torch.bfloat16, gen)
 
 
