@@ -15,8 +15,8 @@
 //     rows only keeps the barriers. Two shapes (Cfg below): Wide, 2 consumer warpgroups (128
 //     rows) over 128-key tiles in 3 stages; Tall, 3 consumer warpgroups (192 rows) over 64-key
 //     tiles in 5 stages, so fewer CTAs read each KV tile from L2 when there are >= 3 row blocks
-//     of 64 (the launcher's `wgs` and `tail_blocks`, chosen by
-//     kdtree.kernels.cuda_gqa.launch_plan).
+//     of 64 that do not fill whole 128-row CTAs (the launcher's `wgs` and `tail_blocks`, chosen
+//     by kdtree.kernels.cuda_gqa.launch_plan; Wide there measured 5-26 % faster, session 16).
 //   * Grid (row CTAs, num_splits, B * Hkv); the row blocks of one split are the
 //     fastest axis, so they run together and read the split's KV from DRAM once (L2 serves the
 //     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the

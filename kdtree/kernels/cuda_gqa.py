@@ -156,9 +156,13 @@ def _env_int(name: str, allowed: tuple[int, ...]) -> int | None:
 
 def launch_plan(rows: int) -> tuple[int, int]:
     """The split kernel's row layout for ``rows = G * T`` packed query rows: ``(wgs,
-    tail_blocks)``. ``wgs`` consumer warpgroups a CTA: 3 (192 rows, 64-key tiles) when the rows
-    fill at least three 64-row blocks, so fewer CTAs read each KV tile, else 2 (128 rows, 128-key
-    tiles). ``tail_blocks`` 0: each CTA takes ``wgs`` consecutive 64-row blocks, the last one
+    tail_blocks)``. ``wgs`` consumer warpgroups a CTA: 2 (128 rows, 128-key tiles) for fewer
+    than three 64-row blocks, or when the rows fill whole 128-row CTAs but not whole 192-row ones;
+    else 3 (192 rows, 64-key tiles), so fewer CTAs read each KV tile. (Session 16,
+    ``tools/gpu/gqa_layouts.py``: at 256, 512 and 1024 rows the two-warpgroup layout was 5-26 %
+    faster at every measured length, e.g. 32q/8kv, T=64, 128k 266 against 361 us, two 64-row
+    blocks a CTA on 128-key tiles against [3] [1]; multiples of 192 split evenly into
+    three-warpgroup CTAs.) ``tail_blocks`` 0: each CTA takes ``wgs`` consecutive 64-row blocks, the last one
     padded. ``k >= 1``: each CTA takes ``k`` whole blocks and the 1-16 rows left past them
     (:data:`TAIL_ROWS`) go to a tail warpgroup of swapped-operand MMAs (16 columns of MMA work
     instead of a padded 64-row block), in the last CTA's first free warpgroup.
@@ -176,7 +180,8 @@ def launch_plan(rows: int) -> tuple[int, int]:
     forced_wgs = _env_int("KDTREE_GQA_WARPGROUPS", (2, 3))
     forced_tail = _env_int("KDTREE_GQA_TAIL", (0, 1))
     forced_k = _env_int("KDTREE_GQA_BLOCKS", (1, 2, 3))
-    wgs = forced_wgs or (3 if math.ceil(rows / 64) >= 3 else 2)
+    whole_wide = rows % 128 == 0 and rows % 192 != 0  # (three-warpgroup CTAs: a lighter last one)
+    wgs = forced_wgs or (3 if math.ceil(rows / 64) >= 3 and not whole_wide else 2)
     fits = n_full >= 1 and 1 <= rest <= TAIL_ROWS
     measured = wgs == 3 and n_full >= 4 and n_full % 3 == 1
     if not fits or forced_tail == 0 or (forced_tail is None and not measured):

@@ -129,9 +129,10 @@ def test_choose_splits_is_static_and_bounded():
 
 def test_consumer_warpgroups(monkeypatch):
     monkeypatch.delenv("KDTREE_GQA_WARPGROUPS", raising=False)
-    assert [cuda_gqa.consumer_warpgroups(r) for r in (17, 68, 128, 129, 136, 260, 520)] == [
-        2, 2, 2, 3, 3, 3, 3,
-    ]  # fmt: skip
+    # whole 128-row CTAs but not whole 192-row ones: the two-warpgroup shape
+    rows = (17, 68, 128, 129, 136, 256, 260, 384, 512, 520, 768, 1024)
+    wgs = (2, 2, 2, 3, 3, 2, 3, 3, 2, 3, 3, 2)
+    assert tuple(cuda_gqa.consumer_warpgroups(r) for r in rows) == wgs
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "2")
     assert cuda_gqa.consumer_warpgroups(520) == 2
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "5")
@@ -151,7 +152,7 @@ def test_launch_plan_and_row_ctas(monkeypatch):
         68: (2, 0),  # 32q/8kv T=17: [64 | 4 padded] (the tail measured no faster)
         100: (2, 0),  # 36 rows left: a padded block
         136: (3, 0),  # 8q/1kv T=17
-        256: (3, 0),
+        256: (2, 0),  # 32q/8kv T=64: [128] [128] (measured 26 % faster than [192] [64])
         260: (3, 3),  # 32q/8kv T=65: [64 x 3] [64 | 4 in the tail]
         272: (3, 3),  # 16 rows left: the most the tail takes
         273: (3, 0),  # 17 left: padded
@@ -160,13 +161,14 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     }
     ctas = {r: cuda_gqa.row_ctas(r, *plan[r]) for r in plan}
     assert ctas == {17: 1, 68: 1, 100: 1, 136: 1, 256: 2, 260: 2, 272: 2, 273: 2, 520: 3, 1028: 6}
+    assert cuda_gqa.launch_plan(1024) == (2, 0) and cuda_gqa.row_ctas(1024, 2, 0) == 8
     assert cuda_gqa.row_ctas(200, 3, 3) == 2  # three whole blocks fill the CTA: the tail alone
     assert cuda_gqa.row_ctas(8, 2, 1) == 1  # no whole block: the tail alone
     monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
     assert cuda_gqa.launch_plan(260) == (3, 0)
     monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
     assert cuda_gqa.launch_plan(520) == (3, 3) and cuda_gqa.launch_plan(68) == (2, 2)
-    assert cuda_gqa.launch_plan(256) == (3, 0)  # nothing left past the blocks
+    assert cuda_gqa.launch_plan(256) == (2, 0)  # nothing left past the blocks
     monkeypatch.delenv("KDTREE_GQA_TAIL")
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")
     assert cuda_gqa.launch_plan(68) == (3, 0)  # one whole block: the tail was not measured there
@@ -261,6 +263,8 @@ GPU_CASES = [
     ([0, 100], 17, 8, 1, 16, 4),  # an empty prefix: the tree alone, splits with no keys
     ([64], 257, 8, 2, 16, 3),  # T above 256: five mask words, three tree tiles
     ([4096], 9, 12, 4, 16, 40),  # more splits than tiles: empty partials
+    ([3000, 17], 64, 32, 8, 16, None),  # 256 rows: two two-warpgroup CTAs (the default there)
+    ([777], 32, 8, 1, 64, 5),  # 256 rows, one KV head
 ]
 
 
