@@ -204,8 +204,8 @@ struct Params {
   const int32_t* prefix_lens;
   const int64_t* tree_mask;
   void* out;
-  float* part;  // [B, Hkv, S, rows, D] (num_splits > 1)
-  float* lse;   // [B, Hkv, S, rows]
+  float* part;  // [B, Hkv, S, ws_rows, D] (num_splits > 1)
+  float* lse;   // [B, Hkv, S, ws_rows]
   int64_t sq_b, sq_t, sq_h;  // q strides (elements); last dim contiguous
   int64_t sk_slot, sk_h;     // k_cache: between slots (stride(1)), between KV heads (stride(2))
   int64_t sv_slot, sv_h;
@@ -216,6 +216,11 @@ struct Params {
   int blocks;                // 64-row blocks a CTA's consumer warpgroups take (<= CWG)
   int full_rows;             // rows those blocks cover (rows, or the tail's first row)
   int tail_cta, tail_wg;     // the tail warpgroup (tail_rows): CTA x and warpgroup; -1 none
+  int tail_even_cta;         // a split tail: this CTA's warpgroup tail_wg takes the tail's even
+                             // tiles, tail_cta's the odd ones (their partials in shadow rows
+                             // rows .. of the workspace, merged by the CUDA merge); -1 none
+  int half_row;              // the merge's shared rows' first (full_rows with a split tail), -1
+  int ws_rows;               // the workspace's rows a split: rows (+ TAIL_N with a split tail)
   int max_pages;
   int page_shift;            // log2(page_size)
   int num_splits;
@@ -270,7 +275,8 @@ __device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, 
 // it is the tail warpgroup (rows full_rows .. rows - 1, at most TAIL_N). Warpgroup w < blocks
 // takes 64-row block blockIdx.x * blocks + w.
 __device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail) {
-  tail = static_cast<int>(blockIdx.x) == p.tail_cta && w == p.tail_wg;
+  const int x = static_cast<int>(blockIdx.x);
+  tail = (x == p.tail_cta || x == p.tail_even_cta) && w == p.tail_wg;
   if (tail) return p.full_rows;
   if (w >= p.blocks) return -1;
   const int first = (static_cast<int>(blockIdx.x) * p.blocks + w) * WG_ROWS;
@@ -449,7 +455,7 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
     }
     return;
   }
-  const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows;
+  const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows;
   if (ok0) {
     float* dst = p.part + (rbase + row0) * D + col0;
 #pragma unroll
@@ -687,17 +693,27 @@ __device__ __forceinline__ void tail_fresh(float (&s)[KB][8]) {
   for (int kb = 0; kb < KB; ++kb) pin(s[kb]);  // written here, before the caller's wgmma.fence
 }
 
-// One tail step, tile j >= 1 (S^T_j done, in `cur`): S^T_{j+1} (into `nxt`) and O^T += V_{j-1}^T
-// P_{j-1}^T are issued, the softmax of S^T_j runs while both are on the tensor cores (so the
-// tail's S never waits behind the other warpgroups' MMAs on its critical path), then both are
-// waited for, stage j-1 released, O^T rescaled, and P^T_j published to the next batch.
+// A split tail's warpgroup does not take tile j - 1 (the other CTA's does): it releases it once
+// tile j has landed (the producer issues tiles in order, so it has passed its wait for tile
+// j - 1 - STAGES's release, and this arrival cannot count towards that earlier use of the stage).
+template <class C>
+__device__ __forceinline__ void tail_skip_before(int tile, int n) {
+  if (tile - 1 + C::STAGES < n) named_arrive(BAR_EMPTY + (tile - 1) % C::STAGES, C::THREADS);
+}
+
+// One tail step, the warpgroup's k-th tile j (k >= 1; its tiles are `step` apart: 1, or 2 for a
+// split tail; S^T_j done, in `cur`): S^T_{j+step} (into `nxt`) and O^T += V_prev^T P_prev^T
+// (prev = j - step) are issued, the softmax of S^T_j runs while both are on the tensor cores (so
+// the tail's S never waits behind the other warpgroups' MMAs on its critical path), then both are
+// waited for, stage prev released, O^T rescaled, and P^T_j published to the next batch. The P
+// buffers and the maxima scratch alternate with k.
 template <class C, typename E>
 __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN / 64][8],
                                           float (&nxt)[C::BN / 64][8], float (&m_run)[4],
                                           float (&l_run)[4], const Params& p, const TileSeq& ts,
-                                          int b, int tile, int kr, int q4, int lane, int wi,
-                                          uint32_t sQw, uint32_t sBar, uint64_t dq, uint64_t dk0,
-                                          uint64_t dv0) {
+                                          int b, int tile, int step, int k, int kr, int q4,
+                                          int lane, int wi, uint32_t sQw, uint32_t sBar,
+                                          uint64_t dq, uint64_t dk0, uint64_t dv0) {
   constexpr int STAGES = C::STAGES;
   const int n = ts.n_tiles;
   const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
@@ -706,26 +722,29 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
   tail_fresh(nxt);
   // (the last step recomputes its own tile's S^T into `nxt`, discarded: no branch between the
   // fence and the batch, which would make ptxas inject another fence, C7519)
-  const bool more = tile + 1 < n;
-  const int st = (more ? tile + 1 : tile) % STAGES;
+  const bool more = tile + step < n;
+  const int nt = more ? tile + step : tile;
+  const int st = nt % STAGES;
   if (more) {
-    mbar_wait(sBar + 8 * st, ((tile + 1) / STAGES) & 1);
+    mbar_wait(sBar + 8 * st, (nt / STAGES) & 1);
+    if (step == 2) tail_skip_before<C>(nt, n);
     fence_async_smem();
   }
   wg_fence();
   tail_issue_scores<C, E>(nxt, dq, dk0 + st * C::STAGE_STEP);
-  const int pst = (tile - 1) % STAGES;
-  tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (tile & 1) ? dp0 : dp1);  // P_{j-1}
+  const int prev = tile - step;
+  const int pst = prev % STAGES;
+  tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (k & 1) ? dp0 : dp1);  // P_prev
   float alpha[4];
   tail_softmax<C, E>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
-                     sQw + TAIL_RED + (tile & 1) * (4 * TAIL_N * 4),
-                     sQw + ((tile & 1) ? TAIL_P1 : TAIL_P0));
-  wg_wait<0>();  // S^T_{j+1} and P_{j-1} V_{j-1} done
+                     sQw + TAIL_RED + (k & 1) * (4 * TAIL_N * 4),
+                     sQw + ((k & 1) ? TAIL_P1 : TAIL_P0));
+  wg_wait<0>();  // S^T_{j+step} and P_prev V_prev done
   pin(o[0]);
   pin(o[1]);
 #pragma unroll
   for (int kb = 0; kb < C::BN / 64; ++kb) pin(nxt[kb]);
-  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
+  if (prev + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile prev released
 #pragma unroll
   for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -737,13 +756,18 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
   named_sync(BAR_TAIL, 128);
 }
 
-// The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV).
+// The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV): every
+// tile, or with a split tail (Params::tail_even_cta) the even ones in that CTA and the odd ones
+// in tail_cta, whose partials go to the shadow rows.
 template <class C, typename E, int SWAP>
 __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, int b, int kvh,
                                           int split, uint32_t sQw, uint32_t sKV, uint32_t sBar,
                                           int t) {
   constexpr int STAGES = C::STAGES, KB = C::BN / 64;
   const int n = ts.n_tiles;
+  const bool halves = p.tail_even_cta >= 0;
+  const int step = halves ? 2 : 1;
+  const int t0 = halves && static_cast<int>(blockIdx.x) == p.tail_cta ? 1 : 0;
   const int lane = t & 31, wi = t >> 5, q4 = lane & 3;
   const int kr = wi * 16 + (lane >> 2);  // this thread's keys (dims) kr, kr + 8 of each 64
   float o[2][8];                         // O^T: dims 64 mb + kr (+ 8) x the rows tail_col(i)
@@ -759,53 +783,61 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
   const uint32_t red = sQw + TAIL_RED;  // maxima: [tile parity][4 warps][TAIL_N]
-  if (n > 0) {
+  if (n > t0) {  // (a split tail's odd half of a one-tile split has nothing: an empty partial)
     const uint64_t dq = wg_desc(sQw, 16, 1024);
     const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
     const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
-    // ---- tile 0: S^T_0, then S^T_1 issued while the softmax of S^T_0 runs
+    // ---- its first tile t0: S^T_t0, then the next one's issued while the softmax of S^T_t0 runs
 #ifdef KDTREE_GQA_PRODUCER_Q
     mbar_wait(sBar + 8 * STAGES, 0);  // Q
 #endif
-    mbar_wait(sBar, 0);
+    mbar_wait(sBar + 8 * (t0 % STAGES), (t0 / STAGES) & 1);
+    if (t0 == 1) tail_skip_before<C>(1, n);
     fence_async_smem();
     wg_fence();
-    tail_issue_scores<C, E>(sa, dq, dk0);
+    tail_issue_scores<C, E>(sa, dq, dk0 + (t0 % STAGES) * C::STAGE_STEP);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sa[kb]);
     tail_fresh(sb);
-    if (n > 1) {
-      mbar_wait(sBar + 8 * (1 % STAGES), (1 / STAGES) & 1);
+    const int t1 = t0 + step;
+    if (t1 < n) {
+      mbar_wait(sBar + 8 * (t1 % STAGES), (t1 / STAGES) & 1);
+      if (step == 2) tail_skip_before<C>(t1, n);
       fence_async_smem();
     }
-    wg_fence();  // (one tile: S^T_0 again, discarded, as in tail_step)
-    tail_issue_scores<C, E>(sb, dq, dk0 + (n > 1 ? 1 % STAGES : 0) * C::STAGE_STEP);
+    wg_fence();  // (one tile: S^T_t0 again, discarded, as in tail_step)
+    tail_issue_scores<C, E>(sb, dq, dk0 + ((t1 < n ? t1 : t0) % STAGES) * C::STAGE_STEP);
     float alpha[4];
-    tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red, sQw + TAIL_P0);
+    tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, t0, kr, q4, lane, wi, red,
+                       sQw + TAIL_P0);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sb[kb]);
-    fence_async_smem();  // P^T_0 (generic stores) -> the wgmma reads, after everyone's stores
+    fence_async_smem();  // P^T_t0 (generic stores) -> the wgmma reads, after everyone's stores
     named_sync(BAR_TAIL, 128);
-    // ---- tiles j >= 1, two a round so S^T_j and S^T_{j+1} live in named registers (sa, sb)
-    int tile = 1;
+    // ---- its k-th tiles, k >= 1, two a round so S^T of two tiles live in named registers
+    int tile = t1, k = 1;
 #pragma unroll 1
-    for (; tile + 1 < n; tile += 2) {
-      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, kr, q4, lane, wi, sQw, sBar, dq,
-                      dk0, dv0);
-      tail_step<C, E>(o, sa, sb, m_run, l_run, p, ts, b, tile + 1, kr, q4, lane, wi, sQw, sBar,
-                      dq, dk0, dv0);
+    for (; tile + step < n; tile += 2 * step, k += 2) {
+      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, step, k, kr, q4, lane, wi, sQw,
+                      sBar, dq, dk0, dv0);
+      tail_step<C, E>(o, sa, sb, m_run, l_run, p, ts, b, tile + step, step, k + 1, kr, q4, lane,
+                      wi, sQw, sBar, dq, dk0, dv0);
     }
-    if (tile < n)
-      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, kr, q4, lane, wi, sQw, sBar, dq,
-                      dk0, dv0);
-    // ---- the last tile's P V
+    if (tile < n) {
+      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, step, k, kr, q4, lane, wi, sQw,
+                      sBar, dq, dk0, dv0);
+      tile += step;
+      ++k;
+    }
+    // ---- its last tile's P V (tile - step, the (k - 1)-th; a tile after it is n - 1, which
+    // needs no release)
     pin(o[0]);
     pin(o[1]);
     wg_fence();
-    tail_issue_pv<C, E>(o, dv0 + ((n - 1) % STAGES) * C::STAGE_STEP,
-                        wg_desc(sQw + (((n - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
+    tail_issue_pv<C, E>(o, dv0 + ((tile - step) % STAGES) * C::STAGE_STEP,
+                        wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
     wg_wait<0>();
     pin(o[0]);
     pin(o[1]);
@@ -837,7 +869,8 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
         for (int h = 0; h < 2; ++h)
           dst[64 * mb + kr + 8 * h] = E(o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv);
     } else {
-      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.rows + row;
+      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows + row +
+                        (t0 == 1 ? p.rows - p.half_row : 0);  // (the odd half: shadow rows)
       float* dst = p.part + r * D;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
@@ -1057,7 +1090,10 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
-  return launch_merge_splits<E, D>(merge_params_of(p, p.Hkv, p.G), B, stream, merge == MERGE_PDL);
+  MergeParams mp = merge_params_of(p, p.Hkv, p.G);
+  mp.ws_rows = p.ws_rows;
+  mp.half_row = p.half_row;
+  return launch_merge_splits<E, D>(mp, B, stream, merge == MERGE_PDL);
 }
 
 template <class C, typename E>
@@ -1111,6 +1147,9 @@ const char* kdtree_gqa_error_string(int code) {
                      "match, heads be 128 contiguous dims, the driver encode the map)";
     case -13: return "tail_blocks: expected 0, or 1 .. wgs 64-row blocks a CTA with 1 .. 16 rows "
                      "past the last whole 64-row block (the tail warpgroup)";
+    case -14: return "split_tail: needs 3 warpgroups, tail_blocks 2, an even count >= 4 of whole "
+                     "64-row blocks with 1 .. 16 rows past them, num_splits > 1 and the CUDA merge "
+                     "(at most 1024 splits)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1120,7 +1159,11 @@ const char* kdtree_gqa_error_string(int code) {
 // leaves the partials to the caller. `tail_blocks` 0: each CTA's `wgs` consumer warpgroups take
 // consecutive 64-row blocks, the last one padded; k >= 1: k whole blocks a CTA and the 1..16
 // rows past them in the tail warpgroup (tail_rows), in the last CTA's first free warpgroup (or a
-// CTA of their own). 0, a negative argument error or a cudaError_t value.
+// CTA of their own). `split_tail` 1 (3 warpgroups, tail_blocks 2, an even number >= 4 of whole
+// blocks): the last two CTAs' free warpgroups share the tail by tile parity (even: the one before
+// the last), the odd half's partials in TAIL_N shadow rows a split (workspace [B, Hkv, S, rows +
+// TAIL_N, D] and LSE), added by the CUDA merge. 0, a negative argument error or a cudaError_t
+// value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
                            const int64_t* tree_mask, void* out, float* part, float* lse,
@@ -1129,7 +1172,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
                            int max_pages, int num_splits, float sm_scale, int64_t num_slots,
-                           int wgs, int tail_blocks, int merge, uintptr_t stream) {
+                           int wgs, int tail_blocks, int split_tail, int merge,
+                           uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
   if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
@@ -1199,6 +1243,17 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
       p.tail_cta = row_ctas++;
       p.tail_wg = 0;
     }
+  }
+  p.tail_even_cta = p.half_row = -1;
+  p.ws_rows = p.rows;
+  if (split_tail) {
+    const int n_full = p.full_rows / WG_ROWS;
+    if (wgs != 3 || tail_blocks != 2 || n_full < 4 || n_full % 2 || p.tail_cta != row_ctas - 1 ||
+        num_splits < 2 || merge == MERGE_BY_CALLER || 2 * num_splits > MERGE_MAX_SPLITS)
+      return -14;
+    p.tail_even_cta = row_ctas - 2;  // [2 blocks + even tail tiles] [2 blocks + odd ones]
+    p.half_row = p.full_rows;
+    p.ws_rows = p.rows + TAIL_N;
   }
   p.max_pages = max_pages;
   p.page_shift = shift;

@@ -35,6 +35,7 @@ import torch
 from kdtree.kernels._common import launch_merge
 from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc
 from kdtree.kernels.cuda_common import (
+    MERGE_MAX_SPLITS,
     aligned16,
     any_sm90,
     is_sm90,
@@ -58,10 +59,12 @@ __all__ = [
     "consumer_warpgroups",
     "launch_args",
     "launch_plan",
+    "split_tail",
     "row_ctas",
     "phase_clocks",
     "tree_attention_gqa_cuda",
     "workspace_numel",
+    "workspace_rows",
 ]
 
 _SRC = CudaSource(
@@ -111,8 +114,9 @@ def _load() -> ctypes.CDLL:
                 i32,
                 i32,
                 i32,
+                i32,
                 ctypes.c_size_t,
-            ]  # sm_scale num_slots wgs tail_blocks merge stream
+            ]  # sm_scale num_slots wgs tail_blocks split_tail merge stream
         )
         lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
         lib.kdtree_gqa_error_string.argtypes = [i32]
@@ -189,6 +193,24 @@ def launch_plan(rows: int) -> tuple[int, int]:
     return wgs, min(forced_k or 3, wgs)
 
 
+def split_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
+    """Whether the launch splits the tail by tile parity between two CTAs of two whole blocks
+    (``[2 blocks + the tail's even tiles] [2 blocks + its odd tiles]``) where
+    :func:`launch_plan` gives ``[3 blocks] [1 block + tail]`` (four whole 64-row blocks and 1-16
+    rows past them, e.g. 32q/8kv, T=65). The odd half's partials go to :data:`TAIL_ROWS` shadow
+    rows a split, added by the CUDA merge: it needs ``num_splits > 1`` and ``merge`` not the
+    Triton merge (at most 1024 splits). ``KDTREE_GQA_SPLIT_TAIL=0`` turns it off."""
+    if _env_int("KDTREE_GQA_SPLIT_TAIL", (0, 1)) == 0:
+        return False
+    merge = merge_for(num_splits) if merge is None else merge
+    return (
+        launch_plan(rows) == (3, 3)
+        and rows // 64 == 4
+        and 1 < num_splits <= MERGE_MAX_SPLITS // 2
+        and merge != 0
+    )
+
+
 def consumer_warpgroups(rows: int) -> int:
     """The consumer warpgroups a CTA of the split kernel for ``rows`` packed query rows (see
     :func:`launch_plan`)."""
@@ -228,12 +250,18 @@ def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sm
     return min(s for s, c in costs.items() if c <= best * 1.03)
 
 
+def workspace_rows(rows: int, num_splits: int) -> int:
+    """Rows a split of the workspace: ``rows``, or ``rows +`` :data:`TAIL_ROWS` with
+    :func:`split_tail`'s shadow rows."""
+    return rows + TAIL_ROWS if split_tail(rows, num_splits) else rows
+
+
 def workspace_numel(batch: int, num_kv_heads: int, rows: int, num_splits: int) -> int:
-    """fp32 elements of the split workspace (partials ``[B, Hkv, S, G*T, 128]`` + LSE
-    ``[B, Hkv, S, G*T]``); 0 with one split."""
+    """fp32 elements of the split workspace (partials ``[B, Hkv, S, R, 128]`` + LSE
+    ``[B, Hkv, S, R]``, R = :func:`workspace_rows`); 0 with one split."""
     if num_splits <= 1:
         return 0
-    n = batch * num_kv_heads * num_splits * rows
+    n = batch * num_kv_heads * num_splits * workspace_rows(rows, num_splits)
     return n * HEAD_DIM + n
 
 
@@ -311,7 +339,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
     num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 1,
-    tail_blocks: int = 0,
+    tail_blocks: int = 0, split: bool = False,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""
@@ -348,6 +376,7 @@ def launch_args(
         k_cache.shape[0] * k_cache.shape[1],  # num_slots (the TMA maps)
         int(wgs),
         int(tail_blocks),
+        int(split),
         int(merge),
         stream,
     )
@@ -399,20 +428,22 @@ def tree_attention_gqa_cuda(
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     part = lse = None
     need = workspace_numel(b, hkv, rows, num_splits)
+    merge = merge_for(num_splits)
+    split = split_tail(rows, num_splits, merge)
     if need:
         workspace = split_workspace(workspace, need, device)
-        n = b * hkv * num_splits * rows
-        part = workspace[: n * HEAD_DIM].view(b, hkv, num_splits, rows, HEAD_DIM)
-        lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, rows)
+        ws_rows = workspace_rows(rows, num_splits)
+        n = b * hkv * num_splits * ws_rows
+        part = workspace[: n * HEAD_DIM].view(b, hkv, num_splits, ws_rows, HEAD_DIM)
+        lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, ws_rows)
     lib = _load()
-    merge = merge_for(num_splits)
-    wgs, tail_blocks = launch_plan(rows)
+    wgs, tail_blocks = (3, 2) if split else launch_plan(rows)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(
             q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out,
             None if part is None else part.data_ptr(), None if lse is None else lse.data_ptr(),
-            num_splits, sm_scale, stream, wgs, merge, tail_blocks,
+            num_splits, sm_scale, stream, wgs, merge, tail_blocks, split,
         )  # fmt: skip
         rc = lib.kdtree_gqa_tree_launch(*args)
         if rc != 0:

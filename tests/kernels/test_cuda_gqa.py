@@ -66,12 +66,16 @@ def test_ctypes_call_matches_the_c_signature(gen):
         assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
     assert lib.kdtree_gqa_block_m(4) == -1
     assert args[-2] == 1  # merge: the CUDA merge in stream order
-    assert args[-3] == 0  # tail_blocks: no tail warpgroup
-    assert lib.kdtree_gqa_tree_launch(*args[:-4], 4, *args[-3:]) == -10
+    assert args[-3] == 0  # split_tail: off
+    assert args[-4] == 0  # tail_blocks: no tail warpgroup
+    assert lib.kdtree_gqa_tree_launch(*args[:-5], 4, *args[-4:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
     # the tail warpgroup: at most `wgs` blocks a CTA (12 rows here: a tail alone is valid)
-    assert lib.kdtree_gqa_tree_launch(*args[:-3], 3, *args[-2:]) == -13
+    assert lib.kdtree_gqa_tree_launch(*args[:-4], 3, *args[-3:]) == -13
     assert b"tail" in lib.kdtree_gqa_error_string(-13)
+    # the split tail: only two-block CTAs of an even count >= 4 of blocks, with splits
+    assert lib.kdtree_gqa_tree_launch(*args[:-3], 1, *args[-2:]) == -14
+    assert b"split_tail" in lib.kdtree_gqa_error_string(-14)
     # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
     assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
     big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
@@ -181,6 +185,32 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", "4")
     with pytest.raises(ValueError, match="KDTREE_GQA_BLOCKS"):
         cuda_gqa.launch_plan(260)
+
+
+def test_split_tail(monkeypatch):
+    """The tail split by tile parity between two two-block CTAs only where the layout would be
+    [3 blocks] [1 block + tail] (four whole blocks), with splits and the CUDA merge; its
+    workspace holds TAIL_ROWS shadow rows a split."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL", raising=False)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
+    assert cuda_gqa.split_tail(260, 8) and cuda_gqa.split_tail(272, 2)
+    assert not cuda_gqa.split_tail(260, 1)  # one split: no merge to add the halves
+    assert not cuda_gqa.split_tail(260, 8, merge=0)  # the Triton merge knows no shadow rows
+    assert not cuda_gqa.split_tail(260, 1025)  # 2 S weights in the merge's 2048
+    for rows in (256, 273, 520, 1028, 68, 136):  # no tail, padded, or not four blocks
+        assert not cuda_gqa.split_tail(rows, 8), rows
+    assert cuda_gqa.workspace_rows(260, 8) == 276 and cuda_gqa.workspace_rows(520, 8) == 520
+    assert cuda_gqa.workspace_numel(1, 8, 260, 8) == 8 * 8 * 276 * 129
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "triton")
+    assert not cuda_gqa.split_tail(260, 8) and cuda_gqa.workspace_rows(260, 8) == 260
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
+    monkeypatch.setenv("KDTREE_GQA_SPLIT_TAIL", "0")
+    assert not cuda_gqa.split_tail(260, 8) and cuda_gqa.workspace_rows(260, 8) == 260
+    monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL")
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
+    assert not cuda_gqa.split_tail(260, 8)  # the padded layout
 
 
 def test_registered_as_gqa_backend():
@@ -337,6 +367,34 @@ def test_tail_warpgroup_matches_fp64(tail, case, gen, monkeypatch):
     """The rows past the last whole 64-row block through the tail warpgroup (swapped-operand
     m64n16 MMAs, KDTREE_GQA_TAIL=1) and padded to a block (=0) both match fp64."""
     monkeypatch.setenv("KDTREE_GQA_TAIL", tail)
+    _run(case, torch.bfloat16, gen)
+
+
+SPLIT_TAIL_CASES = [  # four whole blocks and a tail: [2 + even tail tiles] [2 + odd ones]
+    ([977, 1900], 65, 32, 8, 16, 3),  # 260 rows
+    ([448, 513], 65, 8, 2, 16, 2),  # 7 and 9 prefix tiles a request: odd and even tile counts
+    ([0, 100], 65, 4, 1, 16, 4),  # an empty prefix: splits with no keys
+    ([2000], 65, 4, 1, 16, 40),  # one-tile splits (the odd half has none) and empty ones
+    ([500, 77], 17, 16, 1, 16, 5),  # 272 rows: 16 in the tail
+    ([3000, 70], 65, 4, 1, 1, 6),  # page size 1: every tile on cp.async
+    ([5000], 65, 32, 8, 64, 8),  # page size 64
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("on", ["0", "1"])
+@pytest.mark.parametrize("case", SPLIT_TAIL_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-s{c[5]}")
+def test_split_tail_matches_fp64(on, case, gen, monkeypatch):
+    """The tail rows split by tile parity between the two row CTAs (KDTREE_GQA_SPLIT_TAIL=1, the
+    odd half's partials in shadow rows added by the CUDA merge) and in one CTA (=0) both match
+    fp64, eager and graph-captured, in both dtypes, with and without turns."""
+    lens, t, hq, hkv, ps, splits = case
+    monkeypatch.setenv("KDTREE_GQA_SPLIT_TAIL", on)
+    assert cuda_gqa.split_tail(t * hq // hkv, splits) == (on == "1")
+    _run(case, torch.bfloat16, gen)
+    _run(case, torch.float16, gen, graph=True)
+    monkeypatch.setenv("KDTREE_GQA_PINGPONG", "2")
     _run(case, torch.bfloat16, gen)
 
 

@@ -44,6 +44,7 @@ KNOBS = (
     "KDTREE_GQA_WARPGROUPS",
     "KDTREE_GQA_BLOCKS",
     "KDTREE_GQA_PINGPONG",
+    "KDTREE_GQA_SPLIT_TAIL",
     "KDTREE_GQA_SPLITS",  # this tool's own: the split count (else choose_splits)
 )
 
@@ -118,25 +119,27 @@ def main() -> None:
             wgs, blocks = cuda_gqa.launch_plan(rows)
             forced = var.get("KDTREE_GQA_SPLITS")
             fn, splits = _cuda_gqa_fn(wl, ti, int(forced) if forced else None)
+            split = cuda_gqa.split_tail(rows, splits)
+            wgs, blocks = (3, 2) if split else (wgs, blocks)
             got = fn(0).float().clone()
             if ref is None and (a.variants or var.get("KDTREE_GQA_TAIL") == "0"):
                 ref = got
             diff = float((got - ref).abs().max()) if ref is not None else float("nan")
             replay, per = _graphed(fn, wl.n_rot, wl.device)  # captured with this variant's plan
             # (fn holds the workspace the graph writes: it must live as long as the graph)
-            setups.append((var, wgs, blocks, splits, diff, (fn, replay), per, []))
+            setups.append((var, wgs, blocks, split, splits, diff, (fn, replay), per, []))
         for _ in range(a.repeat):
             for *_, (_, replay), per, times in setups:
                 times.append(time_cuda(lambda replay=replay: replay(0)).p50 / per)
-        for var, wgs, blocks, splits, diff, _, _, times in setups:
+        for var, wgs, blocks, split, splits, diff, _, _, times in setups:
             ms = statistics.median(times)
             label = " ".join(f"{k.removeprefix('KDTREE_GQA_')}={v}" for k, v in var.items())
             print(f"{spec} rows={rows} [{label or 'default'}] wgs={wgs} blocks={blocks} "
-                  f"ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits}: "
+                  f"split_tail={int(split)} ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits}: "
                   f"{ms * 1e3:7.1f} us (of {len(times)}: {min(times) * 1e3:.1f}-"
                   f"{max(times) * 1e3:.1f})  (max |diff| vs {'the first' if a.variants else 'padded'} {diff:.2e})", flush=True)  # fmt: skip
             records.append({"point": spec, "rows": rows, "variant": label or "default",
-                            "warpgroups": wgs, "tail_blocks": blocks, "splits": splits,
+                            "warpgroups": wgs, "tail_blocks": blocks, "split_tail": split, "splits": splits,
                             "ms": ms, "ms_min": min(times), "ms_max": max(times),
                             "repeats": len(times), "max_abs_diff_vs_padded": diff, **env})  # fmt: skip
         for k in KNOBS:

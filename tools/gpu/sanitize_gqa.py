@@ -1,7 +1,8 @@
 """A few CUDA GQA tree-verify calls for compute-sanitizer (memcheck / racecheck): TMA and
 cp.async tiles (page sizes 16 / 64 and 1), forced and automatic splits, splits with no keys,
 T 1..257, an idle second consumer warpgroup, batch 3, the tail warpgroup (KDTREE_GQA_TAIL=1
-puts it in every case with 1-16 rows past the whole 64-row blocks); each checked against the
+puts it in every case with 1-16 rows past the whole 64-row blocks), the tail split between two
+CTAs (cuda_gqa.split_tail, the last three cases and the sixth); each checked against the
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
 reference's + 2e-3). argv[1] keeps only the first N cases (racecheck is slow). Exits 1 on a
 mismatch."""
@@ -23,6 +24,10 @@ CASES = [  # prefix lengths, T, Hq, Hkv, page size, splits
     ([4096], 9, 12, 4, 16, 40),
     ([2000, 500], 65, 32, 8, 16, None),  # 260 rows: the tail warpgroup in the last CTA
     ([800, 300], 257, 8, 2, 16, 2),  # 1028 rows: five three-block CTAs, the tail in the sixth
+    # 260 / 272 rows with splits: the tail split by tile parity (cuda_gqa.split_tail)
+    ([977, 1900], 65, 32, 8, 16, 3),
+    ([2000], 65, 4, 1, 16, 40),  # one-tile splits: the odd half has none
+    ([0, 100], 17, 16, 1, 16, 4),  # an empty prefix, 16 rows in the tail
 ]
 
 
@@ -69,8 +74,9 @@ def main() -> int:
         tol = 2 * (base.double() - truth).abs().max().item() + 2e-3
         ok = err <= tol
         bad += not ok
-        print(f"L={lens} T={t} {hq}q/{hkv}kv ps={ps} splits={splits}: err {err:.2e} "
-              f"tol {tol:.2e} {'ok' if ok else 'FAIL'}", flush=True)  # fmt: skip
+        split = splits is not None and cuda_gqa.split_tail(t * hq // hkv, splits)
+        print(f"L={lens} T={t} {hq}q/{hkv}kv ps={ps} splits={splits} split_tail={int(split)}: "
+              f"err {err:.2e} tol {tol:.2e} {'ok' if ok else 'FAIL'}", flush=True)  # fmt: skip
     return 1 if bad else 0
 
 
