@@ -756,6 +756,56 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
   named_sync(BAR_TAIL, 128);
 }
 
+// One step of a split tail's warpgroup, its k-th tile j (k >= 1; its tiles two apart): S^T_j and
+// O^T += V_prev^T P_prev^T (prev = j - 2) are issued, the softmax of S^T_j runs once S^T_j is done
+// (while P_prev V_prev may still be on the tensor cores), then stage prev is released, O^T
+// rescaled and P^T_j published. Not one tile ahead (tail_step): that would hold its tiles j - 2,
+// j and j + 2, the five-stage ring's whole span (call h: 381 -> 414 us at 128k), and it has two
+// tiles' time for each of its own.
+template <class C, typename E>
+__device__ __forceinline__ void tail_step_serial(float (&o)[2][8], float (&sc)[C::BN / 64][8],
+                                                 float (&m_run)[4], float (&l_run)[4],
+                                                 const Params& p, const TileSeq& ts, int b,
+                                                 int tile, int k, int kr, int q4, int lane, int wi,
+                                                 uint32_t sQw, uint32_t sBar, uint64_t dq,
+                                                 uint64_t dk0, uint64_t dv0) {
+  constexpr int STAGES = C::STAGES;
+  const int n = ts.n_tiles;
+  const uint64_t dp0 = wg_desc(sQw + TAIL_P0, 16, 1024), dp1 = wg_desc(sQw + TAIL_P1, 16, 1024);
+  const int st = tile % STAGES;
+  mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+  tail_skip_before<C>(tile, n);
+  fence_async_smem();
+  pin(o[0]);
+  pin(o[1]);
+  tail_fresh(sc);
+  wg_fence();
+  tail_issue_scores<C, E>(sc, dq, dk0 + st * C::STAGE_STEP);
+  const int prev = tile - 2;
+  const int pst = prev % STAGES;
+  tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (k & 1) ? dp0 : dp1);  // P_prev
+  wg_wait<1>();  // S^T_j done (groups retire in order)
+#pragma unroll
+  for (int kb = 0; kb < C::BN / 64; ++kb) pin(sc[kb]);
+  float alpha[4];
+  tail_softmax<C, E>(sc, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
+                     sQw + TAIL_RED + (k & 1) * (4 * TAIL_N * 4),
+                     sQw + ((k & 1) ? TAIL_P1 : TAIL_P0));
+  wg_wait<0>();  // P_prev V_prev done
+  pin(o[0]);
+  pin(o[1]);
+  if (prev + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile prev released
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
+      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
+    }
+  fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
+  named_sync(BAR_TAIL, 128);
+}
+
 // The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV): every
 // tile, or with a split tail (Params::tail_even_cta) the even ones in that CTA and the odd ones
 // in tail_cta, whose partials go to the shadow rows.
@@ -766,8 +816,8 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   constexpr int STAGES = C::STAGES, KB = C::BN / 64;
   const int n = ts.n_tiles;
   const bool halves = p.tail_even_cta >= 0;
-  const int step = halves ? 2 : 1;
   const int t0 = halves && static_cast<int>(blockIdx.x) == p.tail_cta ? 1 : 0;
+  constexpr int step = 1;  // (the split tail's own loop below steps 2)
   const int lane = t & 31, wi = t >> 5, q4 = lane & 3;
   const int kr = wi * 16 + (lane >> 2);  // this thread's keys (dims) kr, kr + 8 of each 64
   float o[2][8];                         // O^T: dims 64 mb + kr (+ 8) x the rows tail_col(i)
@@ -783,11 +833,11 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
   const uint32_t red = sQw + TAIL_RED;  // maxima: [tile parity][4 warps][TAIL_N]
-  if (n > t0) {  // (a split tail's odd half of a one-tile split has nothing: an empty partial)
+  if (halves && n > t0) {  // (the odd half of a one-tile split has nothing: an empty partial)
     const uint64_t dq = wg_desc(sQw, 16, 1024);
     const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
     const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
-    // ---- its first tile t0: S^T_t0, then the next one's issued while the softmax of S^T_t0 runs
+    // ---- its first tile t0: S^T and its softmax
 #ifdef KDTREE_GQA_PRODUCER_Q
     mbar_wait(sBar + 8 * STAGES, 0);  // Q
 #endif
@@ -799,24 +849,61 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sa[kb]);
+    {
+      float alpha[4];
+      tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, t0, kr, q4, lane, wi, red,
+                         sQw + TAIL_P0);
+    }
+    fence_async_smem();  // P^T_t0 (generic stores) -> the wgmma reads, after everyone's stores
+    named_sync(BAR_TAIL, 128);
+    // ---- its k-th tiles t0 + 2 k
+    int tile = t0 + 2, k = 1;
+#pragma unroll 1
+    for (; tile < n; tile += 2, ++k)
+      tail_step_serial<C, E>(o, sa, m_run, l_run, p, ts, b, tile, k, kr, q4, lane, wi, sQw, sBar,
+                             dq, dk0, dv0);
+    // ---- its last tile's P V (tile - 2, the (k - 1)-th; a tile after it is n - 1, which needs
+    // no release)
+    pin(o[0]);
+    pin(o[1]);
+    wg_fence();
+    tail_issue_pv<C, E>(o, dv0 + ((tile - 2) % STAGES) * C::STAGE_STEP,
+                        wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
+    wg_wait<0>();
+    pin(o[0]);
+    pin(o[1]);
+  } else if (!halves && n > 0) {
+    const uint64_t dq = wg_desc(sQw, 16, 1024);
+    const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
+    const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
+    // ---- tile 0: S^T_0, then S^T_1 issued while the softmax of S^T_0 runs
+#ifdef KDTREE_GQA_PRODUCER_Q
+    mbar_wait(sBar + 8 * STAGES, 0);  // Q
+#endif
+    mbar_wait(sBar, 0);
+    fence_async_smem();
+    wg_fence();
+    tail_issue_scores<C, E>(sa, dq, dk0);
+    wg_wait<0>();
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) pin(sa[kb]);
     tail_fresh(sb);
-    const int t1 = t0 + step;
+    const int t1 = 1;
     if (t1 < n) {
       mbar_wait(sBar + 8 * (t1 % STAGES), (t1 / STAGES) & 1);
-      if (step == 2) tail_skip_before<C>(t1, n);
       fence_async_smem();
     }
-    wg_fence();  // (one tile: S^T_t0 again, discarded, as in tail_step)
-    tail_issue_scores<C, E>(sb, dq, dk0 + ((t1 < n ? t1 : t0) % STAGES) * C::STAGE_STEP);
+    wg_fence();  // (one tile: S^T_0 again, discarded, as in tail_step)
+    tail_issue_scores<C, E>(sb, dq, dk0 + (t1 < n ? t1 % STAGES : 0) * C::STAGE_STEP);
     float alpha[4];
-    tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, t0, kr, q4, lane, wi, red,
+    tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red,
                        sQw + TAIL_P0);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sb[kb]);
-    fence_async_smem();  // P^T_t0 (generic stores) -> the wgmma reads, after everyone's stores
+    fence_async_smem();  // P^T_0 (generic stores) -> the wgmma reads, after everyone's stores
     named_sync(BAR_TAIL, 128);
-    // ---- its k-th tiles, k >= 1, two a round so S^T of two tiles live in named registers
+    // ---- tiles j >= 1, two a round so S^T_j and S^T_{j+1} live in named registers (sa, sb)
     int tile = t1, k = 1;
 #pragma unroll 1
     for (; tile + step < n; tile += 2 * step, k += 2) {
