@@ -208,6 +208,11 @@ def test_split_tail(monkeypatch):
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
     monkeypatch.setenv("KDTREE_GQA_SPLIT_TAIL", "0")
     assert not cuda_gqa.split_tail(260, 8) and cuda_gqa.workspace_rows(260, 8) == 260
+    monkeypatch.setenv("KDTREE_GQA_SPLIT_TAIL", "1")  # any even number >= 4 of whole blocks
+    assert cuda_gqa.split_tail(520, 8) and cuda_gqa.split_tail(1028, 2)
+    assert not cuda_gqa.split_tail(136, 8) and not cuda_gqa.split_tail(456, 8)  # 2 / 7 blocks
+    # its two-block CTAs in choose_splits' model: 8q/1kv T=65 (520 rows), four CTAs a split
+    assert cuda_gqa.choose_splits(1, 1, 520, 131072, 132) * 4 <= 132
     monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL")
     monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
     assert not cuda_gqa.split_tail(260, 8)  # the padded layout
@@ -378,6 +383,8 @@ SPLIT_TAIL_CASES = [  # four whole blocks and a tail: [2 + even tail tiles] [2 +
     ([500, 77], 17, 16, 1, 16, 5),  # 272 rows: 16 in the tail
     ([3000, 70], 65, 4, 1, 1, 6),  # page size 1: every tile on cp.async
     ([5000], 65, 32, 8, 64, 8),  # page size 64
+    ([1234, 4000], 65, 8, 1, 16, 6),  # 520 rows: [2] [2] [2 + even] [2 + odd] (only forced)
+    ([300], 257, 4, 1, 16, 2),  # 1028 rows: sixteen blocks, the tail in the last two CTAs
 ]
 
 
@@ -386,9 +393,9 @@ SPLIT_TAIL_CASES = [  # four whole blocks and a tail: [2 + even tail tiles] [2 +
 @pytest.mark.parametrize("on", ["0", "1"])
 @pytest.mark.parametrize("case", SPLIT_TAIL_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-s{c[5]}")
 def test_split_tail_matches_fp64(on, case, gen, monkeypatch):
-    """The tail rows split by tile parity between the two row CTAs (KDTREE_GQA_SPLIT_TAIL=1, the
-    odd half's partials in shadow rows added by the CUDA merge) and in one CTA (=0) both match
-    fp64, eager and graph-captured, in both dtypes, with and without turns."""
+    """The tail rows split by tile parity between the last two row CTAs (KDTREE_GQA_SPLIT_TAIL=1,
+    the odd half's partials in shadow rows added by the CUDA merge) and not split (=0) both
+    match fp64, eager and graph-captured, in both dtypes, with and without turns."""
     lens, t, hq, hkv, ps, splits = case
     monkeypatch.setenv("KDTREE_GQA_SPLIT_TAIL", on)
     assert cuda_gqa.split_tail(t * hq // hkv, splits) == (on == "1")
