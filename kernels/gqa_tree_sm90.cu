@@ -93,8 +93,8 @@ constexpr int BAR_TURN = BAR_EMPTY + MAX_STAGES;  // + warpgroup: its turn to is
 constexpr int BAR_TAIL = BAR_TURN + 3;  // the tail warpgroup's own barrier (128)
 constexpr int BAR_Q = BAR_TAIL + 1;     // + warpgroup: its Q rows copied (128)
 // The tail warpgroup (tail_rows): up to TAIL_N query rows past the last whole 64-row block, as
-// the N of swapped-operand MMAs; its P buffers and reduction scratch sit in the unused part of
-// its Q region (rows >= TAIL_N of each 64-dim half).
+// the N of swapped-operand MMAs (m64n8 for at most 8 rows, else m64n16); its P buffers and
+// reduction scratch sit in the unused part of its Q region (rows >= TAIL_N of each 64-dim half).
 constexpr int TAIL_N = 16;
 constexpr int TAIL_P0 = TAIL_N * 128;             // P of even tiles: after Q's 16 rows, half 0
 constexpr int TAIL_P1 = Q_REGION + TAIL_N * 128;  // P of odd tiles: the same in half 1
@@ -593,8 +593,8 @@ __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ int tail_col(int i, int q4) { return 8 * (i >> 1) + 2 * q4 + (i & 1); }
 
 // S^T_j = K_j Q^T: KB key blocks of 64, 8 k-steps each; committed.
-template <class C, typename E>
-__device__ __forceinline__ void tail_issue_scores(float (&s)[C::BN / 64][8], uint64_t dq,
+template <class C, typename E, int TN>
+__device__ __forceinline__ void tail_issue_scores(float (&s)[C::BN / 64][TN / 2], uint64_t dq,
                                                   uint64_t dk) {
 #pragma unroll
   for (int kb = 0; kb < C::BN / 64; ++kb)
@@ -603,37 +603,45 @@ __device__ __forceinline__ void tail_issue_scores(float (&s)[C::BN / 64][8], uin
       const uint64_t oq = static_cast<uint64_t>((ks >> 2) * (Q_REGION >> 4) + (ks & 3) * 2);
       const uint64_t ok = static_cast<uint64_t>(kb * (8 * KV_GROUP >> 4) +
                                                 (ks >> 2) * (KV_HALF >> 4) + (ks & 3) * 2);
-      Wgmma<E>::ss_n16(s[kb], dk + ok, dq + oq, ks > 0);
+      if constexpr (TN == 8)
+        Wgmma<E>::ss_n8(s[kb], dk + ok, dq + oq, ks > 0);
+      else
+        Wgmma<E>::ss_n16(s[kb], dk + ok, dq + oq, ks > 0);
     }
   wg_commit();
 }
 
 // O^T += V_j^T P_j^T: the two 64-dim halves, BN / 16 k-steps of 16 keys; committed.
-template <class C, typename E>
-__device__ __forceinline__ void tail_issue_pv(float (&o)[2][8], uint64_t dv, uint64_t dp) {
+template <class C, typename E, int TN>
+__device__ __forceinline__ void tail_issue_pv(float (&o)[2][TN / 2], uint64_t dv, uint64_t dp) {
 #pragma unroll
   for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
     for (int kk = 0; kk < C::KS; ++kk)
-      Wgmma<E>::ss_n16_ta(o[mb], dv + mb * (KV_HALF >> 4) + kk * (2 * KV_GROUP >> 4),
-                          dp + (kk >> 2) * (2048 >> 4) + (kk & 3) * 2, 1);
+      if constexpr (TN == 8)
+        Wgmma<E>::ss_n8_ta(o[mb], dv + mb * (KV_HALF >> 4) + kk * (2 * KV_GROUP >> 4),
+                            dp + (kk >> 2) * (2048 >> 4) + (kk & 3) * 2, 1);
+      else
+        Wgmma<E>::ss_n16_ta(o[mb], dv + mb * (KV_HALF >> 4) + kk * (2 * KV_GROUP >> 4),
+                            dp + (kk >> 2) * (2048 >> 4) + (kk & 3) * 2, 1);
   wg_commit();
 }
 
 // The online softmax of S^T_j: masks, the row maxima across the warpgroup (scratch `red`, one
 // barrier), P^T_j as E into the buffer at `pb`, the running max / sums, and alpha_j per row.
-template <class C, typename E>
-__device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&m_run)[4],
-                                             float (&l_run)[4], float (&alpha)[4],
+template <class C, typename E, int TN>
+__device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][TN / 2],
+                                             float (&m_run)[TN / 4], float (&l_run)[TN / 4],
+                                             float (&alpha)[TN / 4],
                                              const Params& p, const TileSeq& ts, int b, int tile,
                                              int kr, int q4, int lane, int wi, uint32_t red,
                                              uint32_t pb) {
   constexpr int KB = C::BN / 64;
   const float scale = p.qk_scale;
   const bool full = tile_is_full<C>(ts, tile);
-  float mx[4];
+  float mx[TN / 4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < TN / 4; ++i) {
     uint64_t bits[C::WORDS];
     if (!full) tile_bits<C>(bits, p, ts, b, tile, p.full_rows + tail_col(i, q4));
     mx[i] = neg_inf();
@@ -651,9 +659,9 @@ __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&
     if (lane < 4) st_shared_f32(red + (wi * TAIL_N + tail_col(i, q4)) * 4, mx[i]);
   }
   named_sync(BAR_TAIL, 128);
-  float off[4];
+  float off[TN / 4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < TN / 4; ++i) {
     float m = ld_shared_f32(red + tail_col(i, q4) * 4);
 #pragma unroll
     for (int w = 1; w < 4; ++w)
@@ -664,7 +672,7 @@ __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&
     m_run[i] = mnew;
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < TN / 4; ++i) {
     const int col = tail_col(i, q4);
     float sum = 0.f;
 #pragma unroll
@@ -683,12 +691,12 @@ __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][8], float (&
 
 // Zeroes S^T's registers before a batch writes them (left holding the last softmax's values, the
 // batch's inputs as far as ptxas can tell, every wgmma of the kernel is serialised: C7511).
-template <int KB>
-__device__ __forceinline__ void tail_fresh(float (&s)[KB][8]) {
+template <int KB, int R>
+__device__ __forceinline__ void tail_fresh(float (&s)[KB][R]) {
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[kb][i] = 0.f;
+    for (int i = 0; i < R; ++i) s[kb][i] = 0.f;
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb) pin(s[kb]);  // written here, before the caller's wgmma.fence
 }
@@ -707,10 +715,12 @@ __device__ __forceinline__ void tail_skip_before(int tile, int n) {
 // the tail's S never waits behind the other warpgroups' MMAs on its critical path), then both are
 // waited for, stage prev released, O^T rescaled, and P^T_j published to the next batch. The P
 // buffers and the maxima scratch alternate with k.
-template <class C, typename E>
-__device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN / 64][8],
-                                          float (&nxt)[C::BN / 64][8], float (&m_run)[4],
-                                          float (&l_run)[4], const Params& p, const TileSeq& ts,
+template <class C, typename E, int TN>
+__device__ __forceinline__ void tail_step(float (&o)[2][TN / 2],
+                                          float (&cur)[C::BN / 64][TN / 2],
+                                          float (&nxt)[C::BN / 64][TN / 2],
+                                          float (&m_run)[TN / 4], float (&l_run)[TN / 4],
+                                          const Params& p, const TileSeq& ts,
                                           int b, int tile, int step, int k, int kr, int q4,
                                           int lane, int wi, uint32_t sQw, uint32_t sBar,
                                           uint64_t dq, uint64_t dk0, uint64_t dv0) {
@@ -731,12 +741,12 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
     fence_async_smem();
   }
   wg_fence();
-  tail_issue_scores<C, E>(nxt, dq, dk0 + st * C::STAGE_STEP);
+  tail_issue_scores<C, E, TN>(nxt, dq, dk0 + st * C::STAGE_STEP);
   const int prev = tile - step;
   const int pst = prev % STAGES;
-  tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (k & 1) ? dp0 : dp1);  // P_prev
-  float alpha[4];
-  tail_softmax<C, E>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
+  tail_issue_pv<C, E, TN>(o, dv0 + pst * C::STAGE_STEP, (k & 1) ? dp0 : dp1);  // P_prev
+  float alpha[TN / 4];
+  tail_softmax<C, E, TN>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
                      sQw + TAIL_RED + (k & 1) * (4 * TAIL_N * 4),
                      sQw + ((k & 1) ? TAIL_P1 : TAIL_P0));
   wg_wait<0>();  // S^T_{j+step} and P_prev V_prev done
@@ -748,7 +758,7 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
 #pragma unroll
   for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < TN / 4; ++i) {
       o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
       o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
     }
@@ -762,9 +772,10 @@ __device__ __forceinline__ void tail_step(float (&o)[2][8], float (&cur)[C::BN /
 // rescaled and P^T_j published. Not one tile ahead (tail_step): that would hold its tiles j - 2,
 // j and j + 2, the five-stage ring's whole span (call h: 381 -> 414 us at 128k), and it has two
 // tiles' time for each of its own.
-template <class C, typename E>
-__device__ __forceinline__ void tail_step_serial(float (&o)[2][8], float (&sc)[C::BN / 64][8],
-                                                 float (&m_run)[4], float (&l_run)[4],
+template <class C, typename E, int TN>
+__device__ __forceinline__ void tail_step_serial(float (&o)[2][TN / 2],
+                                                 float (&sc)[C::BN / 64][TN / 2],
+                                                 float (&m_run)[TN / 4], float (&l_run)[TN / 4],
                                                  const Params& p, const TileSeq& ts, int b,
                                                  int tile, int k, int kr, int q4, int lane, int wi,
                                                  uint32_t sQw, uint32_t sBar, uint64_t dq,
@@ -780,15 +791,15 @@ __device__ __forceinline__ void tail_step_serial(float (&o)[2][8], float (&sc)[C
   pin(o[1]);
   tail_fresh(sc);
   wg_fence();
-  tail_issue_scores<C, E>(sc, dq, dk0 + st * C::STAGE_STEP);
+  tail_issue_scores<C, E, TN>(sc, dq, dk0 + st * C::STAGE_STEP);
   const int prev = tile - 2;
   const int pst = prev % STAGES;
-  tail_issue_pv<C, E>(o, dv0 + pst * C::STAGE_STEP, (k & 1) ? dp0 : dp1);  // P_prev
+  tail_issue_pv<C, E, TN>(o, dv0 + pst * C::STAGE_STEP, (k & 1) ? dp0 : dp1);  // P_prev
   wg_wait<1>();  // S^T_j done (groups retire in order)
 #pragma unroll
   for (int kb = 0; kb < C::BN / 64; ++kb) pin(sc[kb]);
-  float alpha[4];
-  tail_softmax<C, E>(sc, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
+  float alpha[TN / 4];
+  tail_softmax<C, E, TN>(sc, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
                      sQw + TAIL_RED + (k & 1) * (4 * TAIL_N * 4),
                      sQw + ((k & 1) ? TAIL_P1 : TAIL_P0));
   wg_wait<0>();  // P_prev V_prev done
@@ -798,7 +809,7 @@ __device__ __forceinline__ void tail_step_serial(float (&o)[2][8], float (&sc)[C
 #pragma unroll
   for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < TN / 4; ++i) {
       o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
       o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
     }
@@ -809,7 +820,7 @@ __device__ __forceinline__ void tail_step_serial(float (&o)[2][8], float (&sc)[C
 // The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV): every
 // tile, or with a split tail (Params::tail_even_cta) the even ones in that CTA and the odd ones
 // in tail_cta, whose partials go to the shadow rows.
-template <class C, typename E, int SWAP>
+template <class C, typename E, int SWAP, int TN>
 __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, int b, int kvh,
                                           int split, uint32_t sQw, uint32_t sKV, uint32_t sBar,
                                           int t) {
@@ -820,18 +831,18 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   constexpr int step = 1;  // (the split tail's own loop below steps 2)
   const int lane = t & 31, wi = t >> 5, q4 = lane & 3;
   const int kr = wi * 16 + (lane >> 2);  // this thread's keys (dims) kr, kr + 8 of each 64
-  float o[2][8];                         // O^T: dims 64 mb + kr (+ 8) x the rows tail_col(i)
-  float sa[KB][8], sb[KB][8];            // S^T of two tiles: keys 64 kb + kr (+ 8) x the rows
-  float m_run[4], l_run[4];
+  float o[2][TN / 2];                    // O^T: dims 64 mb + kr (+ 8) x the rows tail_col(i)
+  float sa[KB][TN / 2], sb[KB][TN / 2];  // S^T of two tiles: keys 64 kb + kr (+ 8) x the rows
+  float m_run[TN / 4], l_run[TN / 4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < TN / 4; ++i) {
     m_run[i] = neg_inf();
     l_run[i] = 0.f;
   }
 #pragma unroll
   for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
+    for (int i = 0; i < TN / 2; ++i) o[mb][i] = 0.f;
   const uint32_t red = sQw + TAIL_RED;  // maxima: [tile parity][4 warps][TAIL_N]
   if (halves && n > t0) {  // (the odd half of a one-tile split has nothing: an empty partial)
     const uint64_t dq = wg_desc(sQw, 16, 1024);
@@ -845,13 +856,13 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     if (t0 == 1) tail_skip_before<C>(1, n);
     fence_async_smem();
     wg_fence();
-    tail_issue_scores<C, E>(sa, dq, dk0 + (t0 % STAGES) * C::STAGE_STEP);
+    tail_issue_scores<C, E, TN>(sa, dq, dk0 + (t0 % STAGES) * C::STAGE_STEP);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sa[kb]);
     {
-      float alpha[4];
-      tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, t0, kr, q4, lane, wi, red,
+      float alpha[TN / 4];
+      tail_softmax<C, E, TN>(sa, m_run, l_run, alpha, p, ts, b, t0, kr, q4, lane, wi, red,
                          sQw + TAIL_P0);
     }
     fence_async_smem();  // P^T_t0 (generic stores) -> the wgmma reads, after everyone's stores
@@ -860,14 +871,14 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     int tile = t0 + 2, k = 1;
 #pragma unroll 1
     for (; tile < n; tile += 2, ++k)
-      tail_step_serial<C, E>(o, sa, m_run, l_run, p, ts, b, tile, k, kr, q4, lane, wi, sQw, sBar,
-                             dq, dk0, dv0);
+      tail_step_serial<C, E, TN>(o, sa, m_run, l_run, p, ts, b, tile, k, kr, q4, lane, wi, sQw,
+                                 sBar, dq, dk0, dv0);
     // ---- its last tile's P V (tile - 2, the (k - 1)-th; a tile after it is n - 1, which needs
     // no release)
     pin(o[0]);
     pin(o[1]);
     wg_fence();
-    tail_issue_pv<C, E>(o, dv0 + ((tile - 2) % STAGES) * C::STAGE_STEP,
+    tail_issue_pv<C, E, TN>(o, dv0 + ((tile - 2) % STAGES) * C::STAGE_STEP,
                         wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
     wg_wait<0>();
     pin(o[0]);
@@ -883,7 +894,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     mbar_wait(sBar, 0);
     fence_async_smem();
     wg_fence();
-    tail_issue_scores<C, E>(sa, dq, dk0);
+    tail_issue_scores<C, E, TN>(sa, dq, dk0);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sa[kb]);
@@ -894,9 +905,9 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
       fence_async_smem();
     }
     wg_fence();  // (one tile: S^T_0 again, discarded, as in tail_step)
-    tail_issue_scores<C, E>(sb, dq, dk0 + (t1 < n ? t1 % STAGES : 0) * C::STAGE_STEP);
-    float alpha[4];
-    tail_softmax<C, E>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red,
+    tail_issue_scores<C, E, TN>(sb, dq, dk0 + (t1 < n ? t1 % STAGES : 0) * C::STAGE_STEP);
+    float alpha[TN / 4];
+    tail_softmax<C, E, TN>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red,
                        sQw + TAIL_P0);
     wg_wait<0>();
 #pragma unroll
@@ -907,13 +918,13 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     int tile = t1, k = 1;
 #pragma unroll 1
     for (; tile + step < n; tile += 2 * step, k += 2) {
-      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, step, k, kr, q4, lane, wi, sQw,
+      tail_step<C, E, TN>(o, sb, sa, m_run, l_run, p, ts, b, tile, step, k, kr, q4, lane, wi, sQw,
                       sBar, dq, dk0, dv0);
-      tail_step<C, E>(o, sa, sb, m_run, l_run, p, ts, b, tile + step, step, k + 1, kr, q4, lane,
+      tail_step<C, E, TN>(o, sa, sb, m_run, l_run, p, ts, b, tile + step, step, k + 1, kr, q4, lane,
                       wi, sQw, sBar, dq, dk0, dv0);
     }
     if (tile < n) {
-      tail_step<C, E>(o, sb, sa, m_run, l_run, p, ts, b, tile, step, k, kr, q4, lane, wi, sQw,
+      tail_step<C, E, TN>(o, sb, sa, m_run, l_run, p, ts, b, tile, step, k, kr, q4, lane, wi, sQw,
                       sBar, dq, dk0, dv0);
       tile += step;
       ++k;
@@ -923,7 +934,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     pin(o[0]);
     pin(o[1]);
     wg_fence();
-    tail_issue_pv<C, E>(o, dv0 + ((tile - step) % STAGES) * C::STAGE_STEP,
+    tail_issue_pv<C, E, TN>(o, dv0 + ((tile - step) % STAGES) * C::STAGE_STEP,
                         wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
     wg_wait<0>();
     pin(o[0]);
@@ -932,7 +943,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   // ---- the row sums across the warpgroup, then the rows' output (or partials and LSE)
   const uint32_t sums = red + 2 * (4 * TAIL_N * 4);  // [4 warps][TAIL_N]
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < TN / 4; ++i) {
 #pragma unroll
     for (int off = 4; off < 32; off <<= 1) l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], off);
     if (lane < 4) st_shared_f32(sums + (wi * TAIL_N + tail_col(i, q4)) * 4, l_run[i]);
@@ -940,7 +951,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   named_sync(BAR_TAIL, 128);
   const int S = p.num_splits;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < TN / 4; ++i) {
     const int row = p.full_rows + tail_col(i, q4);
     if (row >= p.rows) continue;
     float l = 0.f;
@@ -1072,7 +1083,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #endif
 #ifndef KDTREE_GQA_NO_TAIL
   if (tail) {
-    tail_rows<C, E, SWAP>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+    // (m64n8 MMAs for at most 8 rows: 32q/8kv, T=65 has 4; -DKDTREE_GQA_TAIL_N16, a measurement
+    // build, keeps m64n16 for any count)
+#ifdef KDTREE_GQA_TAIL_N16
+    if (false)
+#else
+    if (p.rows - p.full_rows <= 8)
+#endif
+      tail_rows<C, E, SWAP, 8>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+    else
+      tail_rows<C, E, SWAP, 16>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
     return;
   }
 #endif

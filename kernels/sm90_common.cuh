@@ -189,6 +189,12 @@ __device__ __forceinline__ void pin(uint32_t (&a)[N][4]) {
 
 template <typename E>
 struct Wgmma {
+  // d (64 x 8) = / += A (64 x 16, K-major smem) * B (8 x 16, K-major smem)^T
+  static __device__ __forceinline__ void ss_n8(float (&d)[4], uint64_t desc_a, uint64_t desc_b,
+                                               int scale_d);
+  // d (64 x 8) = / += A (64 x 16, MN-major smem) * B (8 x 16, K-major smem)^T
+  static __device__ __forceinline__ void ss_n8_ta(float (&d)[4], uint64_t desc_a, uint64_t desc_b,
+                                                  int scale_d);
   // d (64 x 16) = / += A (64 x 16, K-major smem) * B (16 x 16, K-major smem)^T
   static __device__ __forceinline__ void ss_n16(float (&d)[8], uint64_t desc_a, uint64_t desc_b,
                                                 int scale_d);
@@ -244,6 +250,30 @@ struct Wgmma {
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #define KDTREE_WGMMA_WRAPPERS(CTYPE, PTX) \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n8(float (&d)[4], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32." PTX "." PTX " {" \
+      "%0, %1, %2, %3}, " \
+      "%4, %5, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
+template <> \
+__device__ __forceinline__ void Wgmma<CTYPE>::ss_n8_ta(float (&d)[4], uint64_t desc_a, \
+                                                       uint64_t desc_b, int scale_d) { \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32." PTX "." PTX " {" \
+      "%0, %1, %2, %3}, " \
+      "%4, %5, p, 1, 1, 1, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+} \
+ \
 template <> \
 __device__ __forceinline__ void Wgmma<CTYPE>::ss_n16(float (&d)[8], uint64_t desc_a, \
                                                        uint64_t desc_b, int scale_d) { \

@@ -89,6 +89,8 @@ def main() -> None:
         "\n".join(
             w(n, tnsp, "CTYPE", '" PTX "', *extra)
             for w, n, tnsp, *extra in (
+                (wrapper, 8, 0),
+                (wrapper, 8, 0, 1),
                 (wrapper, 16, 0),
                 (wrapper, 16, 0, 1),
                 (wrapper, 32, 0),
