@@ -623,18 +623,18 @@ __device__ __forceinline__ void griddep_wait() {
 // 2^(lse_s - max lse) go to shared memory first, then thread (g, c) sums float4 column c over
 // splits s = g (mod GROUPS) -- GROUPS independent loads in flight a column -- and the groups
 // are added in shared memory. The MLA kernels are the Hkv = 1 case.
-// Shared rows (the GQA kernel's split tail, session 16): rows half_row .. (at most 64) were
-// computed by two warpgroups over alternate tiles, the second's partials in shadow rows rows ..
-// of each split (the workspace's row stride is then ws_rows > rows); those rows merge 2 S
-// partials. Without them the loops are the ones before.
+// A shared row block (the GQA kernel's `half_row`, session 16): rows half_row .. half_row + 63
+// were computed by two warpgroups over alternate tiles, the second's partials in shadow rows
+// rows .. rows + 63 of each split (the workspace's row stride is then ws_rows = rows + 64); those
+// rows merge 2 S partials.
 struct MergeParams {
   const float* part;
   const float* lse;
   void* out;
   int64_t so_b, so_t, so_h;  // out strides (elements)
   int Hkv, G, rows, num_splits;
-  int ws_rows;   // the workspace's rows a split (rows, or more with shared rows' shadows)
-  int half_row;  // the first shared row, -1 none
+  int ws_rows;   // the workspace's rows a split (rows, or rows + 64 with a shared block)
+  int half_row;  // the shared block's first row, -1 none
 };
 constexpr int MERGE_THREADS = 256;
 // Who merges the partials (the launchers' `merge` argument): the caller (the Triton merge),
@@ -673,27 +673,23 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
   const int row = blockIdx.x;
   const int hb = blockIdx.y;  // b * Hkv + kvh
   const int S = p.num_splits;
-  // a shared row (the GQA kernel's split tail) also has split s's partial in its shadow row
-  // (rows + row - half_row), weight w_s[S + s]
+  // entries e < S: split e's row; e >= S (a shared block's rows only): split e - S's shadow row
   const bool shared = p.half_row >= 0 && row >= p.half_row && row < p.half_row + 64;
-  const int64_t to_shadow = shared ? p.rows - p.half_row : 0;
-  const int64_t base = static_cast<int64_t>(hb) * S * p.ws_rows + row;  // + s * ws_rows
+  const int NE = shared ? 2 * S : S;
+  const int64_t base = static_cast<int64_t>(hb) * S * p.ws_rows;  // + s * ws_rows + row
+  const int shadow = p.rows + row - p.half_row;
+  const auto at = [&](int e) -> int64_t {
+    return base + (e < S ? static_cast<int64_t>(e) * p.ws_rows + row
+                         : static_cast<int64_t>(e - S) * p.ws_rows + shadow);
+  };
   float mx = neg_inf();
-  for (int s = tid; s < S; s += MERGE_THREADS) {
-    const float l = p.lse[base + static_cast<int64_t>(s) * p.ws_rows];
-    w_s[s] = l;
+  for (int e = tid; e < NE; e += MERGE_THREADS) {
+    const float l = p.lse[at(e)];
+    w_s[e] = l;
     mx = fmaxf(mx, l);
-  }
-  if (shared) {
-    for (int s = tid; s < S; s += MERGE_THREADS) {
-      const float l = p.lse[base + to_shadow + static_cast<int64_t>(s) * p.ws_rows];
-      w_s[S + s] = l;
-      mx = fmaxf(mx, l);
-    }
   }
   mx = block_reduce<MERGE_THREADS>(mx, scratch, true);
   const float muse = mx == neg_inf() ? 0.f : mx;
-  const int NE = shared ? 2 * S : S;
   float sum = 0.f;
   for (int e = tid; e < NE; e += MERGE_THREADS) {
     const float w = exp2f(w_s[e] - muse);  // 0 for a split without keys
@@ -702,30 +698,17 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
   }
   sum = block_reduce<MERGE_THREADS>(sum, scratch, false);  // its barrier publishes w_s
   const int c = tid % COLS, g = tid / COLS;
-  const float* src = p.part + base * D + 4 * c;
-  const int64_t step = static_cast<int64_t>(p.ws_rows) * D;
+  const float* src = p.part + 4 * c;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-  for (int s = g; s < S; s += GROUPS) {
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * step));
-    const float w = w_s[s];
+  for (int e = g; e < NE; e += GROUPS) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(src + at(e) * D));
+    const float w = w_s[e];
     const bool use = w > 0.f;  // an empty split's partial is never read into the sum
     acc.x += use ? w * v.x : 0.f;
     acc.y += use ? w * v.y : 0.f;
     acc.z += use ? w * v.z : 0.f;
     acc.w += use ? w * v.w : 0.f;
-  }
-  if (shared) {
-    const float* src2 = src + to_shadow * D;
-    for (int s = g; s < S; s += GROUPS) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(src2 + s * step));
-      const float w = w_s[S + s];
-      const bool use = w > 0.f;
-      acc.x += use ? w * v.x : 0.f;
-      acc.y += use ? w * v.y : 0.f;
-      acc.z += use ? w * v.z : 0.f;
-      acc.w += use ? w * v.w : 0.f;
-    }
   }
   if (g > 0) red[g - 1][c] = acc;
   __syncthreads();
