@@ -63,7 +63,7 @@
 // (commit a30fe46: it too takes ~1.1 us a 64-key tile) and part of the softmax's 2^x on the FMA
 // pipe (commit 62de0aa: the softmax is issue-bound) were slower and were taken out. Session 16
 // (docs/kernels_notes.md): [3 blocks] [1 block + tail]'s third block shared by tile parity
-// (commit 8a6728b) was 3-5 % slower; at T=64 Wide's [2] [2] ran 26 % faster than Tall's [3] [1]
+// (commit 8a6728b) was 3-6 % slower; at T=64 Wide's [2] [2] ran 26 % faster than Tall's [3] [1]
 // (launch_plan now takes Wide for whole 128-row CTAs); Tall's two-block CTAs with the tail idle
 // ran 17 % faster than [3] [1], and the tail split by tile parity between them (tail_even_cta,
 // not one tile ahead: tail_step_serial) 7-13 % faster at 32q/8kv, T=65; the tail's MMAs at

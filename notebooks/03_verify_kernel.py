@@ -452,6 +452,50 @@ else:
     nb.note("The 2^x A/B rows are not shipped (data/bench/logs/gqa_exp_fma_session15.csv).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 16): balanced row layouts
+# Sharing `[3 blocks] [1 block + tail]`'s third block by tile parity was 3-6 % slower (call a,
+# taken out). Where no tail is needed, T=64, the two-warpgroup `[2] [2]` beat the
+# three-warpgroup `[3] [1]` by up to 26 % (calls b, e): `launch_plan` now takes it at whole
+# 128-row CTAs. At T=65 the tail keeps that shape out (no shared memory left for it); the tail
+# split by tile parity between two two-block CTAs (`cuda_gqa.split_tail`, not one tile ahead)
+# is 7-13 % faster than `[3] [1 + tail]` (call i, below), and its MMAs at m64n8 another
+# 0.5-1.3 % (call k). 32q/8kv, T=65 now reaches 61 / 62 % of the floor at 128k / 256k.
+
+# %%
+lay16_csv = nb.data_path("bench", "logs", "gqa_layouts_session16.csv")
+if lay16_csv.exists():
+    lay16 = pd.read_csv(lay16_csv)
+    st = ns.layout_variants_table(lay16, "i")
+    nb.show(
+        nf.make_bar_compare_fig(
+            st[[c for c in st.columns if not c.endswith("_vs_first")]].melt(
+                id_vars="point", var_name="tail", value_name="us"
+            ),
+            "point",
+            "us",
+            "tail",
+            "32q/8kv, T=65: the tail split between two two-block CTAs (H200, µs, lower is better)",
+            "µs",
+        ),
+        "gqa_split_tail_session16",
+    )
+    display(st.round(3))
+    for call in ("b", "e", "g", "j"):  # T=64; whole 128-row CTAs; tail idle; forced split
+        display(ns.layout_variants_table(lay16, call).round(3))
+else:
+    nb.note("The layout rows are not shipped (data/bench/logs/gqa_layouts_session16.csv).")
+
+# %%
+n8_csv = nb.data_path("bench", "logs", "gqa_tail_n8_session16.csv")
+half_csv = nb.data_path("bench", "logs", "gqa_half_session16.csv")
+if n8_csv.exists() and half_csv.exists():
+    n8 = ns.ab_commits_table(pd.read_csv(n8_csv), call="k")
+    display(n8.rename(columns={"v0": "m64n8", "v1": "m64n16"}).round(3))
+    display(ns.layout_variants_table(pd.read_csv(half_csv), "a").round(3))
+else:
+    nb.note("The m64n8 / shared-block rows are not shipped (data/bench/logs/*session16*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
