@@ -711,8 +711,8 @@ __device__ __forceinline__ void tail_skip_before(int tile, int n) {
   if (tile - 1 + C::STAGES < n) named_arrive(BAR_EMPTY + (tile - 1) % C::STAGES, C::THREADS);
 }
 
-// One tail step, the warpgroup's k-th tile j (k >= 1; its tiles are `step` apart: 1, or 2 for a
-// split tail; S^T_j done, in `cur`): S^T_{j+step} (into `nxt`) and O^T += V_prev^T P_prev^T
+// One tail step, the warpgroup's k-th tile j (k >= 1; its tiles are `step` apart: 1 in the
+// layouts that call it, the split tail stepping 2 in tail_step_serial; S^T_j done, in `cur`): S^T_{j+step} (into `nxt`) and O^T += V_prev^T P_prev^T
 // (prev = j - step) are issued, the softmax of S^T_j runs while both are on the tensor cores (so
 // the tail's S never waits behind the other warpgroups' MMAs on its critical path), then both are
 // waited for, stage prev released, O^T rescaled, and P^T_j published to the next batch. The P
@@ -749,8 +749,8 @@ __device__ __forceinline__ void tail_step(float (&o)[2][TN / 2],
   tail_issue_pv<C, E, TN>(o, dv0 + pst * C::STAGE_STEP, (k & 1) ? dp0 : dp1);  // P_prev
   float alpha[TN / 4];
   tail_softmax<C, E, TN>(cur, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
-                     sQw + TAIL_RED + (k & 1) * (4 * TAIL_N * 4),
-                     sQw + ((k & 1) ? TAIL_P1 : TAIL_P0));
+                         sQw + TAIL_RED + (k & 1) * (4 * TAIL_N * 4),
+                         sQw + ((k & 1) ? TAIL_P1 : TAIL_P0));
   wg_wait<0>();  // S^T_{j+step} and P_prev V_prev done
   pin(o[0]);
   pin(o[1]);
@@ -802,8 +802,8 @@ __device__ __forceinline__ void tail_step_serial(float (&o)[2][TN / 2],
   for (int kb = 0; kb < C::BN / 64; ++kb) pin(sc[kb]);
   float alpha[TN / 4];
   tail_softmax<C, E, TN>(sc, m_run, l_run, alpha, p, ts, b, tile, kr, q4, lane, wi,
-                     sQw + TAIL_RED + (k & 1) * (4 * TAIL_N * 4),
-                     sQw + ((k & 1) ? TAIL_P1 : TAIL_P0));
+                         sQw + TAIL_RED + (k & 1) * (4 * TAIL_N * 4),
+                         sQw + ((k & 1) ? TAIL_P1 : TAIL_P0));
   wg_wait<0>();  // P_prev V_prev done
   pin(o[0]);
   pin(o[1]);
@@ -865,7 +865,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     {
       float alpha[TN / 4];
       tail_softmax<C, E, TN>(sa, m_run, l_run, alpha, p, ts, b, t0, kr, q4, lane, wi, red,
-                         sQw + TAIL_P0);
+                             sQw + TAIL_P0);
     }
     fence_async_smem();  // P^T_t0 (generic stores) -> the wgmma reads, after everyone's stores
     named_sync(BAR_TAIL, 128);
@@ -881,7 +881,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     pin(o[1]);
     wg_fence();
     tail_issue_pv<C, E, TN>(o, dv0 + ((tile - 2) % STAGES) * C::STAGE_STEP,
-                        wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
+                            wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
     wg_wait<0>();
     pin(o[0]);
     pin(o[1]);
@@ -910,7 +910,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     tail_issue_scores<C, E, TN>(sb, dq, dk0 + (t1 < n ? t1 % STAGES : 0) * C::STAGE_STEP);
     float alpha[TN / 4];
     tail_softmax<C, E, TN>(sa, m_run, l_run, alpha, p, ts, b, 0, kr, q4, lane, wi, red,
-                       sQw + TAIL_P0);
+                           sQw + TAIL_P0);
     wg_wait<0>();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) pin(sb[kb]);
@@ -937,7 +937,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     pin(o[1]);
     wg_fence();
     tail_issue_pv<C, E, TN>(o, dv0 + ((tile - step) % STAGES) * C::STAGE_STEP,
-                        wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
+                            wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
     wg_wait<0>();
     pin(o[0]);
     pin(o[1]);

@@ -166,10 +166,11 @@ def launch_plan(rows: int) -> tuple[int, int]:
     ``tools/gpu/gqa_layouts.py``: at 256, 512 and 1024 rows the two-warpgroup layout was 5-26 %
     faster at every measured length, e.g. 32q/8kv, T=64, 128k 266 against 361 us, two 64-row
     blocks a CTA on 128-key tiles against [3] [1]; multiples of 192 split evenly into
-    three-warpgroup CTAs.) ``tail_blocks`` 0: each CTA takes ``wgs`` consecutive 64-row blocks, the last one
-    padded. ``k >= 1``: each CTA takes ``k`` whole blocks and the 1-16 rows left past them
-    (:data:`TAIL_ROWS`) go to a tail warpgroup of swapped-operand MMAs (16 columns of MMA work
-    instead of a padded 64-row block), in the last CTA's first free warpgroup.
+    three-warpgroup CTAs.) ``tail_blocks`` 0: each CTA takes ``wgs`` consecutive 64-row blocks,
+    the last one padded. ``k >= 1``: each CTA takes ``k`` whole blocks and the 1-16 rows left
+    past them (:data:`TAIL_ROWS`) go to a tail warpgroup of swapped-operand MMAs (8 or 16 columns
+    of MMA work instead of a padded 64-row block), in the last CTA's first free warpgroup
+    (:func:`split_tail` may share it between the last two CTAs).
 
     The default takes the tail where it was measured faster (session 13, call e,
     ``tools/gpu/gqa_layouts.py --ab --repeat 5``): three-warpgroup CTAs of three whole blocks

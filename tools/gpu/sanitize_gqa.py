@@ -2,7 +2,7 @@
 cp.async tiles (page sizes 16 / 64 and 1), forced and automatic splits, splits with no keys,
 T 1..257, an idle second consumer warpgroup, batch 3, the tail warpgroup (KDTREE_GQA_TAIL=1
 puts it in every case with 1-16 rows past the whole 64-row blocks), the tail split between two
-CTAs (cuda_gqa.split_tail, the last three cases and the sixth); each checked against the
+CTAs (cuda_gqa.split_tail: the sixth case and the last three); each checked against the
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
 reference's + 2e-3). argv[1] keeps only the first N cases (racecheck is slow). Exits 1 on a
 mismatch."""
@@ -74,7 +74,10 @@ def main() -> int:
         tol = 2 * (base.double() - truth).abs().max().item() + 2e-3
         ok = err <= tol
         bad += not ok
-        split = splits is not None and cuda_gqa.split_tail(t * hq // hkv, splits)
+        rows = t * hq // hkv
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        used = splits or cuda_gqa.choose_splits(len(lens), hkv, rows, pt.shape[1] * ps, sms)
+        split = cuda_gqa.split_tail(rows, used)
         print(f"L={lens} T={t} {hq}q/{hkv}kv ps={ps} splits={splits} split_tail={int(split)}: "
               f"err {err:.2e} tol {tol:.2e} {'ok' if ok else 'FAIL'}", flush=True)  # fmt: skip
     return 1 if bad else 0
