@@ -485,6 +485,33 @@ if lay16_csv.exists():
 else:
     nb.note("The layout rows are not shipped (data/bench/logs/gqa_layouts_session16.csv).")
 
+# %% [markdown]
+# What the extra tail rows cost: T=64 (whole 128-row CTAs, the two-warpgroup shape) against T=65
+# (the split tail) in one bench run (call f, before the split tail: T=65 then took 52-56 % at
+# 32q/8kv). The fraction of the floor is what to compare; the floors differ by at most 1.6 %.
+
+# %%
+t64_csv = nb.data_path("bench", "logs", "verify_t64_session16.csv")
+if t64_csv.exists():
+    t64 = ns.verify_rows(pd.read_csv(t64_csv))
+    t64 = t64[t64["provider"] == "ours_gqa_graph"].assign(
+        point=lambda d: (
+            d["layout"].str.replace("_d128", "") + " " + (d["L"] // 1024).astype(str) + "k"
+        ),
+        tree="T=" + t64["T"].astype(str),
+        pct=lambda d: 100 * d["frac_of_floor"],
+    )
+    nb.show(
+        nf.make_bar_compare_fig(
+            t64, "point", "pct", "tree",
+            "CUDA GQA kernel, T=64 vs T=65 (H200, % of the floor, higher is better)", "% of floor",
+        ),
+        "gqa_t64_t65_session16",
+    )  # fmt: skip
+    display(t64.pivot_table(index="point", columns="tree", values=["time_ms", "pct"]).round(3))
+else:
+    nb.note("The T=64 rows are not shipped (data/bench/logs/verify_t64_session16.csv).")
+
 # %%
 n8_csv = nb.data_path("bench", "logs", "gqa_tail_n8_session16.csv")
 half_csv = nb.data_path("bench", "logs", "gqa_half_session16.csv")
