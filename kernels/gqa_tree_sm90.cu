@@ -711,6 +711,21 @@ __device__ __forceinline__ void tail_skip_before(int tile, int n) {
   if (tile - 1 + C::STAGES < n) named_arrive(BAR_EMPTY + (tile - 1) % C::STAGES, C::THREADS);
 }
 
+// The end of a tail step: O^T *= alpha_j, then P^T_j published to the next batch.
+template <int TN>
+__device__ __forceinline__ void tail_rescale_publish(float (&o)[2][TN / 2],
+                                                     const float (&alpha)[TN / 4]) {
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int i = 0; i < TN / 4; ++i) {
+      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
+      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
+    }
+  fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
+  named_sync(BAR_TAIL, 128);
+}
+
 // One tail step, the warpgroup's k-th tile j (k >= 1; its tiles are `step` apart: 1 in the
 // layouts that call it, the split tail stepping 2 in tail_step_serial; S^T_j done, in `cur`): S^T_{j+step} (into `nxt`) and O^T += V_prev^T P_prev^T
 // (prev = j - step) are issued, the softmax of S^T_j runs while both are on the tensor cores (so
@@ -757,15 +772,7 @@ __device__ __forceinline__ void tail_step(float (&o)[2][TN / 2],
 #pragma unroll
   for (int kb = 0; kb < C::BN / 64; ++kb) pin(nxt[kb]);
   if (prev + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile prev released
-#pragma unroll
-  for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-    for (int i = 0; i < TN / 4; ++i) {
-      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
-      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
-    }
-  fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
-  named_sync(BAR_TAIL, 128);
+  tail_rescale_publish<TN>(o, alpha);
 }
 
 // One step of a split tail's warpgroup, its k-th tile j (k >= 1; its tiles two apart): S^T_j and
@@ -808,15 +815,7 @@ __device__ __forceinline__ void tail_step_serial(float (&o)[2][TN / 2],
   pin(o[0]);
   pin(o[1]);
   if (prev + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile prev released
-#pragma unroll
-  for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-    for (int i = 0; i < TN / 4; ++i) {
-      o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
-      o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
-    }
-  fence_async_smem();  // P^T_j (generic stores) -> the next batch's wgmma, after everyone's
-  named_sync(BAR_TAIL, 128);
+  tail_rescale_publish<TN>(o, alpha);
 }
 
 // The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV): every

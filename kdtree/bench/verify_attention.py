@@ -491,13 +491,14 @@ def setup_ours_gqa_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_gqa_fn(wl, ti)
-    from kdtree.kernels.cuda_gqa import launch_plan, split_tail
+    from kdtree.kernels.cuda_gqa import launch_layout
 
-    rows = ti.t * (wl.layout.hq // wl.layout.hkv)
-    split = split_tail(rows, splits)
-    wgs, tail_blocks = (3, 2) if split else launch_plan(rows)
-    meta = {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks}
-    return (*_graphed(fn, wl.n_rot, wl.device), {**meta, "split_tail": split})
+    wgs, tail_blocks, split = launch_layout(ti.t * (wl.layout.hq // wl.layout.hkv), splits)
+    return (
+        *_graphed(fn, wl.n_rot, wl.device),
+        {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks,
+         "split_tail": split},
+    )  # fmt: skip
 
 
 def setup_ours_graph(wl, ti, opts):

@@ -58,6 +58,7 @@ __all__ = [
     "compile_only",
     "consumer_warpgroups",
     "launch_args",
+    "launch_layout",
     "launch_plan",
     "split_tail",
     "row_ctas",
@@ -219,6 +220,14 @@ def split_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
         return False
     merge = merge_for(num_splits) if merge is None else merge
     return 1 < num_splits <= MERGE_MAX_SPLITS // 2 and merge != 0
+
+
+def launch_layout(rows: int, num_splits: int, merge: int | None = None) -> tuple[int, int, bool]:
+    """What a launch of ``num_splits`` splits runs: ``(wgs, tail_blocks, split)``, the
+    :func:`launch_plan` layout, or ``(3, 2, True)`` with :func:`split_tail`."""
+    if split_tail(rows, num_splits, merge):
+        return 3, 2, True
+    return (*launch_plan(rows), False)
 
 
 def consumer_warpgroups(rows: int) -> int:
@@ -439,7 +448,7 @@ def tree_attention_gqa_cuda(
     part = lse = None
     need = workspace_numel(b, hkv, rows, num_splits)
     merge = merge_for(num_splits)
-    split = split_tail(rows, num_splits, merge)
+    wgs, tail_blocks, split = launch_layout(rows, num_splits, merge)
     if need:
         workspace = split_workspace(workspace, need, device)
         ws_rows = workspace_rows(rows, num_splits)
@@ -447,7 +456,6 @@ def tree_attention_gqa_cuda(
         part = workspace[: n * HEAD_DIM].view(b, hkv, num_splits, ws_rows, HEAD_DIM)
         lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, ws_rows)
     lib = _load()
-    wgs, tail_blocks = (3, 2) if split else launch_plan(rows)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(

@@ -196,6 +196,10 @@ def test_split_tail(monkeypatch):
     monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL", raising=False)
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
     assert cuda_gqa.split_tail(260, 8) and cuda_gqa.split_tail(272, 2)
+    # what a launch runs: the split tail's layout, else launch_plan's
+    assert cuda_gqa.launch_layout(260, 8) == (3, 2, True)
+    assert cuda_gqa.launch_layout(260, 1) == (3, 3, False)
+    assert cuda_gqa.launch_layout(256, 8) == (2, 0, False)
     assert not cuda_gqa.split_tail(260, 1)  # one split: no merge to add the halves
     assert not cuda_gqa.split_tail(260, 8, merge=0)  # the Triton merge knows no shadow rows
     assert not cuda_gqa.split_tail(260, 1025)  # 2 S weights in the merge's 2048

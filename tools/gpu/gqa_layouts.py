@@ -116,11 +116,9 @@ def main() -> None:
             for k in KNOBS:
                 os.environ.pop(k, None)
             os.environ.update({k: v for k, v in var.items() if k != "KDTREE_GQA_SPLITS"})
-            wgs, blocks = cuda_gqa.launch_plan(rows)
             forced = var.get("KDTREE_GQA_SPLITS")
             fn, splits = _cuda_gqa_fn(wl, ti, int(forced) if forced else None)
-            split = cuda_gqa.split_tail(rows, splits)
-            wgs, blocks = (3, 2) if split else (wgs, blocks)
+            wgs, blocks, split = cuda_gqa.launch_layout(rows, splits)
             got = fn(0).float().clone()
             if ref is None and (a.variants or var.get("KDTREE_GQA_TAIL") == "0"):
                 ref = got
