@@ -1003,6 +1003,38 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const TileSeq ts = split_tiles<BN>(p, split, b);
   const int n = ts.n_tiles;
   const int32_t* pt_row = p.page_table + b * p.spt_b;
+#ifdef KDTREE_TIMELINE
+  // (the CTA timeline's measurement build, sm90_common.cuh: each warpgroup's thread 0 stamps
+  // its exit; the last one out appends the CTA's record)
+  __shared__ unsigned long long tl_s[TL_WORDS];
+  __shared__ unsigned int tl_left;
+  if (tid == 0) {
+    tl_s[0] = TL_SPLIT | tl_smid() << 8 | static_cast<unsigned long long>(n) << 32;
+    tl_s[1] = tl_block_id();
+    tl_s[2] = tl_now();
+    tl_s[3] = tl_s[4] = tl_s[5] = tl_s[6] = 0ull;
+    tl_s[7] = static_cast<unsigned long long>(clock64());
+    tl_left = THREADS / 128;
+  }
+  const auto tl_exit = [&]() {
+    if ((tid & 127) != 0) return;
+    atomicMax(&tl_s[6], tl_now());
+    __threadfence_block();
+    if (atomicSub(&tl_left, 1u) != 1u) return;
+    __threadfence_block();
+    unsigned long long w[TL_WORDS];
+#pragma unroll
+    for (int k = 0; k < TL_WORDS; ++k) w[k] = static_cast<volatile unsigned long long*>(tl_s)[k];
+    w[7] = static_cast<unsigned long long>(clock64()) - w[7];
+    tl_append(w);
+  };
+#define GQA_TL_EXIT() tl_exit()
+#define GQA_TL_STAMP(k, cond) \
+  if ((cond) && (tid & 127) == 0) tl_s[k] = tl_now()
+#else
+#define GQA_TL_EXIT()
+#define GQA_TL_STAMP(k, cond)
+#endif
 
   if (tid == 0) {
 #pragma unroll
@@ -1050,9 +1082,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         cp_async_mbar_arrive(bar);
       }
       clk.stamp(1);
+      GQA_TL_STAMP(4, tile == 0);
     }
     cp_async_wait<0>();
     clk.flush(g_gqa_clocks[3], n);
+    GQA_TL_EXIT();
     return;
   }
 
@@ -1076,6 +1110,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
       if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, THREADS);
     }
+    GQA_TL_EXIT();
     return;
   }
 #ifndef KDTREE_GQA_PRODUCER_Q
@@ -1094,6 +1129,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       tail_rows<C, E, SWAP, 8>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
     else
       tail_rows<C, E, SWAP, 16>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+    GQA_TL_EXIT();
     return;
   }
 #endif
@@ -1113,6 +1149,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
   if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
     store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+    GQA_TL_EXIT();
     return;
   }
   const float scale = p.qk_scale;
@@ -1141,6 +1178,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   mbar_wait(sBar + 8 * STAGES, 0);  // Q
 #endif
   mbar_wait(sBar, 0);
+  GQA_TL_STAMP(3, w == 0);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
   wg_fence();
   issue_scores<C, E>(s, dq, dk0);
@@ -1172,13 +1210,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     finish_pv<C, E>(o, pc, dv_last);
   }
 
+  GQA_TL_STAMP(5, w == 0);
   clk.flush(g_gqa_clocks[w], n);
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
   store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+  GQA_TL_EXIT();
 }
+#undef GQA_TL_EXIT
+#undef GQA_TL_STAMP
 
 template <class C, typename E, int SWAP>
 int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
@@ -1235,6 +1277,31 @@ int kdtree_gqa_clocks(unsigned long long* host) {
   static const unsigned long long zero[40] = {};
   return static_cast<int>(cudaMemcpyToSymbol(kdtree_gqa::g_gqa_clocks, zero, 40 * 8));
 }
+
+// The CTA timeline's records (KDTREE_TIMELINE builds, sm90_common.cuh): copies up to `cap`
+// records of TL_WORDS words to `host`, resets the ring and returns how many CTAs appended one
+// since the last read (more than `cap` or TL_CAP: the rest were dropped); -1 when this library
+// is not a timeline build; a cudaError_t value (> 0 as -(1000 + err)) on a failed copy.
+int kdtree_gqa_timeline(unsigned long long* host, int cap) {
+#ifdef KDTREE_TIMELINE
+  using namespace kdtree_sm90;
+  unsigned int count = 0;
+  cudaError_t err = cudaMemcpyFromSymbol(&count, g_tl_count, sizeof(count));
+  if (err != cudaSuccess) return -(1000 + static_cast<int>(err));
+  const unsigned int n = min(count, static_cast<unsigned int>(min(cap, TL_CAP)));
+  if (n > 0) err = cudaMemcpyFromSymbol(host, g_tl, n * TL_WORDS * sizeof(unsigned long long));
+  if (err != cudaSuccess) return -(1000 + static_cast<int>(err));
+  const unsigned int zero = 0;
+  err = cudaMemcpyToSymbol(g_tl_count, &zero, sizeof(zero));
+  if (err != cudaSuccess) return -(1000 + static_cast<int>(err));
+  return static_cast<int>(count);
+#else
+  (void)host;
+  (void)cap;
+  return -1;
+#endif
+}
+int kdtree_gqa_timeline_words() { return kdtree_sm90::TL_WORDS; }
 
 const char* kdtree_gqa_error_string(int code) {
   switch (code) {

@@ -600,6 +600,45 @@ __device__ __forceinline__ float2 wg_exp_pack(float (&s)[N], uint32_t (&pc)[N / 
   return make_float2(a[0], c[0]);
 }
 
+// ------------------------------------------------------------------ CTA timeline (measurement)
+//
+// A measurement build only (KDTREE_CUDA_DEFINES=KDTREE_TIMELINE; tools/gpu/gqa_timeline.py,
+// kdtree.profiling.cta_timeline): every CTA of the split and merge kernels appends one record of
+// TL_WORDS words to a device ring when its last warpgroup leaves, taken at the end so no stamp
+// waits on a global atomic. Stamps are %globaltimer (ns, one clock for all SMs):
+//   [0] kind (TL_SPLIT, TL_MERGE) | smid << 8 | tiles << 32   [1] blockIdx x | y << 24 | z << 44
+//   [2] entry   [3] first KV tile landed (consumer warpgroup 0) / merge weights ready
+//   [4] producer's first tile issued   [5] warpgroup 0's last MMA retired
+//   [6] the last warpgroup's exit   [7] clock64 cycles entry -> exit (thread 0's SM clock)
+// The default build has none of it (the stamp macros are empty).
+constexpr int TL_SPLIT = 0, TL_MERGE = 1, TL_WORDS = 8, TL_CAP = 1 << 16;
+#ifdef KDTREE_TIMELINE
+__device__ unsigned long long g_tl[TL_CAP][TL_WORDS];
+__device__ unsigned int g_tl_count;
+__device__ __forceinline__ unsigned long long tl_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned int tl_smid() {
+  unsigned int r;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+  return r;
+}
+// Append a record (words[0..7]); a full ring counts the record but drops it.
+__device__ __forceinline__ void tl_append(const unsigned long long (&w)[TL_WORDS]) {
+  const unsigned int i = atomicAdd(&g_tl_count, 1u);
+  if (i >= TL_CAP) return;
+#pragma unroll
+  for (int k = 0; k < TL_WORDS; ++k) g_tl[i][k] = w[k];
+}
+__device__ __forceinline__ unsigned long long tl_block_id() {
+  return static_cast<unsigned long long>(blockIdx.x) |
+         static_cast<unsigned long long>(blockIdx.y) << 24 |
+         static_cast<unsigned long long>(blockIdx.z) << 44;
+}
+#endif
+
 // ------------------------------------------------------------------ programmatic dependent launch
 //
 // The split kernels execute griddep_launch_dependents() once their CTA has started: when every
@@ -670,26 +709,36 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
   __shared__ float4 red[GROUPS > 1 ? GROUPS - 1 : 1][COLS];
   griddep_wait();  // the split kernel's partials
   const int tid = threadIdx.x;
+#ifdef KDTREE_TIMELINE
+  const unsigned long long tl_entry = tl_now();
+  const long long tl_clock = clock64();
+  unsigned long long tl_ready = 0;
+#endif
   const int row = blockIdx.x;
   const int hb = blockIdx.y;  // b * Hkv + kvh
   const int S = p.num_splits;
-  // entries e < S: split e's row; e >= S (a shared block's rows only): split e - S's shadow row
+  // split s's partial of this row is entry s; a shared block's row also has split s's shadow
+  // row, entry S + s. The shadow entries get loops of their own, so a row without them (all
+  // but <= 64 rows of a shared-block launch) indexes as before the shadow rows (session 16).
   const bool shared = p.half_row >= 0 && row >= p.half_row && row < p.half_row + 64;
-  const int NE = shared ? 2 * S : S;
-  const int64_t base = static_cast<int64_t>(hb) * S * p.ws_rows;  // + s * ws_rows + row
-  const int shadow = p.rows + row - p.half_row;
-  const auto at = [&](int e) -> int64_t {
-    return base + (e < S ? static_cast<int64_t>(e) * p.ws_rows + row
-                         : static_cast<int64_t>(e - S) * p.ws_rows + shadow);
-  };
+  const int64_t stride = p.ws_rows;  // a split's rows
+  const int64_t own = static_cast<int64_t>(hb) * S * stride + row;  // + s * stride
+  const int64_t shadow = own - row + p.rows + row - p.half_row;     // (shared rows only)
   float mx = neg_inf();
-  for (int e = tid; e < NE; e += MERGE_THREADS) {
-    const float l = p.lse[at(e)];
-    w_s[e] = l;
+  for (int s = tid; s < S; s += MERGE_THREADS) {
+    const float l = p.lse[own + s * stride];
+    w_s[s] = l;
     mx = fmaxf(mx, l);
   }
+  if (shared)
+    for (int s = tid; s < S; s += MERGE_THREADS) {
+      const float l = p.lse[shadow + s * stride];
+      w_s[S + s] = l;
+      mx = fmaxf(mx, l);
+    }
   mx = block_reduce<MERGE_THREADS>(mx, scratch, true);
   const float muse = mx == neg_inf() ? 0.f : mx;
+  const int NE = shared ? 2 * S : S;
   float sum = 0.f;
   for (int e = tid; e < NE; e += MERGE_THREADS) {
     const float w = exp2f(w_s[e] - muse);  // 0 for a split without keys
@@ -697,19 +746,25 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
     sum += w;
   }
   sum = block_reduce<MERGE_THREADS>(sum, scratch, false);  // its barrier publishes w_s
+#ifdef KDTREE_TIMELINE
+  if (tid == 0) tl_ready = tl_now();
+#endif
   const int c = tid % COLS, g = tid / COLS;
-  const float* src = p.part + 4 * c;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const auto add = [&](const float* src, const float* w_of) {
 #pragma unroll 4
-  for (int e = g; e < NE; e += GROUPS) {
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(src + at(e) * D));
-    const float w = w_s[e];
-    const bool use = w > 0.f;  // an empty split's partial is never read into the sum
-    acc.x += use ? w * v.x : 0.f;
-    acc.y += use ? w * v.y : 0.f;
-    acc.z += use ? w * v.z : 0.f;
-    acc.w += use ? w * v.w : 0.f;
-  }
+    for (int s = g; s < S; s += GROUPS) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * stride * D));
+      const float w = w_of[s];
+      const bool use = w > 0.f;  // an empty split's partial is never read into the sum
+      acc.x += use ? w * v.x : 0.f;
+      acc.y += use ? w * v.y : 0.f;
+      acc.z += use ? w * v.z : 0.f;
+      acc.w += use ? w * v.w : 0.f;
+    }
+  };
+  add(p.part + own * D + 4 * c, w_s);
+  if (shared) add(p.part + shadow * D + 4 * c, w_s + S);
   if (g > 0) red[g - 1][c] = acc;
   __syncthreads();
   if (g != 0) return;
@@ -727,6 +782,15 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
            (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 4 * c;
   Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
   Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
+#ifdef KDTREE_TIMELINE
+  if (tid == 0) {
+    const unsigned long long w[TL_WORDS] = {
+        TL_MERGE | tl_smid() << 8 | static_cast<unsigned long long>(NE) << 32,
+        tl_block_id(), tl_entry, tl_ready, 0ull, 0ull, tl_now(),
+        static_cast<unsigned long long>(clock64() - tl_clock)};
+    tl_append(w);
+  }
+#endif
 }
 
 // The merge of a split kernel's launch parameters `p` (fields part, lse, out, so_b / so_t / so_h,

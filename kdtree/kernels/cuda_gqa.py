@@ -126,6 +126,10 @@ def _load() -> ctypes.CDLL:
             getattr(lib, name).argtypes = [i32]
         lib.kdtree_gqa_clocks.restype = i32
         lib.kdtree_gqa_clocks.argtypes = [ptr]
+        lib.kdtree_gqa_timeline.restype = i32
+        lib.kdtree_gqa_timeline.argtypes = [ptr, i32]
+        lib.kdtree_gqa_timeline_words.restype = i32
+        lib.kdtree_gqa_timeline_words.argtypes = []
         _LIB = lib
         return lib
 
@@ -510,6 +514,35 @@ def phase_clocks() -> dict[str, float]:
             out[f"{key}.{name}"] = buf[10 * w + i] / tiles
     out.update(tiles=int(buf[8]), ctas=int(buf[9]))
     return out
+
+
+#: Records the CTA timeline's ring holds (``TL_CAP`` in ``kernels/sm90_common.cuh``).
+TIMELINE_CAP = 1 << 16
+
+
+def timeline_records(discard: bool = False):
+    """The CTA timeline's records since the last read, then reset (launches of a
+    ``KDTREE_CUDA_DEFINES=KDTREE_TIMELINE`` build; ``tools/gpu/gqa_timeline.py``): a
+    ``(n, 8)`` uint64 array, one row a CTA of the split and merge kernels, decoded by
+    :func:`kdtree.profiling.cta_timeline.decode`. Raises when the library is not a timeline
+    build, a copy fails, or the ring overflowed (records were dropped) unless ``discard`` (a
+    read that only empties the ring)."""
+    import numpy as np
+
+    lib = _load()
+    words = lib.kdtree_gqa_timeline_words()
+    buf = np.zeros((TIMELINE_CAP, words), dtype=np.uint64)
+    n = lib.kdtree_gqa_timeline(buf.ctypes.data_as(ctypes.c_void_p), TIMELINE_CAP)
+    if n == -1:
+        raise RuntimeError(
+            "the CUDA GQA library is not a timeline build: set KDTREE_CUDA_DEFINES=KDTREE_TIMELINE "
+            "before it loads (tools/gpu/gqa_timeline.py does)"
+        )
+    if n < 0:
+        raise RuntimeError(f"reading the CTA timeline failed (cudaError {-n - 1000})")
+    if n > TIMELINE_CAP and not discard:
+        raise RuntimeError(f"the CTA timeline ring overflowed: {n} records, {TIMELINE_CAP} kept")
+    return buf[:n].copy()
 
 
 def _register() -> None:

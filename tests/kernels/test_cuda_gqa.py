@@ -599,6 +599,67 @@ def test_phase_clocks_in_both_shapes(gen, monkeypatch):
     _check_clocks(json.loads(proc.stdout.strip().splitlines()[-1]), 3)
 
 
+@needs_nvcc
+def test_default_build_has_no_timeline():
+    """The CTA timeline is a measurement build's: the default library says so, not zeros."""
+    assert cuda_gqa._load().kdtree_gqa_timeline(None, 0) == -1
+    with pytest.raises(RuntimeError, match="KDTREE_TIMELINE"):
+        cuda_gqa.timeline_records()
+    src = (cuda_gqa.SOURCE.parent / "sm90_common.cuh").read_text()
+    assert 1 << int(re.search(r"TL_CAP = 1 << (\d+);", src).group(1)) == cuda_gqa.TIMELINE_CAP
+
+
+_TIMELINE_SCRIPT = """
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from _kernel_inputs import gqa_inputs
+from kdtree.kernels import cuda_gqa
+from kdtree.profiling import cta_timeline as ctl
+gen = torch.Generator().manual_seed(0)
+dev = [x.cuda() for x in gqa_inputs([3000, 100], 17, 8, 1, 128, 16, torch.bfloat16, gen)]
+cuda_gqa.timeline_records(discard=True)
+out = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=128 ** -0.5, num_splits=5)
+torch.cuda.synchronize()
+df = ctl.decode(cuda_gqa.timeline_records())
+df = ctl.assign_calls(df, split_ctas=1 * 5 * 2, merge_ctas=136 * 2)
+ph = ctl.call_phases(df)
+split = df[df.kind == "split"]
+print(json.dumps({"ok": bool(((split.first_tile >= split.entry) & (split.mma_end >= split.first_tile)
+                              & (split.exit >= split.mma_end))[split.tiles > 0].all()),
+                  "blocks": sorted(zip(split.by.tolist(), split.bz.tolist())),
+                  "empty": int((split.tiles == 0).sum()), "gap": float(ph.gap_merge[0]),
+                  "out": out.float().cpu().tolist()}))
+"""
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_cta_timeline_build(gen):
+    """KDTREE_CUDA_DEFINES=KDTREE_TIMELINE (a process of its own): every CTA of the split grid
+    and the merge appends one record, stamps in order, the merge after the split; the result
+    is the default build's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KDTREE_CUDA_DEFINES="KDTREE_TIMELINE")
+    proc = subprocess.run(
+        [sys.executable, "-c", _TIMELINE_SCRIPT, os.path.dirname(__file__)],
+        env=env, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ok"] and got["gap"] >= 0
+    assert got["blocks"] == [(s, b) for s in range(5) for b in range(2)]
+    assert got["empty"] == 2  # request 1's 100 keys: splits 0-1, its tree tile on split 4
+    dev = [x.cuda() for x in gqa_inputs([3000, 100], 17, 8, 1, 128, 16, torch.bfloat16,
+                                        torch.Generator().manual_seed(0))]  # fmt: skip
+    ref = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=5)
+    assert torch.equal(torch.tensor(got["out"]), ref.float().cpu())
+
+
 def test_merge_mode_setting(monkeypatch):
     from kdtree.kernels.cuda_common import merge_mode
 
