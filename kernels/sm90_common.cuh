@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>  // getenv (the merge's measurement knob)
 
 namespace kdtree_sm90 {
 
@@ -650,6 +651,11 @@ __device__ __forceinline__ unsigned long long tl_block_id() {
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
+// Fetch a TMA descriptor (a __grid_constant__ parameter's address) into the descriptor cache
+// before its first use.
+__device__ __forceinline__ void prefetch_tensormap(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
 __device__ __forceinline__ void griddep_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
@@ -658,10 +664,11 @@ __device__ __forceinline__ void griddep_wait() {
 //
 // part [B, Hkv, S, rows, D] fp32 normalised partials and lse [B, Hkv, S, rows] (base 2, -inf
 // for a split without keys) -> out row r of KV head h of request b: token r / G, query head
-// h * G + r % G. Grid (rows, B * Hkv), MERGE_THREADS threads: the split weights
-// 2^(lse_s - max lse) go to shared memory first, then thread (g, c) sums float4 column c over
-// splits s = g (mod GROUPS) -- GROUPS independent loads in flight a column -- and the groups
-// are added in shared memory. The MLA kernels are the Hkv = 1 case.
+// h * G + r % G, weighted by 2^(lse_s - max lse). Two kernels (launch_merge_splits picks):
+// merge_splits_warp_kernel, a row a warp, where a row's entries fit a warp's registers (at most
+// 16, D = 128: session 17 measured the row-a-CTA kernel at 8 us for 32q/8kv's 2080 rows of 16
+// entries), and merge_splits_kernel, a row a CTA of MERGE_THREADS threads. The MLA kernels are
+// the Hkv = 1 case.
 // A shared row block (the GQA kernel's `half_row`, session 16): rows half_row .. half_row + 63
 // were computed by two warpgroups over alternate tiles, the second's partials in shadow rows
 // rows .. rows + 63 of each split (the workspace's row stride is then ws_rows = rows + 64); those
@@ -699,8 +706,60 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_m
   return r;
 }
 
+// The entries of one output row: split s's partial is entry s; a row of the shared block also
+// has split s's shadow row, entry S + s.
+struct MergeRow {
+  int64_t own, shadow, stride;  // workspace rows: own + s * stride, shadow + s * stride
+  int S, NE;
+  __device__ __forceinline__ MergeRow(const MergeParams& p, int hb, int row) {
+    S = p.num_splits;
+    stride = p.ws_rows;
+    own = static_cast<int64_t>(hb) * S * stride + row;
+    shadow = own - row + p.rows + row - p.half_row;
+    NE = p.half_row >= 0 && row >= p.half_row && row < p.half_row + 64 ? 2 * S : S;
+  }
+  __device__ __forceinline__ int64_t at(int e) const {
+    return e < S ? own + e * stride : shadow + (e - S) * stride;
+  }
+};
+
+template <typename E>
+__device__ __forceinline__ void merge_store(const MergeParams& p, int hb, int row, int c,
+                                            float4 acc, float sum) {
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const int b = hb / p.Hkv, kvh = hb % p.Hkv;
+  E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
+           (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 4 * c;
+  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
+  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
+}
+
+__device__ __forceinline__ void merge_fma(float4& acc, float w, const float4& v) {
+  const bool use = w > 0.f;  // an empty split's partial is never read into the sum
+  acc.x += use ? w * v.x : 0.f;
+  acc.y += use ? w * v.y : 0.f;
+  acc.z += use ? w * v.z : 0.f;
+  acc.w += use ? w * v.w : 0.f;
+}
+
+#ifdef KDTREE_TIMELINE
+__device__ __forceinline__ void merge_record(unsigned long long entry, unsigned long long ready,
+                                             long long clock0, int ne) {
+  const unsigned long long w[TL_WORDS] = {
+      TL_MERGE | tl_smid() << 8 | static_cast<unsigned long long>(ne) << 32,
+      tl_block_id(), entry, ready, 0ull, 0ull, tl_now(),
+      static_cast<unsigned long long>(clock64() - clock0)};
+  tl_append(w);
+}
+#endif
+
+// A row a CTA (many entries): the weights 2^(lse_s - max lse) go to shared memory, thread
+// (g, c) sums float4 column c over entries e = g (mod GROUPS), and the groups are added in
+// shared memory. Its first MERGE_BATCH entries are loaded before the weights are known (the
+// partials do not depend on them), the rest in batches of MERGE_BATCH loads in flight.
+constexpr int MERGE_BATCH = 6;
 template <typename E, int D>
-__global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const MergeParams p) {
+__global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const MergeParams p) {
   static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
   constexpr int COLS = D / 4;
   constexpr int GROUPS = MERGE_THREADS / COLS;
@@ -716,29 +775,24 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
 #endif
   const int row = blockIdx.x;
   const int hb = blockIdx.y;  // b * Hkv + kvh
-  const int S = p.num_splits;
-  // split s's partial of this row is entry s; a shared block's row also has split s's shadow
-  // row, entry S + s. The shadow entries get loops of their own, so a row without them (all
-  // but <= 64 rows of a shared-block launch) indexes as before the shadow rows (session 16).
-  const bool shared = p.half_row >= 0 && row >= p.half_row && row < p.half_row + 64;
-  const int64_t stride = p.ws_rows;  // a split's rows
-  const int64_t own = static_cast<int64_t>(hb) * S * stride + row;  // + s * stride
-  const int64_t shadow = own - row + p.rows + row - p.half_row;     // (shared rows only)
+  const MergeRow mr(p, hb, row);
+  const int NE = mr.NE;
+  const int c = tid % COLS, g = tid / COLS;
+  const float* src = p.part + 4 * c;
+  float4 v[MERGE_BATCH];
+#pragma unroll
+  for (int i = 0; i < MERGE_BATCH; ++i) {
+    const int e = g + i * GROUPS;
+    if (e < NE) v[i] = __ldcg(reinterpret_cast<const float4*>(src + mr.at(e) * D));
+  }
   float mx = neg_inf();
-  for (int s = tid; s < S; s += MERGE_THREADS) {
-    const float l = p.lse[own + s * stride];
-    w_s[s] = l;
+  for (int e = tid; e < NE; e += MERGE_THREADS) {
+    const float l = p.lse[mr.at(e)];
+    w_s[e] = l;
     mx = fmaxf(mx, l);
   }
-  if (shared)
-    for (int s = tid; s < S; s += MERGE_THREADS) {
-      const float l = p.lse[shadow + s * stride];
-      w_s[S + s] = l;
-      mx = fmaxf(mx, l);
-    }
   mx = block_reduce<MERGE_THREADS>(mx, scratch, true);
   const float muse = mx == neg_inf() ? 0.f : mx;
-  const int NE = shared ? 2 * S : S;
   float sum = 0.f;
   for (int e = tid; e < NE; e += MERGE_THREADS) {
     const float w = exp2f(w_s[e] - muse);  // 0 for a split without keys
@@ -749,47 +803,85 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
 #ifdef KDTREE_TIMELINE
   if (tid == 0) tl_ready = tl_now();
 #endif
-  const int c = tid % COLS, g = tid / COLS;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const auto add = [&](const float* src, const float* w_of) {
-#pragma unroll 4
-    for (int s = g; s < S; s += GROUPS) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * stride * D));
-      const float w = w_of[s];
-      const bool use = w > 0.f;  // an empty split's partial is never read into the sum
-      acc.x += use ? w * v.x : 0.f;
-      acc.y += use ? w * v.y : 0.f;
-      acc.z += use ? w * v.z : 0.f;
-      acc.w += use ? w * v.w : 0.f;
+#pragma unroll
+  for (int i = 0; i < MERGE_BATCH; ++i) {
+    const int e = g + i * GROUPS;
+    if (e < NE) merge_fma(acc, w_s[e], v[i]);
+  }
+#pragma unroll 1
+  for (int e0 = g + MERGE_BATCH * GROUPS; e0 < NE; e0 += MERGE_BATCH * GROUPS) {
+#pragma unroll
+    for (int i = 0; i < MERGE_BATCH; ++i) {
+      const int e = e0 + i * GROUPS;
+      if (e < NE) v[i] = __ldcg(reinterpret_cast<const float4*>(src + mr.at(e) * D));
     }
-  };
-  add(p.part + own * D + 4 * c, w_s);
-  if (shared) add(p.part + shadow * D + 4 * c, w_s + S);
+#pragma unroll
+    for (int i = 0; i < MERGE_BATCH; ++i) {
+      const int e = e0 + i * GROUPS;
+      if (e < NE) merge_fma(acc, w_s[e], v[i]);
+    }
+  }
   if (g > 0) red[g - 1][c] = acc;
   __syncthreads();
-  if (g != 0) return;
+  if (g == 0) {
 #pragma unroll
-  for (int k = 0; k < GROUPS - 1; ++k) {
-    const float4 v = red[k][c];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
+    for (int k = 0; k < GROUPS - 1; ++k) {
+      const float4 u = red[k][c];
+      acc.x += u.x;
+      acc.y += u.y;
+      acc.z += u.z;
+      acc.w += u.w;
+    }
+    merge_store<E>(p, hb, row, c, acc, sum);
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  const int b = hb / p.Hkv, kvh = hb % p.Hkv;
-  E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
-           (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 4 * c;
-  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
-  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 #ifdef KDTREE_TIMELINE
-  if (tid == 0) {
-    const unsigned long long w[TL_WORDS] = {
-        TL_MERGE | tl_smid() << 8 | static_cast<unsigned long long>(NE) << 32,
-        tl_block_id(), tl_entry, tl_ready, 0ull, 0ull, tl_now(),
-        static_cast<unsigned long long>(clock64() - tl_clock)};
-    tl_append(w);
+  if (tid == 0) merge_record(tl_entry, tl_ready, tl_clock, NE);
+#endif
+}
+
+// A row a warp (at most MERGE_WARP_ENTRIES entries, 128 columns: lane c holds float4 column c):
+// every partial is loaded before the weights, the weights and their sum are warp shuffles, so
+// a row costs one round trip to L2 and no block barrier. MERGE_THREADS / 32 rows a CTA.
+constexpr int MERGE_WARP_ENTRIES = 16;
+template <typename E>
+__global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const MergeParams p) {
+  griddep_wait();  // the split kernel's partials
+#ifdef KDTREE_TIMELINE
+  const unsigned long long tl_entry = tl_now();
+  const long long tl_clock = clock64();
+#endif
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (MERGE_THREADS / 32) + (threadIdx.x >> 5);
+  const int hb = blockIdx.y;
+  if (row < p.rows) {
+    const MergeRow mr(p, hb, row);
+    const int NE = mr.NE;
+    const float* src = p.part + 4 * lane;
+    float4 v[MERGE_WARP_ENTRIES];
+#pragma unroll
+    for (int e = 0; e < MERGE_WARP_ENTRIES; ++e)
+      if (e < NE) v[e] = __ldcg(reinterpret_cast<const float4*>(src + mr.at(e) * 128));
+    const float l = lane < NE ? p.lse[mr.at(lane)] : neg_inf();
+    float mx = l;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float muse = mx == neg_inf() ? 0.f : mx;
+    const float w = lane < NE ? exp2f(l - muse) : 0.f;  // 0 for a split without keys
+    float sum = w;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int e = 0; e < MERGE_WARP_ENTRIES; ++e) {
+      const float we = __shfl_sync(0xffffffffu, w, e);
+      if (e < NE) merge_fma(acc, we, v[e]);
+    }
+    merge_store<E>(p, hb, row, lane, acc, sum);
   }
+#ifdef KDTREE_TIMELINE
+  __syncthreads();
+  if (threadIdx.x == 0) merge_record(tl_entry, tl_entry, tl_clock, p.num_splits);
 #endif
 }
 
@@ -813,14 +905,26 @@ static inline MergeParams merge_params_of(const P& p, int Hkv, int G) {
   return mp;
 }
 
-// Launch the merge on `stream` (grid (rows, B * Hkv)); `pdl`: as a programmatic dependent of
-// the kernel before it (the split kernel, which triggers early). 0 or a cudaError_t.
+// KDTREE_CUDA_MERGE_WARP=0 keeps every row on a CTA of its own (a measurement knob: the
+// per-warp merge's A/B, session 17).
+static inline bool merge_by_warp_allowed() {
+  const char* env = getenv("KDTREE_CUDA_MERGE_WARP");
+  return env == nullptr || env[0] != '0';
+}
+
+// Launch the merge on `stream` (grid (rows / 8 rounded up or rows, B * Hkv)); `pdl`: as a
+// programmatic dependent of the kernel before it (the split kernel, which triggers early). 0 or
+// a cudaError_t.
 template <typename E, int D>
 static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl) {
-  if ((p.half_row >= 0 ? 2 : 1) * p.num_splits > MERGE_MAX_SPLITS)
-    return static_cast<int>(cudaErrorInvalidValue);
+  const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
+  if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
+  // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane)
+  const bool by_warp = D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed();
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(B * p.Hkv));
+  constexpr int ROWS_A_CTA = MERGE_THREADS / 32;
+  cfg.gridDim = dim3(static_cast<unsigned>(by_warp ? (p.rows + ROWS_A_CTA - 1) / ROWS_A_CTA : p.rows),
+                     static_cast<unsigned>(B * p.Hkv));
   cfg.blockDim = dim3(MERGE_THREADS);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
@@ -829,6 +933,7 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
+  if (by_warp) return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_warp_kernel<E>, p));
   return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D>, p));
 }
 

@@ -32,6 +32,8 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     assert len(split) == 8, f"expected two shapes x bf16 / fp16 x K / V order, got {kernels}"
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
+    by_warp = [k for k in kernels if "merge_splits_warp_kernel" in k]  # a row a warp
+    assert len(by_warp) == 2, f"expected the bf16 / fp16 merge by warp, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
@@ -411,6 +413,27 @@ def test_split_tail_matches_fp64(on, case, gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("by_warp", ["0", "1"])
+@pytest.mark.parametrize("merge", ["plain", "pdl"])
+def test_merge_by_warp_and_by_cta(by_warp, merge, gen, monkeypatch):
+    """The CUDA merge's two kernels (a row a warp for at most 16 entries a row, else a row a
+    CTA; KDTREE_CUDA_MERGE_WARP=0 takes the CTA one everywhere) match fp64 on both sides of the
+    bound: 16 and 17 splits, and 8 and 9 with the split tail's shadow rows (16 and 18 entries in
+    the shared rows), in stream order and as a programmatic dependent, graph-captured."""
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_WARP", by_warp)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
+    for case in (
+        ([5000], 17, 8, 1, 16, 16),
+        ([5000, 300], 17, 8, 1, 16, 17),
+        ([977, 1900], 65, 32, 8, 16, 8),
+        ([977, 1900], 65, 32, 8, 16, 9),
+    ):
+        _run(case, torch.bfloat16, gen, graph=True)
+    assert cuda_gqa.split_tail(260, 8) and cuda_gqa.split_tail(260, 9)
+
+
+@pytest.mark.gpu
+@needs_sm90
 # (whole blocks a CTA are capped at the warpgroups: 2 warpgroups x 3 blocks is 2 x 2)
 @pytest.mark.parametrize(
     "wgs,blocks", [("2", "1"), ("2", "2"), ("3", "1"), ("3", "2"), ("3", "3")]
@@ -652,7 +675,7 @@ def test_cta_timeline_build(gen):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["ok"] and got["gap"] >= 0
-    assert got["blocks"] == [(s, b) for s in range(5) for b in range(2)]
+    assert got["blocks"] == [[s, b] for s in range(5) for b in range(2)]  # (JSON lists)
     assert got["empty"] == 2  # request 1's 100 keys: splits 0-1, its tree tile on split 4
     dev = [x.cuda() for x in gqa_inputs([3000, 100], 17, 8, 1, 128, 16, torch.bfloat16,
                                         torch.Generator().manual_seed(0))]  # fmt: skip
