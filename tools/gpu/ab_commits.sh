@@ -4,7 +4,8 @@
 #   bash tools/gpu/ab_commits.sh OLD_COMMIT OUT_DIR [bench args...]
 # The old tree comes from `git archive` into /tmp/ab_old (its kernels build into its own cache
 # entry: the build cache is keyed by source); OLD_COMMIT "worktree" copies the working tree
-# instead, and OLD_DEFINE=NAME puts `#define NAME 1` at the top of its GQA and MLA kernels (a measurement
+# instead, a directory copies that tree (`git archive C kdtree kernels pyproject.toml | tar -x -C
+# DIR` before the call: the device's .git is the session's first state), and OLD_DEFINE=NAME puts `#define NAME 1` at the top of its GQA and MLA kernels (a measurement
 # build of this tree). Rows go to OUT_DIR/{old,new}{1,2}/.
 set -u
 old=$1 out=$2
@@ -12,6 +13,8 @@ shift 2
 rm -rf /tmp/ab_old && mkdir -p /tmp/ab_old
 if [ "$old" = worktree ]; then
   cp -r kdtree kernels pyproject.toml /tmp/ab_old/
+elif [ -d "$old" ]; then  # a tree unpacked here (a commit the device's .git does not have yet)
+  cp -r "$old"/. /tmp/ab_old/
 else
   git archive "$old" | tar -x -C /tmp/ab_old || { echo "git archive $old failed"; exit 2; }
 fi
