@@ -1036,15 +1036,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #define GQA_TL_STAMP(k, cond)
 #endif
 
-  // The producer warp's first page-table reads and the tensor map's prefetch go out before the
-  // barriers are set up (session 17's CTA timeline: 1.4 us from entry to the first copy).
-  const int pt = tid - CONSUMERS;
-  int next_slot = 0;
-  if (pt >= 0 && pt < 32) {
-    if (pt == 0 && p.tma_rows > 0) prefetch_tensormap(&p.kv_map);
-    next_slot = run_slot<C>(p, pt_row, ts, 0, pt);
-  }
-
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st <= STAGES; ++st) mbar_init(sBar + 8 * st, 128);
@@ -1055,6 +1046,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   if (tid >= CONSUMERS) {
     // ================= producer warpgroup ==================================================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
+    const int pt = tid - CONSUMERS;
     const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
     const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
     ProducerClocksOf<C> clk(p.clocks && pt == 0, sBar + 8 * (STAGES + 1) + 32 * 3);
@@ -1064,6 +1056,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
 #endif
+    int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;

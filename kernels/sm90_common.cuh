@@ -651,11 +651,6 @@ __device__ __forceinline__ unsigned long long tl_block_id() {
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
-// Fetch a TMA descriptor (a __grid_constant__ parameter's address) into the descriptor cache
-// before its first use.
-__device__ __forceinline__ void prefetch_tensormap(const void* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
 __device__ __forceinline__ void griddep_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
@@ -754,12 +749,12 @@ __device__ __forceinline__ void merge_record(unsigned long long entry, unsigned 
 #endif
 
 // A row a CTA (many entries): the weights 2^(lse_s - max lse) go to shared memory, thread
-// (g, c) sums float4 column c over entries e = g (mod GROUPS), and the groups are added in
-// shared memory. Its first MERGE_BATCH entries are loaded before the weights are known (the
-// partials do not depend on them), the rest in batches of MERGE_BATCH loads in flight.
-constexpr int MERGE_BATCH = 6;
+// (g, c) sums float4 column c over splits s = g (mod GROUPS) -- GROUPS independent loads in
+// flight a column -- and the groups are added in shared memory. (Session 17, call b: loading
+// the first partials before the weights, in batches of 6, was 0.4-0.7 us slower at 43-129
+// splits; this is the measured form.)
 template <typename E, int D>
-__global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const MergeParams p) {
+__global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const MergeParams p) {
   static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
   constexpr int COLS = D / 4;
   constexpr int GROUPS = MERGE_THREADS / COLS;
@@ -775,24 +770,29 @@ __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const Me
 #endif
   const int row = blockIdx.x;
   const int hb = blockIdx.y;  // b * Hkv + kvh
-  const MergeRow mr(p, hb, row);
-  const int NE = mr.NE;
-  const int c = tid % COLS, g = tid / COLS;
-  const float* src = p.part + 4 * c;
-  float4 v[MERGE_BATCH];
-#pragma unroll
-  for (int i = 0; i < MERGE_BATCH; ++i) {
-    const int e = g + i * GROUPS;
-    if (e < NE) v[i] = __ldcg(reinterpret_cast<const float4*>(src + mr.at(e) * D));
-  }
+  const int S = p.num_splits;
+  // split s's partial of this row is entry s; a shared block's row also has split s's shadow
+  // row, entry S + s. The shadow entries get loops of their own, so a row without them (all
+  // but <= 64 rows of a shared-block launch) indexes as before the shadow rows (session 16).
+  const bool shared = p.half_row >= 0 && row >= p.half_row && row < p.half_row + 64;
+  const int64_t stride = p.ws_rows;  // a split's rows
+  const int64_t own = static_cast<int64_t>(hb) * S * stride + row;  // + s * stride
+  const int64_t shadow = own - row + p.rows + row - p.half_row;     // (shared rows only)
   float mx = neg_inf();
-  for (int e = tid; e < NE; e += MERGE_THREADS) {
-    const float l = p.lse[mr.at(e)];
-    w_s[e] = l;
+  for (int s = tid; s < S; s += MERGE_THREADS) {
+    const float l = p.lse[own + s * stride];
+    w_s[s] = l;
     mx = fmaxf(mx, l);
   }
+  if (shared)
+    for (int s = tid; s < S; s += MERGE_THREADS) {
+      const float l = p.lse[shadow + s * stride];
+      w_s[S + s] = l;
+      mx = fmaxf(mx, l);
+    }
   mx = block_reduce<MERGE_THREADS>(mx, scratch, true);
   const float muse = mx == neg_inf() ? 0.f : mx;
+  const int NE = shared ? 2 * S : S;
   float sum = 0.f;
   for (int e = tid; e < NE; e += MERGE_THREADS) {
     const float w = exp2f(w_s[e] - muse);  // 0 for a split without keys
@@ -803,42 +803,44 @@ __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const Me
 #ifdef KDTREE_TIMELINE
   if (tid == 0) tl_ready = tl_now();
 #endif
+  const int c = tid % COLS, g = tid / COLS;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int i = 0; i < MERGE_BATCH; ++i) {
-    const int e = g + i * GROUPS;
-    if (e < NE) merge_fma(acc, w_s[e], v[i]);
-  }
-#pragma unroll 1
-  for (int e0 = g + MERGE_BATCH * GROUPS; e0 < NE; e0 += MERGE_BATCH * GROUPS) {
-#pragma unroll
-    for (int i = 0; i < MERGE_BATCH; ++i) {
-      const int e = e0 + i * GROUPS;
-      if (e < NE) v[i] = __ldcg(reinterpret_cast<const float4*>(src + mr.at(e) * D));
+  const auto add = [&](const float* src, const float* w_of) {
+#pragma unroll 4
+    for (int s = g; s < S; s += GROUPS) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * stride * D));
+      const float w = w_of[s];
+      const bool use = w > 0.f;  // an empty split's partial is never read into the sum
+      acc.x += use ? w * v.x : 0.f;
+      acc.y += use ? w * v.y : 0.f;
+      acc.z += use ? w * v.z : 0.f;
+      acc.w += use ? w * v.w : 0.f;
     }
-#pragma unroll
-    for (int i = 0; i < MERGE_BATCH; ++i) {
-      const int e = e0 + i * GROUPS;
-      if (e < NE) merge_fma(acc, w_s[e], v[i]);
-    }
-  }
+  };
+  add(p.part + own * D + 4 * c, w_s);
+  if (shared) add(p.part + shadow * D + 4 * c, w_s + S);
   if (g > 0) red[g - 1][c] = acc;
   __syncthreads();
-  if (g == 0) {
+  if (g != 0) return;
 #pragma unroll
-    for (int k = 0; k < GROUPS - 1; ++k) {
-      const float4 u = red[k][c];
-      acc.x += u.x;
-      acc.y += u.y;
-      acc.z += u.z;
-      acc.w += u.w;
-    }
-    merge_store<E>(p, hb, row, c, acc, sum);
+  for (int k = 0; k < GROUPS - 1; ++k) {
+    const float4 v = red[k][c];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
   }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const int b = hb / p.Hkv, kvh = hb % p.Hkv;
+  E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
+           (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 4 * c;
+  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
+  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 #ifdef KDTREE_TIMELINE
   if (tid == 0) merge_record(tl_entry, tl_ready, tl_clock, NE);
 #endif
 }
+
 
 // A row a warp (at most MERGE_WARP_ENTRIES entries, 128 columns: lane c holds float4 column c):
 // every partial is loaded before the weights, the weights and their sum are warp shuffles, so
@@ -919,6 +921,24 @@ template <typename E, int D>
 static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl) {
   const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
   if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
+  static bool carveout_read = false;  // (host-side, once a process and instantiation)
+  if (!carveout_read) {
+    // KDTREE_CUDA_MERGE_CARVEOUT=max, a measurement knob (session 17): the merge kernels ask for
+    // the split kernels' all-shared-memory carveout, so an SM need not switch its L1 / shared
+    // split between the two kernels of a call.
+    const char* env = getenv("KDTREE_CUDA_MERGE_CARVEOUT");
+    if (env != nullptr && env[0] == 'm') {
+      cudaError_t err = cudaFuncSetAttribute(merge_splits_kernel<E, D>,
+                                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared);
+      if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(merge_splits_warp_kernel<E>,
+                                   cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared);
+      if (err != cudaSuccess) return static_cast<int>(err);
+    }
+    carveout_read = true;
+  }
   // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane)
   const bool by_warp = D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed();
   cudaLaunchConfig_t cfg = {};

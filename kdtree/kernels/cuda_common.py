@@ -16,6 +16,7 @@ __all__ = [
     "is_sm90",
     "library_builds",
     "merge_for",
+    "merge_ctas",
     "merge_mode",
     "on_sm90",
     "split_workspace",
@@ -28,6 +29,9 @@ MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2}
 #: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS: its weights live in
 #: shared memory); above it the backends use the Triton merge.
 MERGE_MAX_SPLITS = 2048
+#: The CUDA merge takes a row a warp up to this many entries a row (kernels/sm90_common.cuh
+#: MERGE_WARP_ENTRIES: a split's partial, or two with the split tail's shadow rows), head dim 128.
+MERGE_WARP_ENTRIES = 16
 
 
 def is_sm90(device: torch.device) -> bool:
@@ -128,3 +132,16 @@ def merge_for(num_splits: int) -> int:
     stays far below it)."""
     mode = merge_mode()
     return 0 if num_splits > MERGE_MAX_SPLITS else mode
+
+
+def merge_ctas(rows: int, heads: int, entries: int, head_dim: int = 128) -> int:
+    """CTAs of the CUDA merge over ``heads`` (batch x KV heads) of ``rows`` output rows with
+    ``entries`` partials a row (``launch_merge_splits``): a row a warp, eight a CTA, where the
+    entries fit (:data:`MERGE_WARP_ENTRIES`, head dim 128, unless ``KDTREE_CUDA_MERGE_WARP=0``),
+    else a row a CTA. The CTA timeline counts its records by it."""
+    by_warp = (
+        head_dim == 128
+        and entries <= MERGE_WARP_ENTRIES
+        and os.environ.get("KDTREE_CUDA_MERGE_WARP", "1")[:1] != "0"
+    )
+    return (-(-rows // 8) if by_warp else rows) * heads

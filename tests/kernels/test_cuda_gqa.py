@@ -645,7 +645,8 @@ cuda_gqa.timeline_records(discard=True)
 out = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=128 ** -0.5, num_splits=5)
 torch.cuda.synchronize()
 df = ctl.decode(cuda_gqa.timeline_records())
-df = ctl.assign_calls(df, split_ctas=1 * 5 * 2, merge_ctas=136 * 2)
+from kdtree.kernels.cuda_common import merge_ctas
+df = ctl.assign_calls(df, split_ctas=1 * 5 * 2, merge_ctas=merge_ctas(136, 2, 5))
 ph = ctl.call_phases(df)
 split = df[df.kind == "split"]
 print(json.dumps({"ok": bool(((split.first_tile >= split.entry) & (split.mma_end >= split.first_tile)
@@ -701,6 +702,14 @@ def test_merge_mode_setting(monkeypatch):
     assert merge_for(MERGE_MAX_SPLITS) == 2 and merge_for(MERGE_MAX_SPLITS + 1) == 0
     src = (cuda_gqa.SOURCE.parent / "sm90_common.cuh").read_text()
     assert f"constexpr int MERGE_MAX_SPLITS = {MERGE_MAX_SPLITS};" in src
+    # the merge's CTAs (the timeline counts them): a row a warp up to 16 entries, else a CTA
+    from kdtree.kernels.cuda_common import MERGE_WARP_ENTRIES, merge_ctas
+
+    assert f"constexpr int MERGE_WARP_ENTRIES = {MERGE_WARP_ENTRIES};" in src
+    assert merge_ctas(136, 2, 16) == 17 * 2 and merge_ctas(136, 2, 17) == 136 * 2
+    assert merge_ctas(8, 1, 4, head_dim=512) == 8  # (MLA: a row a CTA)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_WARP", "0")
+    assert merge_ctas(136, 2, 16) == 136 * 2
 
 
 def test_ablation_setting_warns(monkeypatch):

@@ -38,7 +38,7 @@ from kdtree.bench.verify_attention import (  # noqa: E402
     _graphed,
     make_tree_inputs,
 )
-from kdtree.kernels import cuda_gqa  # noqa: E402
+from kdtree.kernels import cuda_common, cuda_gqa  # noqa: E402
 from kdtree.profiling import cta_timeline as ctl  # noqa: E402
 
 SPANS = ("ramp", "issue", "first_tile", "stream", "stream_max", "epilogue", "straggle", "split",
@@ -68,7 +68,8 @@ def main() -> None:
         fn, splits = _cuda_gqa_fn(wl, ti)
         wgs, blocks, split = cuda_gqa.launch_layout(rows, splits)
         split_ctas = cuda_gqa.row_ctas(rows, wgs, blocks) * splits * lay.hkv
-        merge_ctas = rows * lay.hkv if splits > 1 else 0
+        entries = splits * (2 if split else 1)  # (the split tail's shadow rows)
+        merge_ctas = cuda_common.merge_ctas(rows, lay.hkv, entries) if splits > 1 else 0
         replay, per = _graphed(fn, wl.n_rot, dev)
         p50 = (
             time_cuda(lambda replay=replay: replay(0)).p50 / per * 1e3
