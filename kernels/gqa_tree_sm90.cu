@@ -20,8 +20,8 @@
 //   * Grid (row CTAs, num_splits, B * Hkv); the row blocks of one split are the
 //     fastest axis, so they run together and read the split's KV from DRAM once (L2 serves the
 //     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the
-//     tile), the LAST split also the T tree keys through the ancestor bitmask
-//     (kdtree_sm90::split_tiles).
+//     tile: the S-th of the prefix and tree tiles, a tree tile counted twice), the LAST split
+//     also the T tree keys through the ancestor bitmask (kdtree_sm90::split_tiles).
 //   * Warp specialisation: each consumer warpgroup copies its own Q rows by cp.async (load_q);
 //     a producer warpgroup brings whole prefix tiles by TMA (one 5-D tensor map over both the K
 //     and V pools, one box a page run:
@@ -1000,7 +1000,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
-  const TileSeq ts = split_tiles<BN>(p, split, b);
+  const TileSeq ts = split_tiles<BN, Params, true>(p, split, b);
   const int n = ts.n_tiles;
   const int32_t* pt_row = p.page_table + b * p.spt_b;
 #ifdef KDTREE_TIMELINE

@@ -129,15 +129,21 @@ __device__ __forceinline__ int64_t key_slot(const P& p, const int32_t* pt_row,
 
 // Which keys split `split` of request b covers (kernels whose Params have num_splits, T and
 // prefix_lens): BN-key prefix tiles from `start` (chunks a multiple of BN), then, on the last
-// split, the tree tiles.
-template <int BN, class P>
+// split, the tree tiles. TREE_BALANCED (the GQA kernel): a tree tile counts as two prefix tiles
+// (its mask and its cp.async copies: session 17's CTA timeline measured the last split of
+// 32q/8kv, T=65 ~2 us a tree tile against ~1.1 a prefix tile, 4 us behind the others), and the
+// chunk is the S-th of prefix and tree, so the last split takes fewer prefix tiles. Its most
+// loaded split is never more loaded than with the prefix's S-th alone (that split's load is at
+// least the S-th of the total).
+template <int BN, class P, bool TREE_BALANCED = false>
 __device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
   TileSeq ts;
   const int S = p.num_splits;
   ts.T = p.T;
   ts.L = max(__ldg(p.prefix_lens + b), 0);
-  const int per = (ts.L + S - 1) / S;
-  const int chunk = (per + BN - 1) / BN * BN;
+  const int per = TREE_BALANCED ? ((ts.L + BN - 1) / BN + 2 * ((ts.T + BN - 1) / BN)) * BN
+                                : ts.L;
+  const int chunk = ((per + S - 1) / S + BN - 1) / BN * BN;
   ts.start = min(split * chunk, ts.L);
   ts.end = min(ts.start + chunk, ts.L);
   ts.n_pre = (ts.end - ts.start + BN - 1) / BN;
@@ -921,24 +927,6 @@ template <typename E, int D>
 static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl) {
   const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
   if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
-  static bool carveout_read = false;  // (host-side, once a process and instantiation)
-  if (!carveout_read) {
-    // KDTREE_CUDA_MERGE_CARVEOUT=max, a measurement knob (session 17): the merge kernels ask for
-    // the split kernels' all-shared-memory carveout, so an SM need not switch its L1 / shared
-    // split between the two kernels of a call.
-    const char* env = getenv("KDTREE_CUDA_MERGE_CARVEOUT");
-    if (env != nullptr && env[0] == 'm') {
-      cudaError_t err = cudaFuncSetAttribute(merge_splits_kernel<E, D>,
-                                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             cudaSharedmemCarveoutMaxShared);
-      if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(merge_splits_warp_kernel<E>,
-                                   cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   cudaSharedmemCarveoutMaxShared);
-      if (err != cudaSuccess) return static_cast<int>(err);
-    }
-    carveout_read = true;
-  }
   // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane)
   const bool by_warp = D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed();
   cudaLaunchConfig_t cfg = {};
