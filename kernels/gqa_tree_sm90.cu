@@ -20,7 +20,7 @@
 //   * Grid (row CTAs, num_splits, B * Hkv); the row blocks of one split are the
 //     fastest axis, so they run together and read the split's KV from DRAM once (L2 serves the
 //     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the
-//     tile: the S-th of the prefix and tree tiles, a tree tile counted twice), the LAST split
+//     tile: the S-th of the prefix and tree tiles), the LAST split
 //     also the T tree keys through the ancestor bitmask (kdtree_sm90::split_tiles).
 //   * Warp specialisation: each consumer warpgroup copies its own Q rows by cp.async (load_q);
 //     a producer warpgroup brings whole prefix tiles by TMA (one 5-D tensor map over both the K

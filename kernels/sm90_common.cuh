@@ -129,20 +129,19 @@ __device__ __forceinline__ int64_t key_slot(const P& p, const int32_t* pt_row,
 
 // Which keys split `split` of request b covers (kernels whose Params have num_splits, T and
 // prefix_lens): BN-key prefix tiles from `start` (chunks a multiple of BN), then, on the last
-// split, the tree tiles. TREE_BALANCED (the GQA kernel): a tree tile counts as two prefix tiles
-// (its mask and its cp.async copies: session 17's CTA timeline measured the last split of
-// 32q/8kv, T=65 ~2 us a tree tile against ~1.1 a prefix tile, 4 us behind the others), and the
-// chunk is the S-th of prefix and tree, so the last split takes fewer prefix tiles. Its most
-// loaded split is never more loaded than with the prefix's S-th alone (that split's load is at
-// least the S-th of the total).
+// split, the tree tiles. TREE_BALANCED (the GQA kernel): the chunk is the S-th of the prefix and
+// tree tiles, so the last split takes fewer prefix tiles (session 17's CTA timeline: 32q/8kv,
+// T=65's last split, two tree tiles more, left 4 us after the others; balanced, 0.6-4 % faster
+// from 128k down to 16k). No split streams more tiles than with the prefix's S-th alone (the
+// most loaded split then streams at least the S-th of all). (Counting a tree tile twice moved
+// 8q/1kv, T=65, 16k to 7-tile splits and cost it 0.4 us: call d.)
 template <int BN, class P, bool TREE_BALANCED = false>
 __device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
   TileSeq ts;
   const int S = p.num_splits;
   ts.T = p.T;
   ts.L = max(__ldg(p.prefix_lens + b), 0);
-  const int per = TREE_BALANCED ? ((ts.L + BN - 1) / BN + 2 * ((ts.T + BN - 1) / BN)) * BN
-                                : ts.L;
+  const int per = TREE_BALANCED ? ((ts.L + BN - 1) / BN + (ts.T + BN - 1) / BN) * BN : ts.L;
   const int chunk = ((per + S - 1) / S + BN - 1) / BN * BN;
   ts.start = min(split * chunk, ts.L);
   ts.end = min(ts.start + chunk, ts.L);

@@ -88,7 +88,7 @@ def main() -> None:
             if r == 0:
                 g = df[df["call"] == min(1, per - 1)]
                 t0 = g.loc[g["kind"] == "split", "entry"].min()
-                rel = g.assign(point=spec, **{c: (g[c] - t0).where(g[c] > 0) * 1e-3
+                rel = g.assign(point=spec, **{c: ((g[c] - t0).where(g[c] > 0) * 1e-3).round(3)
                                               for c in ctl.STAMPS})  # fmt: skip
                 ctas.append(rel)
         med = pd.concat([c for c in calls if (c["point"] == spec).all()])[list(SPANS)].median()
