@@ -875,6 +875,29 @@ def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
     return w.reset_index()
 
 
+#: The spans of a verify call in the CTA timeline (kdtree.profiling.cta_timeline.call_phases),
+#: in the order they follow each other.
+TIMELINE_SPANS = ("first_tile", "stream", "epilogue", "straggle", "gap_merge", "merge", "gap_next")
+
+
+def timeline_spans_table(df: pd.DataFrame, call: str = "e") -> pd.DataFrame:
+    """Rows of ``tools/gpu/gqa_timeline.py`` (``data/bench/logs/gqa_timeline_session17.csv``) of
+    one device call and its default variant: each point's median span (µs) over its calls, the
+    median period of back-to-back calls (``call_us``, NaN where a replay holds one call) and the
+    stamping build's graph-replayed p50. ``rest`` is the period the spans leave unexplained (the
+    launch ramp, and the differences between medians)."""
+    need = {"call", "variant", "point", "splits", "p50_us", "call_us", *TIMELINE_SPANS}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"timeline rows: missing columns {sorted(missing)}")
+    d = df[(df["call"] == call) & (df["variant"] == "default")]
+    if d.empty:
+        raise ValueError(f"no default timeline rows for call {call!r}")
+    t = d.groupby("point", sort=False)[[*TIMELINE_SPANS, "call_us", "p50_us", "splits"]].median()
+    t["rest"] = t["call_us"] - t[list(TIMELINE_SPANS)].sum(axis=1)
+    return t.reset_index()
+
+
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     """Heap vs every device builder of ``tree_build.csv``: ms per step by (batch, budget) and
     provider, plus the fastest device provider and its speed-up over the heap."""

@@ -523,6 +523,60 @@ else:
     nb.note("The m64n8 / shared-block rows are not shipped (data/bench/logs/*session16*).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 17): where a call's fixed cost goes, CTA by CTA
+# The timeline build (`KDTREE_CUDA_DEFINES=KDTREE_TIMELINE`, `tools/gpu/gqa_timeline.py`) has
+# every CTA of the split kernel and the merge record `%globaltimer` stamps. One call of 8q/1kv,
+# T=17, 64k (call e, the final tree) below: 129 split CTAs start within 0.1 µs, wait ~3.4 µs
+# for their first KV tile (two dependent loads, prefix length then page table, before the first
+# copy), stream, store their partials; 1.5 µs later the merge starts. Its stacked spans: the
+# split kernel's streaming is half of the call at 64k; the rest is fixed cost.
+
+# %%
+ctas_csv = nb.data_path("bench", "logs", "gqa_timeline_ctas_session17.csv")
+tl_csv = nb.data_path("bench", "logs", "gqa_timeline_session17.csv")
+if ctas_csv.exists() and tl_csv.exists():
+    from kdtree.profiling import cta_timeline as ctl
+
+    ctas = pd.read_csv(ctas_csv)
+    for point in ("gqa_8q1kv_d128:65536:17", "gqa_32q8kv_d128:32768:65"):
+        one = ctas[ctas["point"] == point]
+        bars = ctl.gantt(one, int(one["call"].iloc[0]), us_per_unit=1.0)
+        nb.show(nf.make_cta_timeline_fig(bars, f"{point}: one verify call, CTA by CTA (H200)"),
+                "gqa_cta_timeline_" + point.split(":", 1)[0].removeprefix("gqa_") + "_" +
+                point.split(":", 1)[1].replace(":", "_"))  # fmt: skip
+    spans = ns.timeline_spans_table(pd.read_csv(tl_csv), "e")
+    nb.show(
+        nf.make_stacked_phase_fig(
+            spans.set_index("point")[list(ns.TIMELINE_SPANS)],
+            "CUDA GQA verify call: median spans (H200, CUDA graph, µs)", "µs",
+        ),
+        "gqa_timeline_spans_session17",
+    )  # fmt: skip
+    display(spans.round(2))
+else:
+    nb.note("The CTA timeline rows are not shipped (data/bench/logs/gqa_timeline*session17.csv).")
+
+# %% [markdown]
+# What the timeline led to, each against the tree before it in alternating bench runs
+# (`tools/gpu/ab_commits.sh`, µs): the merge without the shadow-row branch in its loops (call a,
+# 8q/1kv, T=17 1.5-1.7 µs faster from 64k: session 16's regression); a row a warp where a row
+# has at most 16 partials (call c: the row-a-CTA merge took 8 µs at 32q/8kv, T=65's 2080 rows,
+# now 3; 3-6 % faster there); splits balanced over prefix and tree tiles (call d: the last split
+# of 32q/8kv, T=65 had left 4 µs after the others; 1-4 % faster at 16k-64k). The merges at the
+# split kernels' shared-memory carveout made no difference (`c/carveout`).
+
+# %%
+ab17_csv = nb.data_path("bench", "logs", "gqa_ab_session17.csv")
+if ab17_csv.exists():
+    ab17 = pd.read_csv(ab17_csv)
+    for call in ("a", "c", "d", "c/carveout"):
+        t = ns.ab_commits_table(ab17, call=call)
+        print(f"call {call}: {ab17.loc[ab17['call'] == call, 'command'].iloc[0][:110]}")
+        display(t.round(3))
+else:
+    nb.note("The session-17 A/B rows are not shipped (data/bench/logs/gqa_ab_session17.csv).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

@@ -150,12 +150,14 @@ def timer_step_ns(df: pd.DataFrame) -> int:
     return int(np.diff(vals).min()) if len(vals) > 1 else 0
 
 
-def gantt(df: pd.DataFrame, call: int) -> pd.DataFrame:
+def gantt(df: pd.DataFrame, call: int, us_per_unit: float = 1e-3) -> pd.DataFrame:
     """Bars for a timeline figure of one call (µs from its first split entry): a split CTA's
     ``prologue`` (entry to first tile), ``stream`` (to warpgroup 0's last MMA) and ``epilogue``
     (to exit); a merge CTA's ``merge``. Columns ``lane`` (split CTAs by entry, then merge CTAs),
-    ``smid``, ``phase``, ``start``, ``end``."""
-    d = df[df["call"] == call].sort_values(["kind", "entry"])
+    ``smid``, ``phase``, ``start``, ``end``. ``us_per_unit``: the stamps' unit in µs (1e-3 for
+    the kernels' ns; 1 for the µs of ``tools/gpu/gqa_timeline.py``'s CTA file)."""
+    d = df[df["call"] == call]
+    d = d.assign(_merge=d["kind"].astype(str) == "merge").sort_values(["_merge", "entry"])
     t0 = d.loc[d["kind"] == "split", "entry"].min()
     bars = []
     for lane, r in enumerate(d.itertuples()):
@@ -165,5 +167,7 @@ def gantt(df: pd.DataFrame, call: int) -> pd.DataFrame:
         else:
             cuts = [("merge" if r.kind == "merge" else "empty split", r.entry, r.exit)]
         for phase, a, b in cuts:
-            bars.append((lane, r.smid, r.kind, phase, (a - t0) * 1e-3, (b - t0) * 1e-3))
+            bars.append(
+                (lane, r.smid, r.kind, phase, (a - t0) * us_per_unit, (b - t0) * us_per_unit)
+            )
     return pd.DataFrame(bars, columns=["lane", "smid", "kind", "phase", "start", "end"])

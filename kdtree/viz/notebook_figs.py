@@ -201,3 +201,19 @@ def make_phase_timeline_fig(events: pd.DataFrame, title: str, max_steps: int = 6
     fig.update_layout(title=title, barmode="overlay", xaxis_title="ms since the first step",
                       template="plotly_white", height=320, showlegend=False)  # fmt: skip
     return fig
+
+
+def make_cta_timeline_fig(bars: pd.DataFrame, title: str) -> go.Figure:
+    """One verify call CTA by CTA (``kdtree.profiling.cta_timeline.gantt``): a lane a CTA, its
+    phases as horizontal bars from ``start`` to ``end`` (µs), coloured by phase."""
+    _require(bars, {"lane", "smid", "phase", "start", "end"}, "bars")
+    fig = go.Figure()
+    for phase, g in bars.groupby("phase", sort=False):
+        fig.add_bar(y=g["lane"], x=g["end"] - g["start"], base=g["start"], orientation="h",
+                    name=str(phase), customdata=g["smid"],
+                    hovertemplate="CTA %{y} (SM %{customdata}): %{base:.2f} + %{x:.2f} µs"
+                                  "<extra></extra>")  # fmt: skip
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="µs from the first CTA",
+                      yaxis_title="CTA (split kernel by entry, then the merge)",
+                      template="plotly_white", height=460)  # fmt: skip
+    return fig

@@ -535,3 +535,29 @@ def test_layout_variants_table():
         ns.layout_variants_table(pd.DataFrame(rows), "z")
     with pytest.raises(ValueError, match="missing"):
         ns.layout_variants_table(pd.DataFrame(rows).drop(columns=["variant"]), "b")
+
+
+def test_timeline_spans_table():
+    spans = dict(first_tile=2.5, stream=10.0, epilogue=1.5, straggle=0.5, gap_merge=1.5,
+                 merge=3.0, gap_next=2.0)  # fmt: skip
+    rows = [
+        {"call": "e", "variant": "default", "point": "p:64k", "splits": 129, "p50_us": 24.0,
+         "call_us": 22.0 + k, **{s: v + k for s, v in spans.items()}}
+        for k in (0, 1, 2)
+    ] + [
+        {"call": "e", "variant": "default", "point": "q:32k", "splits": 8, "p50_us": 90.0,
+         "call_us": float("nan"), **spans},
+        {"call": "e", "variant": "pdl", "point": "p:64k", "splits": 129, "p50_us": 1.0,
+         "call_us": 1.0, **spans},
+        {"call": "d", "variant": "default", "point": "p:64k", "splits": 129, "p50_us": 1.0,
+         "call_us": 1.0, **spans},
+    ]  # fmt: skip
+    t = ns.timeline_spans_table(pd.DataFrame(rows), "e").set_index("point")
+    assert list(t.index) == ["p:64k", "q:32k"]
+    assert t.loc["p:64k", "stream"] == pytest.approx(11.0)  # the median of 10, 11, 12
+    assert t.loc["p:64k", "rest"] == pytest.approx(23.0 - (21.0 + 7))
+    assert pd.isna(t.loc["q:32k", "rest"]) and t.loc["q:32k", "p50_us"] == 90.0
+    with pytest.raises(ValueError, match="no default timeline rows"):
+        ns.timeline_spans_table(pd.DataFrame(rows), "z")
+    with pytest.raises(ValueError, match="missing"):
+        ns.timeline_spans_table(pd.DataFrame(rows).drop(columns=["merge"]), "e")

@@ -68,3 +68,18 @@ def test_speedup_table():
 def test_missing_selection_raises():
     with pytest.raises(ValueError, match="no time rows"):
         make_verify_time_fig(load_verify_rows(_rows()), "mla_h8", 1, 17)
+
+
+def test_cta_timeline_fig():
+    from kdtree.viz.notebook_figs import make_cta_timeline_fig
+
+    bars = pd.DataFrame(
+        [(0, 3, "split", "prologue", 0.0, 1.0), (0, 3, "split", "stream", 1.0, 5.0),
+         (1, 9, "merge", "merge", 6.0, 7.5)],
+        columns=["lane", "smid", "kind", "phase", "start", "end"],
+    )  # fmt: skip
+    fig = make_cta_timeline_fig(bars, "t")
+    assert [tr.name for tr in fig.data] == ["prologue", "stream", "merge"]
+    assert list(fig.data[1].base) == [1.0] and list(fig.data[1].x) == [4.0]
+    with pytest.raises(ValueError):
+        make_cta_timeline_fig(bars.drop(columns=["smid"]), "t")
