@@ -666,8 +666,8 @@ __device__ __forceinline__ void griddep_wait() {
 // for a split without keys) -> out row r of KV head h of request b: token r / G, query head
 // h * G + r % G, weighted by 2^(lse_s - max lse). Two kernels (launch_merge_splits picks):
 // merge_splits_warp_kernel, a row a warp, where a row's entries fit a warp's registers (at most
-// 16, D = 128: session 17 measured the row-a-CTA kernel at 8 us for 32q/8kv's 2080 rows of 16
-// entries), and merge_splits_kernel, a row a CTA of MERGE_THREADS threads. The MLA kernels are
+// 16, D = 128: session 17 measured the row-a-CTA kernel at 7.6-9.3 us for 32q/8kv's 2080 rows
+// of 16 entries, the row-a-warp one at 2.8-3.0), and merge_splits_kernel, a row a CTA of MERGE_THREADS threads. The MLA kernels are
 // the Hkv = 1 case.
 // A shared row block (the GQA kernel's `half_row`, session 16): rows half_row .. half_row + 63
 // were computed by two warpgroups over alternate tiles, the second's partials in shadow rows
@@ -757,7 +757,8 @@ __device__ __forceinline__ void merge_record(unsigned long long entry, unsigned 
 // (g, c) sums float4 column c over splits s = g (mod GROUPS) -- GROUPS independent loads in
 // flight a column -- and the groups are added in shared memory. (Session 17, call b: loading
 // the first partials before the weights, in batches of 6, was 0.4-0.7 us slower at 43-129
-// splits; this is the measured form.)
+// splits; this is the measured form. Its sum and store written through merge_fma / merge_store
+// compile to different SASS, untested, so they stay spelled out here.)
 template <typename E, int D>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const MergeParams p) {
   static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");

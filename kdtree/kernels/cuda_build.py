@@ -207,12 +207,12 @@ class CudaSource:
         flags = (*flags, *(f"-D{name}" for name in measurement_defines()))
         return self._cached(self._require_nvcc(), flags, self.lib_name, [])
 
-    def compile_only(self, out_dir) -> BuildResult:
+    def compile_only(self, out_dir, defines: tuple[str, ...] = ()) -> BuildResult:
         """Build the device library into ``out_dir`` with the local nvcc (no GPU needed, no
-        cache); ``log`` holds the ``--ptxas-options=-v`` report (see :func:`parse_ptxas`)."""
-        path, log = self._compile(
-            [self._require_nvcc(), *self.flags], Path(out_dir), self.lib_name
-        )
+        cache); ``log`` holds the ``--ptxas-options=-v`` report (see :func:`parse_ptxas`).
+        ``defines``: macros of a measurement build (``NAME`` or ``NAME=VALUE``)."""
+        flags = (*self.flags, *(f"-D{name}" for name in defines))
+        path, log = self._compile([self._require_nvcc(), *flags], Path(out_dir), self.lib_name)
         return BuildResult(path, log, False)
 
     # --------------------------------------------------------------------- g++ (CPU stand-in)

@@ -90,10 +90,10 @@ def build() -> BuildResult:
     return _SRC.build()
 
 
-def compile_only(out_dir) -> BuildResult:
+def compile_only(out_dir, defines: tuple[str, ...] = ()) -> BuildResult:
     """Build into ``out_dir`` with the local nvcc (no GPU, no cache); ``log`` holds the
-    ``--ptxas-options=-v`` report."""
-    return _SRC.compile_only(out_dir)
+    ``--ptxas-options=-v`` report. ``defines``: a measurement build's macros."""
+    return _SRC.compile_only(out_dir, defines)
 
 
 def _load() -> ctypes.CDLL:

@@ -43,6 +43,17 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
 
 
 @needs_nvcc
+def test_timeline_build_compiles_without_spills(tmp_path):
+    """The CTA timeline's measurement build (KDTREE_TIMELINE) stays buildable: every kernel of
+    the default build plus the stamps, no spills, no stack."""
+    kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
+    assert sum("gqa_split_kernel" in k for k in kernels) == 8
+    assert sum("merge_splits" in k for k in kernels) == 4
+    for name, info in kernels.items():
+        assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
+
+
+@needs_nvcc
 def test_ctypes_call_matches_the_c_signature(gen):
     """The ctypes prototype, the C signature and the wrapper's argument tuple agree; the
     launcher rejects an invalid dtype code (-1) and a head dim other than 128 (-2) before it
