@@ -757,8 +757,8 @@ __device__ __forceinline__ void merge_record(unsigned long long entry, unsigned 
 // (g, c) sums float4 column c over splits s = g (mod GROUPS) -- GROUPS independent loads in
 // flight a column -- and the groups are added in shared memory. (Session 17, call b: loading
 // the first partials before the weights, in batches of 6, was 0.4-0.7 us slower at 43-129
-// splits; this is the measured form. Its sum and store written through merge_fma / merge_store
-// compile to different SASS, untested, so they stay spelled out here.)
+// splits; this is the measured form. Its sum written through merge_fma compiles to different
+// SASS, untested, so it stays spelled out here; through merge_store its SASS is the same.)
 template <typename E, int D>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const MergeParams p) {
   static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
@@ -836,12 +836,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
     acc.z += v.z;
     acc.w += v.w;
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  const int b = hb / p.Hkv, kvh = hb % p.Hkv;
-  E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
-           (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 4 * c;
-  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
-  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
+  merge_store<E>(p, hb, row, c, acc, sum);
 #ifdef KDTREE_TIMELINE
   if (tid == 0) merge_record(tl_entry, tl_ready, tl_clock, NE);
 #endif

@@ -570,6 +570,24 @@ def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
     _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
 
 
+def _in_measurement_build(script: str, defines: str) -> dict:
+    """Run ``script`` (argv[1]: this folder) in a process of its own whose CUDA libraries are
+    the measurement build ``KDTREE_CUDA_DEFINES=defines`` (a process loads one build); the JSON
+    of its last output line."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", script, os.path.dirname(__file__)],
+        env=dict(os.environ, KDTREE_CUDA_DEFINES=defines),
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 _CLOCKS_SCRIPT = """
 import json, sys
 import torch
@@ -606,11 +624,6 @@ def test_phase_clocks_in_both_shapes(gen, monkeypatch):
     consumers' clocks in shared memory in its measurement build (KDTREE_CUDA_DEFINES=
     KDTREE_GQA_TALL_CLOCKS, a process of its own: a process loads one build). Tiles and CTAs
     are the launch's (520 rows: no idle warpgroup)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
     with contextlib.suppress(RuntimeError):
         cuda_gqa.phase_clocks()  # (drop any earlier sums)
@@ -624,13 +637,7 @@ def test_phase_clocks_in_both_shapes(gen, monkeypatch):
     _run(([3000], 65, 8, 1, 16, 4), torch.bfloat16, gen)
     with pytest.raises(RuntimeError, match="KDTREE_GQA_TALL_CLOCKS"):
         cuda_gqa.phase_clocks()  # the default build's Tall shape keeps none
-    env = dict(os.environ, KDTREE_CUDA_DEFINES="KDTREE_GQA_TALL_CLOCKS")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CLOCKS_SCRIPT, os.path.dirname(__file__)],
-        env=env, capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _check_clocks(json.loads(proc.stdout.strip().splitlines()[-1]), 3)
+    _check_clocks(_in_measurement_build(_CLOCKS_SCRIPT, "KDTREE_GQA_TALL_CLOCKS"), 3)
 
 
 @needs_nvcc
@@ -674,18 +681,7 @@ def test_cta_timeline_build(gen):
     """KDTREE_CUDA_DEFINES=KDTREE_TIMELINE (a process of its own): every CTA of the split grid
     and the merge appends one record, stamps in order, the merge after the split; the result
     is the default build's."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, KDTREE_CUDA_DEFINES="KDTREE_TIMELINE")
-    proc = subprocess.run(
-        [sys.executable, "-c", _TIMELINE_SCRIPT, os.path.dirname(__file__)],
-        env=env, capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _in_measurement_build(_TIMELINE_SCRIPT, "KDTREE_TIMELINE")
     assert got["ok"] and got["gap"] >= 0
     assert got["blocks"] == [[s, b] for s in range(5) for b in range(2)]  # (JSON lists)
     assert got["empty"] == 2  # request 1's 100 keys: splits 0-1, its tree tile on split 4
