@@ -818,6 +818,21 @@ __device__ __forceinline__ void tail_step_serial(float (&o)[2][TN / 2],
   tail_rescale_publish<TN>(o, alpha);
 }
 
+// The tail's P V of its last tile `tile` (its k-th: P^T in TAIL_P0 / TAIL_P1 by k's parity),
+// retired before the row sums.
+template <class C, typename E, int TN>
+__device__ __forceinline__ void tail_last_pv(float (&o)[2][TN / 2], uint64_t dv0, int tile, int k,
+                                             uint32_t sQw) {
+  pin(o[0]);
+  pin(o[1]);
+  wg_fence();
+  tail_issue_pv<C, E, TN>(o, dv0 + (tile % C::STAGES) * C::STAGE_STEP,
+                          wg_desc(sQw + ((k & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
+  wg_wait<0>();
+  pin(o[0]);
+  pin(o[1]);
+}
+
 // The tail warpgroup's whole split (thread t of 128; its Q rows at sQw, the stages at sKV): every
 // tile, or with a split tail (Params::tail_even_cta) the even ones in that CTA and the odd ones
 // in tail_cta, whose partials go to the shadow rows.
@@ -876,14 +891,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
                                  sBar, dq, dk0, dv0);
     // ---- its last tile's P V (tile - 2, the (k - 1)-th; a tile after it is n - 1, which needs
     // no release)
-    pin(o[0]);
-    pin(o[1]);
-    wg_fence();
-    tail_issue_pv<C, E, TN>(o, dv0 + ((tile - 2) % STAGES) * C::STAGE_STEP,
-                            wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
-    wg_wait<0>();
-    pin(o[0]);
-    pin(o[1]);
+    tail_last_pv<C, E, TN>(o, dv0, tile - 2, k - 1, sQw);
   } else if (!halves && n > 0) {
     const uint64_t dq = wg_desc(sQw, 16, 1024);
     const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
@@ -932,14 +940,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     }
     // ---- its last tile's P V (tile - step, the (k - 1)-th; a tile after it is n - 1, which
     // needs no release)
-    pin(o[0]);
-    pin(o[1]);
-    wg_fence();
-    tail_issue_pv<C, E, TN>(o, dv0 + ((tile - step) % STAGES) * C::STAGE_STEP,
-                            wg_desc(sQw + (((k - 1) & 1) ? TAIL_P1 : TAIL_P0), 16, 1024));
-    wg_wait<0>();
-    pin(o[0]);
-    pin(o[1]);
+    tail_last_pv<C, E, TN>(o, dv0, tile - step, k - 1, sQw);
   }
   // ---- the row sums across the warpgroup, then the rows' output (or partials and LSE)
   const uint32_t sums = red + 2 * (4 * TAIL_N * 4);  // [4 warps][TAIL_N]
