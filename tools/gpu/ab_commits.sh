@@ -6,7 +6,9 @@
 # entry: the build cache is keyed by source); OLD_COMMIT "worktree" copies the working tree
 # instead, a directory copies that tree (`git archive C kdtree kernels pyproject.toml | tar -x -C
 # DIR` before the call: the device's .git is the session's first state), and OLD_DEFINE=NAME puts `#define NAME 1` at the top of its GQA and MLA kernels (a measurement
-# build of this tree). Rows go to OUT_DIR/{old,new}{1,2}/.
+# build of this tree); OLD_ENV / NEW_ENV ("NAME=value ...") set environment variables for one side
+# only (e.g. NEW_ENV=KDTREE_CUDA_MERGE=fused with OLD_COMMIT worktree: a launch option's A/B).
+# Rows go to OUT_DIR/{old,new}{1,2}/.
 set -u
 old=$1 out=$2
 shift 2
@@ -23,9 +25,9 @@ if [ -n "${OLD_DEFINE:-}" ]; then
 fi
 for round in 1 2; do
   for side in old new; do
-    dir=$PWD
-    [ "$side" = old ] && dir=/tmp/ab_old
-    (cd "$dir" && PYTHONPATH=/tmp/site:$dir python3 -m kdtree bench verify-attention "$@" \
+    dir=$PWD side_env=${NEW_ENV:-}
+    [ "$side" = old ] && dir=/tmp/ab_old side_env=${OLD_ENV:-}
+    (cd "$dir" && env $side_env PYTHONPATH=/tmp/site:$dir python3 -m kdtree bench verify-attention "$@" \
       --out "$out/$side$round" 2>&1 | tail -1 | cut -c1-120)
     echo "$side$round done"
   done
