@@ -244,7 +244,8 @@ struct Params {
   int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results; the tail
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
-                             // bit 4 consumers only wait and release (no MMAs, no softmax)
+                             // bit 4 consumers only wait and release (no MMAs, no softmax),
+                             // bit 5 the fused merge's barrier only (no merge)
   int fuse_slot;             // the fused merge's grid barrier (g_fuse_bar; -1: none)
 };
 
@@ -1061,7 +1062,8 @@ __device__ __forceinline__ void fused_merge(const Params& p) {
   const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const int64_t R = static_cast<int64_t>(gridDim.z) * p.rows;  // output rows (b, kvh, row)
   const int64_t r0 = R * cta / N;
-  const int nr = static_cast<int>(R * (cta + 1) / N - r0);
+  // (KDTREE_GQA_ABLATE bit 5, a measurement: the barrier without the merge's work)
+  const int nr = (p.ablate & 32) ? 0 : static_cast<int>(R * (cta + 1) / N - r0);
   float4* slots = reinterpret_cast<float4*>(scratch);  // [nr * K][32] (the launcher checks fit)
   unsigned* done = reinterpret_cast<unsigned*>(scratch + static_cast<size_t>(nr) * K * 512);
   if (K > 1)
@@ -1471,7 +1473,10 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
       attr[0].id = cudaLaunchAttributeCooperative;  // all CTAs resident: the grid barrier's need
       attr[0].val.cooperative = 1;
       cfg.attrs = attr;
-      cfg.numAttrs = 1;
+      // (KDTREE_CUDA_FUSE_COOP=0, a measurement knob: the same launch without the attribute,
+      // to time what it costs; the CTAs are then resident only because they fit an idle GPU)
+      const char* env_coop = getenv("KDTREE_CUDA_FUSE_COOP");
+      cfg.numAttrs = env_coop != nullptr && env_coop[0] == '0' ? 0 : 1;
       err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<C, E, SWAP, true>, pf);
       if (err != cudaSuccess) return static_cast<int>(err);
       g_last_merge = MERGE_FUSED;

@@ -565,7 +565,7 @@ FUSED_CASES = [  # (case, the merge that runs with KDTREE_CUDA_MERGE=fused)
     (([977, 1900], 65, 32, 8, 16, 8), "fused"),  # the split tail's shadow rows: 16 entries
     (([977, 1900], 65, 32, 8, 16, 9), "fused"),  # 18 in the shared rows, 9 in the others
     (([0, 100], 17, 8, 1, 16, 40), "fused"),  # an empty prefix: splits without keys (-inf)
-    (([9000, 40, 1500], 65, 8, 1, 16, 37), "fused"),  # three requests, 4 rows a CTA's share
+    (([9000, 40, 1500], 17, 8, 1, 16, 37), "fused"),  # three requests: ~4 rows of 3 chunks a CTA
     (([5000], 17, 8, 1, 16, 257), "plain"),  # 257 entries a row: above the fused bound
     (([3000] * 8, 17, 32, 8, 16, 16), "plain"),  # 1024 CTAs: not all resident at once
 ]
@@ -638,7 +638,8 @@ def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
-    assert cuda_gqa.last_merge() == merge
+    # (333 or 555 CTAs cannot all be resident: the fused merge falls back to the plain one)
+    assert cuda_gqa.last_merge() == ("plain" if merge == "fused" else merge)
 
 
 def _in_measurement_build(script: str, defines: str) -> dict:

@@ -85,7 +85,7 @@ def main() -> None:
             df = ctl.assign_calls(ctl.decode(cuda_gqa.timeline_records()), split_ctas, merge_ctas)
             ph = ctl.call_phases(df)
             ph = ph.assign(point=spec, rows=rows, splits=splits, warpgroups=wgs,
-                           tail_blocks=blocks, split_tail=split, merge=merge, replay=r, calls=per,
+                           tail_blocks=blocks, split_tail=split, merge_kind=merge, replay=r, calls=per,
                            p50_us=p50, timer_step_ns=ctl.timer_step_ns(df))  # fmt: skip
             calls.append(ph)
             if r == 0:
