@@ -245,7 +245,8 @@ struct Params {
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
                              // bit 4 consumers only wait and release (no MMAs, no softmax),
-                             // bit 5 the fused merge's barrier only (no merge)
+                             // bit 5 the fused merge's barrier only (no merge), bit 6 its
+                             // merge without the partials' loads, bit 7 without adding chunks
   int fuse_slot;             // the fused merge's grid barrier (g_fuse_bar; -1: none)
 };
 
@@ -1018,29 +1019,38 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* a) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
   return v;
 }
+__device__ __forceinline__ void st_relaxed_gpu(unsigned* a, unsigned v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
 __device__ __forceinline__ void st_release_gpu(unsigned* a, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
 }
+__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* a, unsigned v) {
+  unsigned old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(a), "r"(v)
+               : "memory");
+  return old;
+}
 
-// One thread a CTA: returns once all `total` CTAs have called it, each CTA's writes before
-// its call (made CTA-wide by a barrier before) visible to every CTA after. A sense-reversing
-// barrier: the generation is read before arriving (it cannot move until this CTA arrives);
-// the last to arrive zeroes the count, then bumps the generation.
-__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned total) {
-  const unsigned gen = ld_relaxed_gpu(bar + 1);
-  __threadfence();
-  if (atomicAdd(bar, 1u) == total - 1) {
-    atomicExch(bar, 0u);
-    __threadfence();
-    st_release_gpu(bar + 1, gen + 1);
+// One thread a CTA, after a CTA barrier that orders the CTA's writes before it: returns once all
+// `total` CTAs have called it, every CTA's writes before the call visible to every CTA after it
+// (the arrival releases them, the generation's load acquires them: cutlass's barrier pattern).
+// Sense-reversing: `gen`, the generation read before this CTA arrived (it cannot move until this
+// CTA does); the last to arrive zeroes the count, then publishes gen + 1. Round trips on the
+// last CTA's path: its arrival and the release; a waiter's: its poll.
+__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned total, unsigned gen) {
+  if (atom_add_acq_rel_gpu(bar, 1u) == total - 1) {
+    st_relaxed_gpu(bar, 0u);
+    st_release_gpu(bar + 1, gen + 1);  // (orders the reset before it)
   } else {
     unsigned spins = 0;
-    while (ld_acquire_gpu(bar + 1) == gen) {
-      __nanosleep(32);
-      if (++spins == (1u << 22)) __trap();  // (~0.1-4 s: a CTA that never came, not co-resident)
+    while (ld_acquire_gpu(bar + 1) == gen) {  // (a poll is a round trip: no sleep at first)
+      if (++spins > 256) __nanosleep(64);
+      if (spins == (1u << 22)) __trap();  // (~seconds: a CTA that never came, not co-resident)
     }
   }
-  __threadfence();
 }
 
 // All consumer threads of the CTA call this once, after their partials are stored (every exit
@@ -1055,6 +1065,8 @@ __device__ __forceinline__ void fused_merge(const Params& p) {
   // the stage buffers (free by now) as scratch: the kernel's sKV
   unsigned char* scratch = smem_raw + (((raw + ALIGN - 1) & ~static_cast<uint32_t>(ALIGN - 1)) +
                                        C::SMEM_Q - raw);
+  unsigned* bar = g_fuse_bar[p.fuse_slot];
+  const unsigned gen = tid == 0 ? ld_relaxed_gpu(bar + 1) : 0u;  // (before this CTA arrives)
   named_sync(BAR_FUSE, C::CONSUMERS);  // this CTA's partials stored, its stages consumed
   const int S = p.num_splits;
   const int K = ((p.half_row >= 0 ? 2 * S : S) + FUSE_CHUNK - 1) / FUSE_CHUNK;  // chunks a row
@@ -1068,7 +1080,7 @@ __device__ __forceinline__ void fused_merge(const Params& p) {
   unsigned* done = reinterpret_cast<unsigned*>(scratch + static_cast<size_t>(nr) * K * 512);
   if (K > 1)
     for (int i = tid; i < nr; i += C::CONSUMERS) done[i] = 0u;
-  if (tid == 0) grid_barrier(g_fuse_bar[p.fuse_slot], N);
+  if (tid == 0) grid_barrier(bar, N, gen);
 #ifdef KDTREE_TIMELINE
   const unsigned long long tl_entry = tl_now();
   const long long tl_clock = clock64();
@@ -1087,9 +1099,12 @@ __device__ __forceinline__ void fused_merge(const Params& p) {
     if (e0 >= NE) continue;  // (a row without shadow entries has fewer chunks)
     float4 v[FUSE_CHUNK];
     const float* src = p.part + 4 * lane;
+    const bool loads = !(p.ablate & 64);  // (KDTREE_GQA_ABLATE bit 6: no partial loads)
 #pragma unroll
     for (int j = 0; j < FUSE_CHUNK; ++j)
-      if (e0 + j < NE) v[j] = __ldcg(reinterpret_cast<const float4*>(src + mr.at(e0 + j) * D));
+      v[j] = e0 + j < NE && loads
+                 ? __ldcg(reinterpret_cast<const float4*>(src + mr.at(e0 + j) * D))
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
     // lane j < FUSE_CHUNK: the LSE of the chunk's entry j (its weight); ls[k]: entry lane + 32 k
     const float mine = lane < FUSE_CHUNK && e0 + lane < NE ? __ldcg(p.lse + mr.at(e0 + lane))
                                                          : neg_inf();
@@ -1117,7 +1132,9 @@ __device__ __forceinline__ void fused_merge(const Params& p) {
       if (e0 + j < NE) merge_fma(acc, we, v[j]);
     }
     const int Kr = (NE + FUSE_CHUNK - 1) / FUSE_CHUNK;
-    if (Kr > 1) {  // the row's last chunk to finish adds them all, in chunk order
+    // the row's last chunk to finish adds them all, in chunk order (KDTREE_GQA_ABLATE bit 7: each
+    // chunk stores its own sum instead)
+    if (Kr > 1 && !(p.ablate & 128)) {
       slots[(rl * K + chunk) * 32 + lane] = acc;
       __syncwarp();
       unsigned last = 0;

@@ -562,8 +562,9 @@ FUSED_CASES = [  # (case, the merge that runs with KDTREE_CUDA_MERGE=fused)
     (([5000], 17, 8, 1, 16, 16), "fused"),  # 16 entries a row: one chunk, stored directly
     (([5000, 300], 17, 8, 1, 16, 17), "fused"),  # 17: two chunks a row, added through smem
     (([60000], 17, 8, 1, 16, 129), "fused"),  # the bench's 129 splits: nine chunks a row
-    (([977, 1900], 65, 32, 8, 16, 8), "fused"),  # the split tail's shadow rows: 16 entries
-    (([977, 1900], 65, 32, 8, 16, 9), "fused"),  # 18 in the shared rows, 9 in the others
+    (([1900], 65, 32, 8, 16, 8), "fused"),  # the split tail's shadow rows: 16 entries
+    (([977], 65, 32, 8, 16, 9), "fused"),  # 18 in the shared rows, 9 in the others
+    (([977, 1900], 65, 32, 8, 16, 8), "plain"),  # two requests: 256 CTAs, more than resident
     (([0, 100], 17, 8, 1, 16, 40), "fused"),  # an empty prefix: splits without keys (-inf)
     (([9000, 40, 1500], 17, 8, 1, 16, 37), "fused"),  # three requests: ~4 rows of 3 chunks a CTA
     (([5000], 17, 8, 1, 16, 257), "plain"),  # 257 entries a row: above the fused bound
