@@ -77,10 +77,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include <mutex>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
 #include "sm90_common.cuh"
 
@@ -97,8 +94,6 @@ constexpr int BAR_EMPTY = 1;                    // + stage: consumers arrive, th
 constexpr int BAR_TURN = BAR_EMPTY + MAX_STAGES;  // + warpgroup: its turn to issue MMAs (256)
 constexpr int BAR_TAIL = BAR_TURN + 3;  // the tail warpgroup's own barrier (128)
 constexpr int BAR_Q = BAR_TAIL + 1;     // + warpgroup: its Q rows copied (128)
-constexpr int BAR_FUSE = BAR_Q + 3;     // every consumer thread: the fused merge (fused_merge)
-static_assert(BAR_FUSE <= 15, "sixteen named barriers");
 // The tail warpgroup (tail_rows): up to TAIL_N query rows past the last whole 64-row block, as
 // the N of swapped-operand MMAs (m64n8 for at most 8 rows, else m64n16); its P buffers and
 // reduction scratch sit in the unused part of its Q region (rows >= TAIL_N of each 64-dim half).
@@ -244,10 +239,7 @@ struct Params {
   int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results; the tail
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
-                             // bit 4 consumers only wait and release (no MMAs, no softmax),
-                             // bit 5 the fused merge's barrier only (no merge), bit 6 its
-                             // merge without the partials' loads, bit 7 without adding chunks
-  int fuse_slot;             // the fused merge's grid barrier (g_fuse_bar; -1: none)
+                             // bit 4 consumers only wait and release (no MMAs, no softmax)
 };
 
 // Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
@@ -990,180 +982,8 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   }
 }
 
-// ------------------------------------------------------------------ the fused merge
-//
-// merge = MERGE_FUSED: the split kernel merges its own partials. Its CTAs are co-resident (a
-// cooperative launch, checked by the launcher), so after every consumer of every CTA has
-// stored its partials they meet at a grid-wide barrier, then each CTA merges an equal share
-// of the output rows (b, KV head, row) with all its consumer warps: a work item is a row's
-// chunk of FUSE_CHUNK entries (a partial each), the chunks of a row in one CTA, the last of
-// them to finish adding them in order (deterministic) through shared memory (the stage
-// buffers, free by then). This takes the merge kernel's launch and its gap after the split
-// kernel out of the call (the CTA timeline, session 17: 1.2-1.6 us of gap, 2.6-3.5 of merge).
-constexpr int FUSE_CHUNK = 16;                    // a warp's partials in flight (float4 a lane)
-constexpr int FUSE_LSE = 8;                       // a lane's LSE registers: a row's entries
-constexpr int FUSE_MAX_ENTRIES = 32 * FUSE_LSE;   // <= 256 entries a row
-constexpr int FUSE_SLOTS = 256;                   // grid barriers: one a stream (fuse_slot_of)
-// [slot][0] arrivals, [1] generation (a 128-byte line a slot). Zero at module load, and the
-// count is back at zero after every completed call (the last CTA to arrive resets it), so no
-// caller's workspace needs initialising.
-__device__ unsigned int g_fuse_bar[FUSE_SLOTS][32];
-
-__device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned* a) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* a) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_gpu(unsigned* a, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_release_gpu(unsigned* a, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
-}
-__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* a, unsigned v) {
-  unsigned old;
-  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;\n"
-               : "=r"(old)
-               : "l"(a), "r"(v)
-               : "memory");
-  return old;
-}
-
-// One thread a CTA, after a CTA barrier that orders the CTA's writes before it: returns once all
-// `total` CTAs have called it, every CTA's writes before the call visible to every CTA after it
-// (the arrival releases them, the generation's load acquires them: cutlass's barrier pattern).
-// Sense-reversing: `gen`, the generation read before this CTA arrived (it cannot move until this
-// CTA does); the last to arrive zeroes the count, then publishes gen + 1. Round trips on the
-// last CTA's path: its arrival and the release; a waiter's: its poll.
-__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned total, unsigned gen) {
-  if (atom_add_acq_rel_gpu(bar, 1u) == total - 1) {
-    st_relaxed_gpu(bar, 0u);
-    st_release_gpu(bar + 1, gen + 1);  // (orders the reset before it)
-  } else {
-    unsigned spins = 0;
-    while (ld_acquire_gpu(bar + 1) == gen) {  // (a poll is a round trip: no sleep at first)
-      if (++spins > 256) __nanosleep(64);
-      if (spins == (1u << 22)) __trap();  // (~seconds: a CTA that never came, not co-resident)
-    }
-  }
-}
-
-// All consumer threads of the CTA call this once, after their partials are stored (every exit
-// of the consumer warpgroups). It recomputes its thread and shared-memory addresses rather than
-// take the kernel's, which would keep them live through the main loop (and spill it).
-template <class C, typename E>
-__device__ __forceinline__ void fused_merge(const Params& p) {
-  constexpr int WARPS = C::CONSUMERS / 32;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const int tid = threadIdx.x;
-  const uint32_t raw = smem_u32(smem_raw);
-  // the stage buffers (free by now) as scratch: the kernel's sKV
-  unsigned char* scratch = smem_raw + (((raw + ALIGN - 1) & ~static_cast<uint32_t>(ALIGN - 1)) +
-                                       C::SMEM_Q - raw);
-  unsigned* bar = g_fuse_bar[p.fuse_slot];
-  const unsigned gen = tid == 0 ? ld_relaxed_gpu(bar + 1) : 0u;  // (before this CTA arrives)
-  named_sync(BAR_FUSE, C::CONSUMERS);  // this CTA's partials stored, its stages consumed
-  const int S = p.num_splits;
-  const int K = ((p.half_row >= 0 ? 2 * S : S) + FUSE_CHUNK - 1) / FUSE_CHUNK;  // chunks a row
-  const unsigned N = gridDim.x * gridDim.y * gridDim.z;
-  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int64_t R = static_cast<int64_t>(gridDim.z) * p.rows;  // output rows (b, kvh, row)
-  const int64_t r0 = R * cta / N;
-  // (KDTREE_GQA_ABLATE bit 5, a measurement: the barrier without the merge's work)
-  const int nr = (p.ablate & 32) ? 0 : static_cast<int>(R * (cta + 1) / N - r0);
-  float4* slots = reinterpret_cast<float4*>(scratch);  // [nr * K][32] (the launcher checks fit)
-  unsigned* done = reinterpret_cast<unsigned*>(scratch + static_cast<size_t>(nr) * K * 512);
-  if (K > 1)
-    for (int i = tid; i < nr; i += C::CONSUMERS) done[i] = 0u;
-  if (tid == 0) grid_barrier(bar, N, gen);
-#ifdef KDTREE_TIMELINE
-  const unsigned long long tl_entry = tl_now();
-  const long long tl_clock = clock64();
-#endif
-  named_sync(BAR_FUSE, C::CONSUMERS);
-  MergeParams mp = merge_params_of(p, p.Hkv, p.G);
-  mp.ws_rows = p.ws_rows;
-  mp.half_row = p.half_row;
-  const int warp = tid >> 5, lane = tid & 31;
-  for (int item = warp; item < nr * K; item += WARPS) {
-    const int rl = item / K, chunk = item % K;
-    const int64_t rg = r0 + rl;
-    const int hb = static_cast<int>(rg / p.rows), row = static_cast<int>(rg % p.rows);
-    const MergeRow mr(mp, hb, row);
-    const int NE = mr.NE, e0 = chunk * FUSE_CHUNK;
-    if (e0 >= NE) continue;  // (a row without shadow entries has fewer chunks)
-    float4 v[FUSE_CHUNK];
-    const float* src = p.part + 4 * lane;
-    const bool loads = !(p.ablate & 64);  // (KDTREE_GQA_ABLATE bit 6: no partial loads)
-#pragma unroll
-    for (int j = 0; j < FUSE_CHUNK; ++j)
-      v[j] = e0 + j < NE && loads
-                 ? __ldcg(reinterpret_cast<const float4*>(src + mr.at(e0 + j) * D))
-                 : make_float4(0.f, 0.f, 0.f, 0.f);
-    // lane j < FUSE_CHUNK: the LSE of the chunk's entry j (its weight); ls[k]: entry lane + 32 k
-    const float mine = lane < FUSE_CHUNK && e0 + lane < NE ? __ldcg(p.lse + mr.at(e0 + lane))
-                                                         : neg_inf();
-    float ls[FUSE_LSE];
-    float mx = neg_inf();
-#pragma unroll
-    for (int k = 0; k < FUSE_LSE; ++k) {
-      const int e = lane + 32 * k;
-      ls[k] = e < NE ? __ldcg(p.lse + mr.at(e)) : neg_inf();
-      mx = fmaxf(mx, ls[k]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float muse = mx == neg_inf() ? 0.f : mx;
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < FUSE_LSE; ++k) sum += exp2f(ls[k] - muse);  // 0 for a split without keys
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float w = exp2f(mine - muse);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int j = 0; j < FUSE_CHUNK; ++j) {
-      const float we = __shfl_sync(0xffffffffu, w, j);
-      if (e0 + j < NE) merge_fma(acc, we, v[j]);
-    }
-    const int Kr = (NE + FUSE_CHUNK - 1) / FUSE_CHUNK;
-    // the row's last chunk to finish adds them all, in chunk order (KDTREE_GQA_ABLATE bit 7: each
-    // chunk stores its own sum instead)
-    if (Kr > 1 && !(p.ablate & 128)) {
-      slots[(rl * K + chunk) * 32 + lane] = acc;
-      __syncwarp();
-      unsigned last = 0;
-      if (lane == 0) {
-        __threadfence_block();
-        last = atomicAdd(&done[rl], 1u) == static_cast<unsigned>(Kr - 1);
-      }
-      if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-      __threadfence_block();
-      acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int q = 0; q < Kr; ++q) {
-        const float4 u = slots[(rl * K + q) * 32 + lane];
-        acc.x += u.x;
-        acc.y += u.y;
-        acc.z += u.z;
-        acc.w += u.w;
-      }
-    }
-    merge_store<E>(mp, hb, row, lane, acc, sum);
-  }
-#ifdef KDTREE_TIMELINE
-  named_sync(BAR_FUSE, C::CONSUMERS);
-  if (tid == 0) merge_record(tl_entry, tl_entry, tl_clock, p.half_row >= 0 ? 2 * S : S);
-#endif
-}
-
-// SWAP: the stage layout with V before K in each key group (Params::kv_swap); FUSE: the merge
-// inside (merge = MERGE_FUSED, a cooperative launch: fused_merge at every consumer exit).
-template <class C, typename E, int SWAP, bool FUSE>
+// SWAP: the stage layout with V before K in each key group (Params::kv_swap).
+template <class C, typename E, int SWAP>
 __global__ void __launch_bounds__(C::THREADS, 1)
     gqa_split_kernel(const __grid_constant__ Params p) {
   constexpr int STAGES = C::STAGES, BN = C::BN;
@@ -1216,11 +1036,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #define GQA_TL_EXIT()
 #define GQA_TL_STAMP(k, cond)
 #endif
-#define GQA_CONSUMER_EXIT() \
-  do {                      \
-    GQA_TL_EXIT();          \
-    return;                 \
-  } while (0)
 
   if (tid == 0) {
 #pragma unroll
@@ -1277,236 +1092,154 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   }
 
   // ================= consumer warpgroups ===================================================
-  // (one lambda, so every consumer exit reaches the fused merge below through one call site: a
-  // copy at each exit spilled the main loop)
-  const auto consume = [&]() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::CONSUMER_REGS));
-    const int lane = tid & 31;
-    const int w = tid >> 7;
-    const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows [16 wi, 16 wi + 16)
-    const int q4 = lane & 3;
-    const int r0 = wi * 16 + (lane >> 2);
-    bool tail;
-    const int first = wg_first_row(p, w, tail);
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::CONSUMER_REGS));
+  const int lane = tid & 31;
+  const int w = tid >> 7;
+  const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows [16 wi, 16 wi + 16)
+  const int q4 = lane & 3;
+  const int r0 = wi * 16 + (lane >> 2);
+  bool tail;
+  const int first = wg_first_row(p, w, tail);
 #ifdef KDTREE_GQA_NO_TAIL  // (a measurement build without the tail warpgroup's code: it idles)
-    const bool idle = first < 0 || (p.ablate & 16) || tail;
+  const bool idle = first < 0 || (p.ablate & 16) || tail;
 #else
-    const bool idle = first < 0 || (p.ablate & 16);
+  const bool idle = first < 0 || (p.ablate & 16);
 #endif
-    if (idle) {  // no rows: keep the stage protocol only
-      for (int tile = 0; tile < n; ++tile) {
-        const int st = tile % STAGES;
-        mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
-        if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, THREADS);
-      }
-      GQA_CONSUMER_EXIT();
+  if (idle) {  // no rows: keep the stage protocol only
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile % STAGES;
+      mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+      if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, THREADS);
     }
+    GQA_TL_EXIT();
+    return;
+  }
 #ifndef KDTREE_GQA_PRODUCER_Q
-    if (n > 0)
-      load_q<E>(sQ + w * 2 * Q_REGION, p, b, kvh, first, tail ? TAIL_N : WG_ROWS, w, tid & 127);
+  if (n > 0)
+    load_q<E>(sQ + w * 2 * Q_REGION, p, b, kvh, first, tail ? TAIL_N : WG_ROWS, w, tid & 127);
 #endif
 #ifndef KDTREE_GQA_NO_TAIL
-    if (tail) {
-      // (m64n8 MMAs for at most 8 rows: 32q/8kv, T=65 has 4; -DKDTREE_GQA_TAIL_N16, a measurement
-      // build, keeps m64n16 for any count)
+  if (tail) {
+    // (m64n8 MMAs for at most 8 rows: 32q/8kv, T=65 has 4; -DKDTREE_GQA_TAIL_N16, a measurement
+    // build, keeps m64n16 for any count)
 #ifdef KDTREE_GQA_TAIL_N16
-      if (false)
+    if (false)
 #else
-      if (p.rows - p.full_rows <= 8)
+    if (p.rows - p.full_rows <= 8)
 #endif
-        tail_rows<C, E, SWAP, 8>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
-      else
-        tail_rows<C, E, SWAP, 16>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
-      GQA_CONSUMER_EXIT();
-    }
+      tail_rows<C, E, SWAP, 8>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+    else
+      tail_rows<C, E, SWAP, 16>(p, ts, b, kvh, split, sQ + w * 2 * Q_REGION, sKV, sBar, tid & 127);
+    GQA_TL_EXIT();
+    return;
+  }
 #endif
-    const int row0 = first + r0;  // packed rows of this thread's fragments
-    const int row1 = row0 + 8;
+  const int row0 = first + r0;  // packed rows of this thread's fragments
+  const int row1 = row0 + 8;
 
-    const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
-    const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
-    // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
-    // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
-    const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
+  const uint64_t dq = wg_desc(sQ + w * 2 * Q_REGION, 16, 1024);
+  const uint64_t dk0 = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP);
+  // V (MN-major, 128B swizzle): the leading byte offset steps between the two 64-dim slices,
+  // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
+  const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
 
-    float o[64];
+  float o[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float m_run0 = neg_inf(), m_run1 = neg_inf();
-    float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
-    if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
-      store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-      GQA_CONSUMER_EXIT();
-    }
-    const float scale = p.qk_scale;
-    float s[C::SN];
-    uint32_t pc[C::KS][4], pn[C::KS][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
-    uint64_t bits0[C::WORDS], bits1[C::WORDS];
-
-    ClocksOf<C> clk(p.clocks && (tid & 127) == 0, sBar + 8 * (STAGES + 1) + 32 * w);
-    // Turns (FlashAttention-3's ping-pong, extended to a ring of the warpgroups that have rows):
-    // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
-    // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than
-    // two warpgroups with rows, or KDTREE_GQA_PINGPONG=0; the three-warpgroup shape only with
-    // KDTREE_GQA_PINGPONG=2: measured within 4.5 % either way, session 12 call i); its last
-    // warpgroup gives warpgroup 0 the first turn.
-    // (the 64-row warpgroups with rows are 0 .. with_rows - 1; the tail warpgroup takes no turns)
-    const int with_rows =
-        min(p.blocks, max(0, p.full_rows - static_cast<int>(blockIdx.x) * p.blocks * WG_ROWS +
-                                 WG_ROWS - 1) / WG_ROWS);
-    const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
-    const int turns = ring && with_rows >= 2 ? with_rows : 0;
-    if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
-    // ---- tile 0: S_0 and its softmax
-    tile_bits<C>(bits0, p, ts, b, 0, row0);
-    tile_bits<C>(bits1, p, ts, b, 0, row1);
-#ifdef KDTREE_GQA_PRODUCER_Q
-    mbar_wait(sBar + 8 * STAGES, 0);  // Q
-#endif
-    mbar_wait(sBar, 0);
-    GQA_TL_STAMP(3, w == 0);
-    fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
-    wg_fence();
-    issue_scores<C, E>(s, dq, dk0);
-    wg_wait<0>();
-    pin(s);
-    {
-      const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
-      m_run0 = mx.x * scale;
-      m_run1 = mx.y * scale;
-      const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
-      l_run0 = sum.x;
-      l_run1 = sum.y;
-    }
-
-    // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
-    int tile = 1;
-    for (; tile + 1 < n; tile += 2) {
-      consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
-                         row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
-      consume_tile<C, E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0,
-                         row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
-    }
-    const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * C::STAGE_STEP;
-    if (tile < n) {  // an even tile count: the last tile's P lands in pn
-      consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
-                         q4, dq, dk0, dv0, sBar, turns, w, clk);
-      finish_pv<C, E>(o, pn, dv_last);
-    } else {
-      finish_pv<C, E>(o, pc, dv_last);
-    }
-
-    GQA_TL_STAMP(5, w == 0);
-    clk.flush(g_gqa_clocks[w], n);
-    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
-    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
-    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
-    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m_run0 = neg_inf(), m_run1 = neg_inf();
+  float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
+  if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
     store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-    GQA_CONSUMER_EXIT();
-  };
-  consume();
-  if constexpr (FUSE) fused_merge<C, E>(p);
+    GQA_TL_EXIT();
+    return;
+  }
+  const float scale = p.qk_scale;
+  float s[C::SN];
+  uint32_t pc[C::KS][4], pn[C::KS][4];  // P_{j-1}, P_j: the A fragments of their P V k-steps
+  uint64_t bits0[C::WORDS], bits1[C::WORDS];
+
+  ClocksOf<C> clk(p.clocks && (tid & 127) == 0, sBar + 8 * (STAGES + 1) + 32 * w);
+  // Turns (FlashAttention-3's ping-pong, extended to a ring of the warpgroups that have rows):
+  // they issue their S_j + P V batches in order 0, 1, (2,) 0, ..., so one's softmax runs while
+  // the others' MMAs hold the tensor cores. `turns` = the ring's size (0: no turns, fewer than
+  // two warpgroups with rows, or KDTREE_GQA_PINGPONG=0; the three-warpgroup shape only with
+  // KDTREE_GQA_PINGPONG=2: measured within 4.5 % either way, session 12 call i); its last
+  // warpgroup gives warpgroup 0 the first turn.
+  // (the 64-row warpgroups with rows are 0 .. with_rows - 1; the tail warpgroup takes no turns)
+  const int with_rows =
+      min(p.blocks, max(0, p.full_rows - static_cast<int>(blockIdx.x) * p.blocks * WG_ROWS +
+                               WG_ROWS - 1) / WG_ROWS);
+  const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
+  const int turns = ring && with_rows >= 2 ? with_rows : 0;
+  if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
+  // ---- tile 0: S_0 and its softmax
+  tile_bits<C>(bits0, p, ts, b, 0, row0);
+  tile_bits<C>(bits1, p, ts, b, 0, row1);
+#ifdef KDTREE_GQA_PRODUCER_Q
+  mbar_wait(sBar + 8 * STAGES, 0);  // Q
+#endif
+  mbar_wait(sBar, 0);
+  GQA_TL_STAMP(3, w == 0);
+  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
+  wg_fence();
+  issue_scores<C, E>(s, dq, dk0);
+  wg_wait<0>();
+  pin(s);
+  {
+    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
+    m_run0 = mx.x * scale;
+    m_run1 = mx.y * scale;
+    const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));
+    l_run0 = sum.x;
+    l_run1 = sum.y;
+  }
+
+  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
+  int tile = 1;
+  for (; tile + 1 < n; tile += 2) {
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+    consume_tile<C, E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+  }
+  const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * C::STAGE_STEP;
+  if (tile < n) {  // an even tile count: the last tile's P lands in pn
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
+                       q4, dq, dk0, dv0, sBar, turns, w, clk);
+    finish_pv<C, E>(o, pn, dv_last);
+  } else {
+    finish_pv<C, E>(o, pc, dv_last);
+  }
+
+  GQA_TL_STAMP(5, w == 0);
+  clk.flush(g_gqa_clocks[w], n);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
+  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
+  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
+  store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+  GQA_TL_EXIT();
 }
 #undef GQA_TL_EXIT
-#undef GQA_CONSUMER_EXIT
 #undef GQA_TL_STAMP
-
-// The grid barrier slot of (device, stream) for the fused merge: the first FUSE_SLOTS pairs get
-// one each (calls on one stream run in order, so they share it safely); -1 once all are taken.
-// (Graphs replay with the slot of the stream they were captured on.)
-static int fuse_slot_of(int dev, cudaStream_t stream) {
-  static std::mutex mu;
-  static std::vector<std::pair<int, cudaStream_t>> owners;
-  std::lock_guard<std::mutex> lock(mu);
-  for (size_t i = 0; i < owners.size(); ++i)
-    if (owners[i].first == dev && owners[i].second == stream) return static_cast<int>(i);
-  if (static_cast<int>(owners.size()) >= FUSE_SLOTS) return -1;
-  owners.emplace_back(dev, stream);
-  return static_cast<int>(owners.size()) - 1;
-}
-
-// The merge the last launch in this process ran (MERGE_*; -1: one split, none): the fused merge
-// falls back to the plain one where its conditions fail (kdtree_gqa_last_merge).
-static int g_last_merge = -1;
-
-template <class C, typename E, int SWAP, bool FUSE>
-static int raise_smem(int dev) {
-  static bool raised[128] = {};  // host-side only: capture-safe (one flag per instantiation)
-  if (!raised[dev]) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        gqa_split_kernel<C, E, SWAP, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        C::SMEM_TOTAL);
-    if (err != cudaSuccess) return static_cast<int>(err);
-    raised[dev] = true;
-  }
-  return 0;
-}
-
-// The fused merge can run `ctas` CTAs of this launch: at most FUSE_MAX_ENTRIES entries a row,
-// a CTA's share of rows fits the stage buffers, and every CTA is co-resident (the kernel's
-// occupancy times the SMs; the cooperative launch would refuse otherwise).
-template <class C, typename E, int SWAP>
-static bool fused_fits(const Params& p, int dev, unsigned ctas, int heads) {
-  const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
-  if (p.num_splits < 2 || entries > FUSE_MAX_ENTRIES) return false;
-  const int64_t share = (static_cast<int64_t>(heads) * p.rows + ctas - 1) / ctas;
-  const int64_t k = (entries + FUSE_CHUNK - 1) / FUSE_CHUNK;
-  if (share * k * 512 + share * 4 > static_cast<int64_t>(C::STAGES) * C::SMEM_STAGE) return false;
-  static int resident[128] = {};  // CTAs a device holds at once (0: not asked yet)
-  if (resident[dev] == 0) {
-    int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gqa_split_kernel<C, E, SWAP, true>,
-                                                      C::THREADS, C::SMEM_TOTAL) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    resident[dev] = per_sm * sms;
-  }
-  return static_cast<int64_t>(ctas) <= resident[dev];
-}
 
 template <class C, typename E, int SWAP>
 int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
+  static bool raised[128] = {};  // host-side only: capture-safe (one flag per instantiation)
   if (dev < 0 || dev >= 128) return -9;
-  const dim3 grid(row_ctas, p.num_splits, B * p.Hkv);
-  if (merge == MERGE_FUSED) {
-    int rc = raise_smem<C, E, SWAP, true>(dev);
-    if (rc != 0) return rc;
-    const int slot = p.num_splits > 1 ? fuse_slot_of(dev, stream) : -1;
-    if (slot >= 0 && fused_fits<C, E, SWAP>(p, dev, grid.x * grid.y * grid.z, B * p.Hkv)) {
-      Params pf = p;
-      pf.fuse_slot = slot;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(C::THREADS);
-      cfg.dynamicSmemBytes = C::SMEM_TOTAL;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeCooperative;  // all CTAs resident: the grid barrier's need
-      attr[0].val.cooperative = 1;
-      cfg.attrs = attr;
-      // (KDTREE_CUDA_FUSE_COOP=0, a measurement knob: the same launch without the attribute,
-      // to time what it costs; the CTAs are then resident only because they fit an idle GPU)
-      const char* env_coop = getenv("KDTREE_CUDA_FUSE_COOP");
-      cfg.numAttrs = env_coop != nullptr && env_coop[0] == '0' ? 0 : 1;
-      err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<C, E, SWAP, true>, pf);
-      if (err != cudaSuccess) return static_cast<int>(err);
-      g_last_merge = MERGE_FUSED;
-      return 0;
-    }
-    merge = MERGE_PLAIN;  // (too many CTAs or entries, or no barrier slot: the merge kernel)
+  if (!raised[dev]) {
+    err = cudaFuncSetAttribute(gqa_split_kernel<C, E, SWAP>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_TOTAL);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    raised[dev] = true;
   }
-  int rc = raise_smem<C, E, SWAP, false>(dev);
-  if (rc != 0) return rc;
-  gqa_split_kernel<C, E, SWAP, false><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
+  const dim3 grid(row_ctas, p.num_splits, B * p.Hkv);
+  gqa_split_kernel<C, E, SWAP><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
-  g_last_merge = p.num_splits == 1 ? -1 : merge;
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
   MergeParams mp = merge_params_of(p, p.Hkv, p.G);
   mp.ws_rows = p.ws_rows;
@@ -1571,10 +1304,6 @@ int kdtree_gqa_timeline(unsigned long long* host, int cap) {
 }
 int kdtree_gqa_timeline_words() { return kdtree_sm90::TL_WORDS; }
 
-// The merge the last launch in this process ran: 0 the caller's, 1 the CUDA merge in stream
-// order, 2 as a programmatic dependent, 3 fused into the split kernel, -1 none (one split).
-int kdtree_gqa_last_merge() { return kdtree_gqa::g_last_merge; }
-
 const char* kdtree_gqa_error_string(int code) {
   switch (code) {
     case -1: return "dtype code: expected 0 (bfloat16) or 1 (float16)";
@@ -1589,8 +1318,7 @@ const char* kdtree_gqa_error_string(int code) {
     case -9: return "device ordinal above 127";
     case -10: return "consumer warpgroups: expected 2 (128-key tiles) or 3 (64-key tiles)";
     case -11: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
-                     "or as a programmatic dependent launch, at most 2048 splits) or 3 (the merge "
-                     "inside the split kernel where its CTAs fit the GPU at once, else 1)";
+                     "or as a programmatic dependent launch, at most 2048 splits)";
     case -12: return "KDTREE_GQA_TMA=1: no TMA map over the K / V pools (their slot strides must "
                      "match, heads be 128 contiguous dims, the driver encode the map)";
     case -13: return "tail_blocks: expected 0, or 1 .. wgs 64-row blocks a CTA with 1 .. 16 rows "
@@ -1624,7 +1352,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
-  if (merge < MERGE_BY_CALLER || merge > MERGE_FUSED ||
+  if (merge < MERGE_BY_CALLER || merge > MERGE_PDL ||
       (merge != MERGE_BY_CALLER && num_splits > MERGE_MAX_SPLITS))
     return -11;
   if (wgs != 2 && wgs != 3) return -10;
@@ -1706,7 +1434,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.max_pages = max_pages;
   p.page_shift = shift;
   p.num_splits = num_splits;
-  p.fuse_slot = -1;
   p.qk_scale = sm_scale * 1.4426950408889634f;
   const char* env_clocks = getenv("KDTREE_GQA_CLOCKS");
   const char* env_ablate = getenv("KDTREE_GQA_ABLATE");

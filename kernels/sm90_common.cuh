@@ -687,9 +687,6 @@ constexpr int MERGE_THREADS = 256;
 // this kernel launched in stream order (the default), or this kernel as a programmatic
 // dependent (measured no faster: session 12, calls b-d).
 constexpr int MERGE_BY_CALLER = 0, MERGE_PLAIN = 1, MERGE_PDL = 2;
-// (the GQA kernel's own: the merge inside the split kernel, after a grid-wide barrier of its
-// co-resident CTAs; kernels/gqa_tree_sm90.cu fused_merge)
-constexpr int MERGE_FUSED = 3;
 constexpr int MERGE_MAX_SPLITS = 2048;  // the weights' shared-memory array (8 KB)
 
 template <int N>
@@ -894,7 +891,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const 
 // The merge of a split kernel's launch parameters `p` (fields part, lse, out, so_b / so_t / so_h,
 // rows, num_splits), for Hkv KV heads of G packed query heads each.
 template <class P>
-__host__ __device__ static inline MergeParams merge_params_of(const P& p, int Hkv, int G) {
+static inline MergeParams merge_params_of(const P& p, int Hkv, int G) {
   MergeParams mp;
   mp.part = p.part;
   mp.lse = p.lse;

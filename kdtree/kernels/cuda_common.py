@@ -24,8 +24,8 @@ __all__ = [
 ]
 
 #: ``KDTREE_CUDA_MERGE`` values -> the launchers' ``merge`` argument (kernels/sm90_common.cuh
-#: MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL / MERGE_FUSED; ``fused`` is the GQA kernel's only).
-MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2, "fused": 3}
+#: MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL).
+MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2}
 #: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS: its weights live in
 #: shared memory); above it the backends use the Triton merge.
 MERGE_MAX_SPLITS = 2048
@@ -118,25 +118,19 @@ def merge_mode() -> int:
     ``kernels/sm90_common.cuh`` in stream order, ``pdl`` the same kernel as a programmatic
     dependent launch of the split kernel (its launch overlapping the split's last wave; measured
     no faster, ``tools/gpu/merge_cost.py``), ``triton`` the Triton merge
-    (:func:`kdtree.kernels._common.launch_merge`), ``fused`` (GQA only; MLA takes ``plain``) the
-    merge inside the split kernel after a grid-wide barrier of its co-resident CTAs (a
-    cooperative launch; where the CTAs do not fit the GPU at once the kernel launches the plain
-    merge, :func:`kdtree.kernels.cuda_gqa.last_merge` says which ran). All give the same result
-    up to summation order."""
+    (:func:`kdtree.kernels._common.launch_merge`). All three give the same result up to
+    summation order."""
     value = os.environ.get("KDTREE_CUDA_MERGE", "plain").strip() or "plain"
     if value not in MERGE_MODES:
         raise ValueError(f"KDTREE_CUDA_MERGE={value!r}: expected one of {sorted(MERGE_MODES)}")
     return MERGE_MODES[value]
 
 
-def merge_for(num_splits: int, fused: bool = True) -> int:
+def merge_for(num_splits: int) -> int:
     """The launchers' ``merge`` argument for ``num_splits`` splits: :func:`merge_mode`, except the
     Triton merge (0) above :data:`MERGE_MAX_SPLITS` (a forced split count; ``choose_splits``
-    stays far below it) and the plain merge (1) for ``fused`` where the launcher has no fused
-    merge (``fused=False``: the MLA kernels)."""
+    stays far below it)."""
     mode = merge_mode()
-    if mode == MERGE_MODES["fused"] and not fused:
-        mode = MERGE_MODES["plain"]
     return 0 if num_splits > MERGE_MAX_SPLITS else mode
 
 

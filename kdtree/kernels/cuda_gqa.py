@@ -15,8 +15,7 @@ at T = 8k + 1) can go to a tail warpgroup that runs the MMAs with swapped operan
 the N = 16 of ``m64n16k16``) instead of padding them to a 64-row block, where that measured
 faster. Partials of several KV splits are merged by the
 shared CUDA merge (``kernels/sm90_common.cuh``; ``KDTREE_CUDA_MERGE``,
-:func:`kdtree.kernels.cuda_common.merge_mode`, picks another: ``fused`` merges inside the split
-kernel, :func:`last_merge` says which ran). Built with ``nvcc`` on first use like the MLA
+:func:`kdtree.kernels.cuda_common.merge_mode`, picks another). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
 the split count depends on static shapes only, so a call can be captured in a CUDA graph (pass
 ``workspace`` to keep allocations out of the call, see :func:`workspace_numel`).
@@ -65,7 +64,6 @@ __all__ = [
     "row_ctas",
     "phase_clocks",
     "tree_attention_gqa_cuda",
-    "last_merge",
     "workspace_numel",
     "workspace_rows",
 ]
@@ -132,8 +130,6 @@ def _load() -> ctypes.CDLL:
         lib.kdtree_gqa_timeline.argtypes = [ptr, i32]
         lib.kdtree_gqa_timeline_words.restype = i32
         lib.kdtree_gqa_timeline_words.argtypes = []
-        lib.kdtree_gqa_last_merge.restype = i32
-        lib.kdtree_gqa_last_merge.argtypes = []
         _LIB = lib
         return lib
 
@@ -547,19 +543,6 @@ def timeline_records(discard: bool = False):
     if n > TIMELINE_CAP and not discard:
         raise RuntimeError(f"the CTA timeline ring overflowed: {n} records, {TIMELINE_CAP} kept")
     return buf[:n].copy()
-
-
-#: :func:`last_merge`'s names of the launcher's merges (kernels/sm90_common.cuh MERGE_*).
-MERGE_NAMES = {-1: "none", 0: "triton", 1: "plain", 2: "pdl", 3: "fused"}
-
-
-def last_merge() -> str:
-    """Which merge the last launch of the CUDA GQA kernel in this process ran: ``"fused"`` (inside
-    the split kernel), ``"plain"`` / ``"pdl"`` (the CUDA merge kernel; also where ``fused`` was
-    asked for and the launch's CTAs do not fit the GPU at once, a row has more than 256
-    partials, or all 256 barrier slots are taken by other streams), ``"triton"`` (the caller's)
-    or ``"none"`` (one split). A CUDA graph's launches count when they are captured."""
-    return MERGE_NAMES[_load().kdtree_gqa_last_merge()]
 
 
 def _register() -> None:

@@ -356,7 +356,7 @@ def tree_attention_mla_cuda(
         part_ptr = workspace.data_ptr()
         lse_ptr = part_ptr + 4 * n_part
     lib = _load()
-    merge = merge_for(num_splits, fused=False)  # (the fused merge is the GQA kernel's)
+    merge = merge_for(num_splits)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(

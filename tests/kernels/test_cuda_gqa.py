@@ -29,9 +29,7 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     res = cuda_gqa.compile_only(tmp_path)
     kernels = parse_ptxas(res.log)
     split = [k for k in kernels if "gqa_split_kernel" in k]
-    assert len(split) == 16, (
-        f"expected two shapes x bf16 / fp16 x K / V order x merge fused or not, got {kernels}"
-    )
+    assert len(split) == 8, f"expected two shapes x bf16 / fp16 x K / V order, got {kernels}"
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     by_warp = [k for k in kernels if "merge_splits_warp_kernel" in k]  # a row a warp
@@ -49,7 +47,7 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     """The CTA timeline's measurement build (KDTREE_TIMELINE) stays buildable: every kernel of
     the default build plus the stamps, no spills, no stack."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
-    assert sum("gqa_split_kernel" in k for k in kernels) == 16  # (merge fused or not)
+    assert sum("gqa_split_kernel" in k for k in kernels) == 8
     assert sum("merge_splits" in k for k in kernels) == 4
     for name, info in kernels.items():
         assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
@@ -91,8 +89,8 @@ def test_ctypes_call_matches_the_c_signature(gen):
     # the split tail: only two-block CTAs of an even count >= 4 of blocks, with splits
     assert lib.kdtree_gqa_tree_launch(*args[:-3], 1, *args[-2:]) == -14
     assert b"split_tail" in lib.kdtree_gqa_error_string(-14)
-    # merge modes 0-3 only, and at most 2048 splits for the CUDA merge, before the GPU
-    assert lib.kdtree_gqa_tree_launch(*args[:-2], 4, args[-1]) == -11
+    # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
+    assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
     big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
     assert lib.kdtree_gqa_tree_launch(0, *big[1:]) == -11
     assert b"2048" in lib.kdtree_gqa_error_string(-11)
@@ -558,89 +556,18 @@ def test_with_and_without_turns_match_fp64(case, wgs, turns, gen, monkeypatch):
     _run(case, torch.bfloat16, gen)
 
 
-FUSED_CASES = [  # (case, the merge that runs with KDTREE_CUDA_MERGE=fused)
-    (([5000], 17, 8, 1, 16, 16), "fused"),  # 16 entries a row: one chunk, stored directly
-    (([5000, 300], 17, 8, 1, 16, 17), "fused"),  # 17: two chunks a row, added through smem
-    (([60000], 17, 8, 1, 16, 129), "fused"),  # the bench's 129 splits: nine chunks a row
-    (([1900], 65, 32, 8, 16, 8), "fused"),  # the split tail's shadow rows: 16 entries
-    (([977], 65, 32, 8, 16, 9), "fused"),  # 18 in the shared rows, 9 in the others
-    (([977, 1900], 65, 32, 8, 16, 8), "plain"),  # two requests: 256 CTAs, more than resident
-    (([0, 100], 17, 8, 1, 16, 40), "fused"),  # an empty prefix: splits without keys (-inf)
-    (([9000, 40, 1500], 17, 8, 1, 16, 37), "fused"),  # three requests: ~4 rows of 3 chunks a CTA
-    (([5000], 17, 8, 1, 16, 257), "plain"),  # 257 entries a row: above the fused bound
-    (([3000] * 8, 17, 32, 8, 16, 16), "plain"),  # 1024 CTAs: not all resident at once
-]
-
-
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("case,ran", FUSED_CASES, ids=lambda c: str(c))
-def test_fused_merge_matches_fp64(case, ran, gen, monkeypatch):
-    """KDTREE_CUDA_MERGE=fused: the split kernel merges its own partials after a grid-wide
-    barrier (a cooperative launch) and matches fp64, eager and graph-captured, in both dtypes;
-    where the launch cannot fuse (too many CTAs to be resident, more than 256 entries a row)
-    the plain merge runs instead, and last_merge() says which ran."""
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "fused")
-    _run(case, torch.bfloat16, gen)
-    assert cuda_gqa.last_merge() == ran
-    _run(case, torch.float16, gen, graph=True)
-    assert cuda_gqa.last_merge() == ran
-
-
-@pytest.mark.gpu
-@needs_sm90
-def test_fused_merge_replays_and_streams(gen, monkeypatch):
-    """The fused merge's grid barrier is back at zero after every call: a graph of three
-    back-to-back calls replayed five times, and eager calls on two streams at once (a barrier
-    slot each), give the eager result bit for bit every time."""
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "fused")
-    dev = [x.cuda() for x in gqa_inputs([20000, 3000], 17, 8, 1, 128, 16, torch.bfloat16, gen)]
-    want = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=50)
-    assert cuda_gqa.last_merge() == "fused"
-    ws = torch.empty(cuda_gqa.workspace_numel(2, 1, 136, 50), dtype=torch.float32, device="cuda")
-    outs = [torch.empty_like(want) for _ in range(3)]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # (warm on a side stream before capture)
-        cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=50, workspace=ws)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for o in outs:
-            cuda_gqa.tree_attention_gqa_cuda(
-                *dev, sm_scale=SCALE, out=o, num_splits=50, workspace=ws
-            )
-    for _ in range(5):
-        for o in outs:
-            o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(o, want) for o in outs)
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    got = []
-    for st in streams:
-        st.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(st):
-            got.append(cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=50))
-    torch.cuda.synchronize()
-    assert all(torch.equal(x, want) for x in got)
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("merge", ["pdl", "plain", "triton", "fused"])
+@pytest.mark.parametrize("merge", ["pdl", "plain", "triton"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("wgs", ["2", "3"])
 def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
     """KDTREE_CUDA_MERGE: the shared CUDA merge in stream order (default), as a programmatic
-    dependent launch, the Triton merge, or inside the split kernel; each matches fp64 with both
-    kernel shapes, eager and in a CUDA graph, with more splits than the short request has tiles
-    (empty partials)."""
+    dependent launch, or the Triton merge; each matches fp64 with both kernel shapes, eager and
+    in a CUDA graph, with more splits than the short request has tiles (empty partials)."""
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", wgs)
     _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
-    # (333 or 555 CTAs cannot all be resident: the fused merge falls back to the plain one)
-    assert cuda_gqa.last_merge() == ("plain" if merge == "fused" else merge)
 
 
 def _in_measurement_build(script: str, defines: str) -> dict:
@@ -737,29 +664,25 @@ out = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=128 ** -0.5, num_splits=5)
 torch.cuda.synchronize()
 df = ctl.decode(cuda_gqa.timeline_records())
 from kdtree.kernels.cuda_common import merge_ctas
-fused = cuda_gqa.last_merge() == "fused"  # (the split CTAs merge: a merge record each)
-df = ctl.assign_calls(df, split_ctas=1 * 5 * 2, merge_ctas=10 if fused else merge_ctas(136, 2, 5))
+df = ctl.assign_calls(df, split_ctas=1 * 5 * 2, merge_ctas=merge_ctas(136, 2, 5))
 ph = ctl.call_phases(df)
 split = df[df.kind == "split"]
 print(json.dumps({"ok": bool(((split.first_tile >= split.entry) & (split.mma_end >= split.first_tile)
                               & (split.exit >= split.mma_end))[split.tiles > 0].all()),
                   "blocks": sorted(zip(split.by.tolist(), split.bz.tolist())),
                   "empty": int((split.tiles == 0).sum()), "gap": float(ph.gap_merge[0]),
-                  "merge": cuda_gqa.last_merge(),
                   "out": out.float().cpu().tolist()}))
 """
 
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("merge", ["plain", "fused"])
-def test_cta_timeline_build(merge, gen, monkeypatch):
+def test_cta_timeline_build(gen):
     """KDTREE_CUDA_DEFINES=KDTREE_TIMELINE (a process of its own): every CTA of the split grid
-    and the merge appends one record (with the fused merge, every split CTA one of each), stamps
-    in order, the merge after the split; the result is the default build's."""
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
+    and the merge appends one record, stamps in order, the merge after the split; the result
+    is the default build's."""
     got = _in_measurement_build(_TIMELINE_SCRIPT, "KDTREE_TIMELINE")
-    assert got["ok"] and got["gap"] >= 0 and got["merge"] == merge
+    assert got["ok"] and got["gap"] >= 0
     assert got["blocks"] == [[s, b] for s in range(5) for b in range(2)]  # (JSON lists)
     assert got["empty"] == 2  # request 1's 100 keys: splits 0-1, its tree tile on split 4
     dev = [x.cuda() for x in gqa_inputs([3000, 100], 17, 8, 1, 128, 16, torch.bfloat16,
@@ -773,7 +696,7 @@ def test_merge_mode_setting(monkeypatch):
 
     monkeypatch.delenv("KDTREE_CUDA_MERGE", raising=False)
     assert merge_mode() == 1
-    for value, code in (("pdl", 2), ("plain", 1), ("triton", 0), ("fused", 3), ("", 1)):
+    for value, code in (("pdl", 2), ("plain", 1), ("triton", 0), ("", 1)):
         monkeypatch.setenv("KDTREE_CUDA_MERGE", value)
         assert merge_mode() == code
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "nccl")
@@ -786,14 +709,6 @@ def test_merge_mode_setting(monkeypatch):
     assert merge_for(MERGE_MAX_SPLITS) == 2 and merge_for(MERGE_MAX_SPLITS + 1) == 0
     src = (cuda_gqa.SOURCE.parent / "sm90_common.cuh").read_text()
     assert f"constexpr int MERGE_MAX_SPLITS = {MERGE_MAX_SPLITS};" in src
-    # the fused merge is the GQA launcher's: the MLA one is asked for the plain merge instead
-    from kdtree.kernels.cuda_common import MERGE_MODES
-
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "fused")
-    assert merge_for(8) == 3 and merge_for(8, fused=False) == 1
-    for name, code in MERGE_MODES.items():
-        assert cuda_gqa.MERGE_NAMES[code] == name
-    assert "constexpr int MERGE_FUSED = 3;" in src
     # the merge's CTAs (the timeline counts them): a row a warp up to 16 entries, else a CTA
     from kdtree.kernels.cuda_common import MERGE_WARP_ENTRIES, merge_ctas
 

@@ -71,9 +71,6 @@ def main() -> None:
         entries = splits * (2 if split else 1)  # (the split tail's shadow rows)
         merge_ctas = cuda_common.merge_ctas(rows, lay.hkv, entries) if splits > 1 else 0
         replay, per = _graphed(fn, wl.n_rot, dev)
-        merge = cuda_gqa.last_merge()  # (the captured launches': fused where asked for and fits)
-        if merge == "fused":  # the merge is the split CTAs' own: one record each
-            merge_ctas = split_ctas
         p50 = (
             time_cuda(lambda replay=replay: replay(0)).p50 / per * 1e3
         )  # µs a call, this (stamping) build
@@ -85,7 +82,7 @@ def main() -> None:
             df = ctl.assign_calls(ctl.decode(cuda_gqa.timeline_records()), split_ctas, merge_ctas)
             ph = ctl.call_phases(df)
             ph = ph.assign(point=spec, rows=rows, splits=splits, warpgroups=wgs,
-                           tail_blocks=blocks, split_tail=split, merge_kind=merge, replay=r, calls=per,
+                           tail_blocks=blocks, split_tail=split, replay=r, calls=per,
                            p50_us=p50, timer_step_ns=ctl.timer_step_ns(df))  # fmt: skip
             calls.append(ph)
             if r == 0:
@@ -96,7 +93,7 @@ def main() -> None:
                 ctas.append(rel)
         med = pd.concat([c for c in calls if (c["point"] == spec).all()])[list(SPANS)].median()
         print(f"{spec} rows={rows} splits={splits} wgs={wgs} tail_blocks={blocks} "
-              f"split_tail={int(split)} merge={merge} p50={p50:.1f} us | "
+              f"split_tail={int(split)} p50={p50:.1f} us | "
               + " ".join(f"{k}={v:.2f}" for k, v in med.items()), flush=True)  # fmt: skip
         del wl, ti, fn, replay
         torch.cuda.empty_cache()
