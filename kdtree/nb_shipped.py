@@ -880,22 +880,59 @@ def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
 TIMELINE_SPANS = ("first_tile", "stream", "epilogue", "straggle", "gap_merge", "merge", "gap_next")
 
 
-def timeline_spans_table(df: pd.DataFrame, call: str = "e") -> pd.DataFrame:
+def timeline_spans_table(
+    df: pd.DataFrame, call: str = "e", variant: str = "default"
+) -> pd.DataFrame:
     """Rows of ``tools/gpu/gqa_timeline.py`` (``data/bench/logs/gqa_timeline_session17.csv``) of
-    one device call and its default variant: each point's median span (µs) over its calls, the
-    median period of back-to-back calls (``call_us``, NaN where a replay holds one call) and the
+    one device call and one variant: each point's median span (µs) over its calls, the median
+    period of back-to-back calls (``call_us``, NaN where a replay holds one call) and the
     stamping build's graph-replayed p50. ``rest`` is the period the spans leave unexplained (the
     launch ramp, and the differences between medians)."""
     need = {"call", "variant", "point", "splits", "p50_us", "call_us", *TIMELINE_SPANS}
     missing = need - set(df.columns)
     if missing:
         raise ValueError(f"timeline rows: missing columns {sorted(missing)}")
-    d = df[(df["call"] == call) & (df["variant"] == "default")]
+    d = df[(df["call"] == call) & (df["variant"] == variant)]
     if d.empty:
-        raise ValueError(f"no default timeline rows for call {call!r}")
+        raise ValueError(f"no {variant} timeline rows for call {call!r}")
     t = d.groupby("point", sort=False)[[*TIMELINE_SPANS, "call_us", "p50_us", "splits"]].median()
     t["rest"] = t["call_us"] - t[list(TIMELINE_SPANS)].sum(axis=1)
     return t.reset_index()
+
+
+def read_floor_table(read: pd.DataFrame, bench: pd.DataFrame) -> pd.DataFrame:
+    """The read floor (``tools/gpu/read_floor.py`` rows, ``data/bench/logs/read_floor_*.csv``:
+    one kernel that only streams the bench's bytes, µs a call under a CUDA graph) beside the
+    verify bench's CUDA GQA rows (provider ``ours_gqa_graph``, batch 1) at the same layout and L:
+    ``read_frac`` the floor bytes / copy bandwidth over the read's µs (what any kernel reading
+    those bytes reaches at that size), ``ours_frac`` the bench's fraction of its floor (max of
+    bytes and FLOPs, from the row's ``config_json``), ``bound`` which of the two sets that floor,
+    and ``ours_vs_read`` the read's µs over ours (the fraction of the reachable that the kernel
+    reaches; meaningful where ``bound`` is bytes)."""
+    import json
+
+    need_r = {"layout", "L", "bytes", "read_us", "floor_us"}
+    need_b = {"name", "provider", "metric", "p50", "config_json"}
+    for what, d, need in (("read floor", read, need_r), ("bench", bench, need_b)):
+        missing = need - set(d.columns)
+        if missing:
+            raise ValueError(f"{what} rows: missing columns {sorted(missing)}")
+    b = bench[(bench["provider"] == "ours_gqa_graph") & (bench["metric"] == "time")]
+    parts = b["name"].str.extract(r"^(gqa_\w+?)_d128/B1/L(\d+)/T(\d+)$")
+    b = b.assign(layout=parts[0], L=pd.to_numeric(parts[1]), T=pd.to_numeric(parts[2]),
+                 ours_us=b["p50"] * 1e3).dropna(subset=["layout"])  # fmt: skip
+    if b.empty:
+        raise ValueError("bench rows: no ours_gqa_graph batch-1 time rows")
+    b = b.assign(bench_floor_us=[json.loads(c)["floor_ms"] * 1e3 for c in b["config_json"]])
+    r = read[read["bytes"] > 0][["layout", "L", "bytes", "read_us", "floor_us"]]
+    t = b[["layout", "L", "T", "ours_us", "bench_floor_us"]].merge(r, on=["layout", "L"])
+    if t.empty:
+        raise ValueError("no bench point matches a read-floor size")
+    t["read_frac"] = t["floor_us"] / t["read_us"]
+    t["ours_frac"] = t["bench_floor_us"] / t["ours_us"]
+    t["bound"] = np.where(t["floor_us"] >= 0.99 * t["bench_floor_us"], "bytes", "FLOPs")
+    t["ours_vs_read"] = t["read_us"] / t["ours_us"]
+    return t.sort_values(["layout", "T", "L"]).reset_index(drop=True)
 
 
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:

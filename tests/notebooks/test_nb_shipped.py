@@ -559,5 +559,41 @@ def test_timeline_spans_table():
     assert pd.isna(t.loc["q:32k", "rest"]) and t.loc["q:32k", "p50_us"] == 90.0
     with pytest.raises(ValueError, match="no default timeline rows"):
         ns.timeline_spans_table(pd.DataFrame(rows), "z")
+    pdl = ns.timeline_spans_table(pd.DataFrame(rows), "e", variant="pdl").set_index("point")
+    assert list(pdl.index) == ["p:64k"] and pdl.loc["p:64k", "p50_us"] == 1.0
     with pytest.raises(ValueError, match="missing"):
         ns.timeline_spans_table(pd.DataFrame(rows).drop(columns=["merge"]), "e")
+
+
+def test_read_floor_table():
+    import json
+
+    read = pd.DataFrame([
+        {"layout": "empty", "L": 0, "bytes": 0, "read_us": 1.0, "floor_us": 0.0},
+        {"layout": "gqa_8q1kv", "L": 32768, "bytes": 16e6, "read_us": 6.0, "floor_us": 4.0},
+        {"layout": "gqa_8q1kv", "L": 65536, "bytes": 32e6, "read_us": 10.0, "floor_us": 8.0},
+    ])  # fmt: skip
+
+    def row(name, us, floor_us, provider="ours_gqa_graph", metric="time"):
+        return {"name": name, "provider": provider, "metric": metric, "p50": us * 1e-3,
+                "config_json": json.dumps({"floor_ms": floor_us * 1e-3})}  # fmt: skip
+
+    bench = pd.DataFrame([
+        row("gqa_8q1kv_d128/B1/L32768/T17", 20.0, 4.0),
+        row("gqa_8q1kv_d128/B1/L32768/T65", 30.0, 12.0),  # FLOPs set this floor
+        row("gqa_8q1kv_d128/B1/L65536/T17", 25.0, 8.0),
+        row("gqa_8q1kv_d128/B1/L65536/T17", 1.0, 8.0, provider="fi_mask"),
+        row("gqa_8q1kv_d128/B8/L65536/T17", 1.0, 8.0),  # batch 8: no read-floor size
+        row("gqa_8q1kv_d128/B1/L131072/T17", 40.0, 16.0),  # no read row at 128k
+    ])  # fmt: skip
+    t = ns.read_floor_table(read, bench).set_index(["L", "T"])
+    assert sorted(t.index) == [(32768, 17), (32768, 65), (65536, 17)]
+    assert t.loc[(32768, 17), "read_frac"] == pytest.approx(4 / 6)
+    assert t.loc[(32768, 17), "ours_frac"] == pytest.approx(4 / 20)
+    assert t.loc[(32768, 17), "ours_vs_read"] == pytest.approx(6 / 20)
+    assert t.loc[(32768, 17), "bound"] == "bytes" and t.loc[(32768, 65), "bound"] == "FLOPs"
+    assert t.loc[(32768, 65), "ours_frac"] == pytest.approx(12 / 30)
+    with pytest.raises(ValueError, match="missing"):
+        ns.read_floor_table(read.drop(columns=["read_us"]), bench)
+    with pytest.raises(ValueError, match="no ours_gqa_graph"):
+        ns.read_floor_table(read, bench[bench["provider"] == "fi_mask"])
