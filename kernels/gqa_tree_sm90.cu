@@ -1053,12 +1053,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     ProducerClocksOf<C> clk(p.clocks && pt == 0, sBar + 8 * (STAGES + 1) + 32 * 3);
 #ifdef KDTREE_GQA_PRODUCER_Q
     if (n > 0) {
+      griddep_wait();  // (Q: the kernel before may have written it)
       copy_q<C, E>(sQ, p, b, kvh, pt);
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
 #endif
     int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
     for (int tile = 0; tile < n; ++tile) {
+      // A programmatic dependent launch (KDTREE_CUDA_SPLIT_PDL) starts while the kernel before
+      // runs: the prefix tiles (and the page table, the prefix lengths) are read before it has
+      // finished, the tree tokens' keys and values (which it may have written) after
+      if (tile == ts.n_pre) griddep_wait();
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;
       const uint32_t stage = sKV + st * C::SMEM_STAGE;
@@ -1093,6 +1098,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
   // ================= consumer warpgroups ===================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::CONSUMER_REGS));
+  griddep_wait();  // Q, the tree mask, the workspace and out: after the kernel before completes
   const int lane = tid & 31;
   const int w = tid >> 7;
   const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows [16 wi, 16 wi + 16)
@@ -1223,6 +1229,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #undef GQA_TL_EXIT
 #undef GQA_TL_STAMP
 
+// KDTREE_CUDA_SPLIT_PDL=1: the split kernel is a programmatic dependent of the kernel before it
+// (cudaLaunchAttributeProgrammaticStreamSerialization). It then starts on the SMs that kernel
+// frees and reads the page table, the prefix lengths and the prefix's keys and values before
+// that kernel has finished: the caller's contract is that the kernel launched right before does
+// not write those (Q, the tree tokens' keys and values and the tree mask are read after it).
+static inline bool split_pdl() {
+  const char* env = getenv("KDTREE_CUDA_SPLIT_PDL");
+  return env != nullptr && env[0] == '1';
+}
+
 template <class C, typename E, int SWAP>
 int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
   int dev = 0;
@@ -1236,9 +1252,17 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  const dim3 grid(row_ctas, p.num_splits, B * p.Hkv);
-  gqa_split_kernel<C, E, SWAP><<<grid, C::THREADS, C::SMEM_TOTAL, stream>>>(p);
-  err = cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(row_ctas, p.num_splits, B * p.Hkv);
+  cfg.blockDim = dim3(C::THREADS);
+  cfg.dynamicSmemBytes = C::SMEM_TOTAL;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = split_pdl() ? 1 : 0;
+  err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<C, E, SWAP>, p);
   if (err != cudaSuccess) return static_cast<int>(err);
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
   MergeParams mp = merge_params_of(p, p.Hkv, p.G);

@@ -652,7 +652,9 @@ __device__ __forceinline__ unsigned long long tl_block_id() {
 // cudaLaunchAttributeProgrammaticStreamSerialization (the merge) is scheduled onto the SMs the
 // split frees, instead of after the grid has drained and the launch has gone through the front
 // end. griddep_wait() blocks until the preceding grid has completed and its writes are visible;
-// without the attribute both are no-ops.
+// without the attribute both are no-ops. The merges trigger too, at their start: the GQA split
+// kernel of the next call (launched as a programmatic dependent, KDTREE_CUDA_SPLIT_PDL) then
+// takes each SM a merge CTA leaves, and prefetches its prefix KV before it waits.
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
@@ -768,6 +770,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
   __shared__ float scratch[MERGE_THREADS / 32];
   __shared__ float4 red[GROUPS > 1 ? GROUPS - 1 : 1][COLS];
   griddep_wait();  // the split kernel's partials
+  griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
   const int tid = threadIdx.x;
 #ifdef KDTREE_TIMELINE
   const unsigned long long tl_entry = tl_now();
@@ -850,6 +853,7 @@ constexpr int MERGE_WARP_ENTRIES = 16;
 template <typename E>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const MergeParams p) {
   griddep_wait();  // the split kernel's partials
+  griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
 #ifdef KDTREE_TIMELINE
   const unsigned long long tl_entry = tl_now();
   const long long tl_clock = clock64();

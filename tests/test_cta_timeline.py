@@ -76,6 +76,14 @@ def test_assign_calls_refuses_what_stream_order_forbids():
     # no merge (one split): the calls follow each other's split grids
     only = df[df.kind == "split"]
     assert ctl.call_phases(ctl.assign_calls(only, 3, 0)).gap_merge.isna().all()
+    # a split grid entering before the previous call's merge has left: refused, unless the
+    # split kernel is a programmatic dependent (overlap), and then gap_next is negative
+    pdl = df.copy()
+    pdl.loc[(pdl.kind == "split") & (pdl.entry == 1_010_000), "entry"] = 1_007_800
+    with pytest.raises(ValueError, match="before call 0 ended"):
+        ctl.assign_calls(pdl, split_ctas=3, merge_ctas=2)
+    ph = ctl.call_phases(ctl.assign_calls(pdl, split_ctas=3, merge_ctas=2, overlap=True))
+    assert ph.iloc[0].gap_next == pytest.approx(-0.3) and ph.iloc[0].call_us == pytest.approx(7.8)
 
 
 def test_gantt_bars():

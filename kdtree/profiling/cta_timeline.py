@@ -54,11 +54,15 @@ def decode(raw: np.ndarray) -> pd.DataFrame:
     return df
 
 
-def assign_calls(df: pd.DataFrame, split_ctas: int, merge_ctas: int) -> pd.DataFrame:
+def assign_calls(
+    df: pd.DataFrame, split_ctas: int, merge_ctas: int, overlap: bool = False
+) -> pd.DataFrame:
     """Number the calls of one replay (``call`` 0, 1, ...): each kind sorted by entry and cut
     into runs of its grid size (``merge_ctas`` 0: no merge). Raises when the counts do not divide
     or the runs overlap where stream order forbids it (a merge CTA entering before its split
-    grid's last exit, or a split grid entering before the previous call's last exit)."""
+    grid's last exit, or a split grid entering before the previous call's last exit; ``overlap``
+    allows the latter: a split kernel launched as a programmatic dependent starts while the
+    previous call's merge runs, and its ``gap_next`` is then negative)."""
     if split_ctas < 1 or merge_ctas < 0:
         raise ValueError("split_ctas >= 1 and merge_ctas >= 0")
     out = []
@@ -84,7 +88,7 @@ def assign_calls(df: pd.DataFrame, split_ctas: int, merge_ctas: int) -> pd.DataF
         split = spans.loc[(c, "split")]
         if merge_ctas and spans.loc[(c, "merge"), "first"] < split["last"]:
             raise ValueError(f"call {c}: a merge CTA entered before the split grid's last exit")
-        if c > 0:
+        if c > 0 and not overlap:
             prev = spans.loc[(c - 1, "merge" if merge_ctas else "split"), "last"]
             if split["first"] < prev:
                 raise ValueError(f"call {c}: a split CTA entered before call {c - 1} ended")

@@ -570,6 +570,57 @@ def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
     _run(([9000, 40, 1500], 65, 8, 1, 16, 37), torch.bfloat16, gen, graph=graph)
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("merge", ["plain", "pdl"])
+@pytest.mark.parametrize("splits", [1, 50])
+def test_split_kernel_as_programmatic_dependent(merge, splits, gen, monkeypatch):
+    """KDTREE_CUDA_SPLIT_PDL=1: the split kernel starts while the kernel before it runs (the
+    prefix read early; Q, the tree part, the workspace and the output after that kernel is
+    done). One graph: two calls back to back (the second starts under the first's merge, which
+    still reads the workspace the second writes), Q overwritten by a copy kernel, a third call;
+    eager calls too. Each output matches the fp64 result of its own Q."""
+    monkeypatch.setenv("KDTREE_CUDA_SPLIT_PDL", "1")
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
+    lens, t, hq, hkv = [20000, 3000], 17, 8, 1
+    dev = [x.cuda() for x in gqa_inputs(lens, t, hq, hkv, 128, 16, torch.bfloat16, gen)]
+    q1, rest = dev[0], dev[1:]
+    q2 = torch.randn(q1.shape, generator=gen).to(q1)
+    qbuf = q1.clone()
+    ws = torch.empty(max(cuda_gqa.workspace_numel(2, 1, t * hq, splits), 1),
+                     dtype=torch.float32, device="cuda")  # fmt: skip
+    outs = [torch.empty_like(q1) for _ in range(3)]
+
+    def call(o):
+        cuda_gqa.tree_attention_gqa_cuda(qbuf, *rest, sm_scale=SCALE, out=o, num_splits=splits,
+                                         workspace=ws)  # fmt: skip
+
+    call(outs[0])  # (warm: build and load)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call(outs[0])
+        call(outs[1])
+        qbuf.copy_(q2)
+        call(outs[2])
+    for replay in (True, False):
+        qbuf.copy_(q1)
+        for o in outs:
+            o.fill_(float("nan"))
+        if replay:
+            g.replay()
+        else:
+            call(outs[0])
+            call(outs[1])
+            qbuf.copy_(q2)
+            call(outs[2])
+        torch.cuda.synchronize()
+        for o, q in zip(outs, (q1, q1, q2), strict=True):
+            truth = gqa_dense(q, *rest, SCALE, torch.float64)
+            base = gqa_dense(q, *rest, SCALE, torch.bfloat16)
+            assert_close_to_truth(o.cpu(), truth, base, ATOL[torch.bfloat16], f"pdl {replay}")
+
+
 def _in_measurement_build(script: str, defines: str) -> dict:
     """Run ``script`` (argv[1]: this folder) in a process of its own whose CUDA libraries are
     the measurement build ``KDTREE_CUDA_DEFINES=defines`` (a process loads one build); the JSON

@@ -79,7 +79,8 @@ def main() -> None:
         for r in range(a.replays):
             replay(0)
             torch.cuda.synchronize()
-            df = ctl.assign_calls(ctl.decode(cuda_gqa.timeline_records()), split_ctas, merge_ctas)
+            df = ctl.assign_calls(ctl.decode(cuda_gqa.timeline_records()), split_ctas, merge_ctas,
+                                  overlap=os.environ.get("KDTREE_CUDA_SPLIT_PDL") == "1")  # fmt: skip
             ph = ctl.call_phases(df)
             ph = ph.assign(point=spec, rows=rows, splits=splits, warpgroups=wgs,
                            tail_blocks=blocks, split_tail=split, replay=r, calls=per,
