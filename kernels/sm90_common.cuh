@@ -653,8 +653,8 @@ __device__ __forceinline__ unsigned long long tl_block_id() {
 // split frees, instead of after the grid has drained and the launch has gone through the front
 // end. griddep_wait() blocks until the preceding grid has completed and its writes are visible;
 // without the attribute both are no-ops. The merges trigger too, at their start: the GQA split
-// kernel of the next call (launched as a programmatic dependent, KDTREE_CUDA_SPLIT_PDL) then
-// takes each SM a merge CTA leaves, and prefetches its prefix KV before it waits.
+// kernel of the next call (a programmatic dependent unless KDTREE_CUDA_SPLIT_PDL=0) then takes
+// each SM a merge CTA leaves, and prefetches its prefix KV before it waits.
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }

@@ -491,13 +491,13 @@ def setup_ours_gqa_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_gqa_fn(wl, ti)
-    from kdtree.kernels.cuda_gqa import launch_layout
+    from kdtree.kernels.cuda_gqa import launch_layout, split_pdl
 
     wgs, tail_blocks, split = launch_layout(ti.t * (wl.layout.hq // wl.layout.hkv), splits)
     return (
         *_graphed(fn, wl.n_rot, wl.device),
         {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks,
-         "split_tail": split},
+         "split_tail": split, "split_pdl": split_pdl()},
     )  # fmt: skip
 
 

@@ -20,6 +20,14 @@ backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.curr
 the split count depends on static shapes only, so a call can be captured in a CUDA graph (pass
 ``workspace`` to keep allocations out of the call, see :func:`workspace_numel`).
 
+The split kernel is launched as a programmatic dependent of the kernel before it (PDL: it starts
+on the SMs that kernel frees and streams the prefix while it finishes). The contract: the kernel
+launched right before the call does not write the page table, the prefix lengths or the
+prefix's keys and values; Q, the tree tokens' keys and values (the model's cache write right
+before is fine), the tree mask, the workspace and ``out`` are touched only after it completes.
+``KDTREE_CUDA_SPLIT_PDL=0`` (read at every launch; a graph keeps what it captured) launches it
+plainly.
+
 Importing this module registers backend ``"cuda"`` for kind ``"gqa"`` in :mod:`kdtree.attention`.
 """
 
@@ -28,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 import threading
 
 import torch
@@ -60,6 +69,7 @@ __all__ = [
     "launch_args",
     "launch_layout",
     "launch_plan",
+    "split_pdl",
     "split_tail",
     "row_ctas",
     "phase_clocks",
@@ -543,6 +553,12 @@ def timeline_records(discard: bool = False):
     if n > TIMELINE_CAP and not discard:
         raise RuntimeError(f"the CTA timeline ring overflowed: {n} records, {TIMELINE_CAP} kept")
     return buf[:n].copy()
+
+
+def split_pdl() -> bool:
+    """Whether the split kernel launches as a programmatic dependent of the kernel before it
+    (``KDTREE_CUDA_SPLIT_PDL``, anything but ``0``; the default), as the launcher reads it."""
+    return os.environ.get("KDTREE_CUDA_SPLIT_PDL", "1")[:1] != "0"
 
 
 def _register() -> None:

@@ -572,15 +572,18 @@ def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("split_pdl", ["1", "0"])
 @pytest.mark.parametrize("merge", ["plain", "pdl"])
 @pytest.mark.parametrize("splits", [1, 50])
-def test_split_kernel_as_programmatic_dependent(merge, splits, gen, monkeypatch):
-    """KDTREE_CUDA_SPLIT_PDL=1: the split kernel starts while the kernel before it runs (the
-    prefix read early; Q, the tree part, the workspace and the output after that kernel is
-    done). One graph: two calls back to back (the second starts under the first's merge, which
-    still reads the workspace the second writes), Q overwritten by a copy kernel, a third call;
-    eager calls too. Each output matches the fp64 result of its own Q."""
-    monkeypatch.setenv("KDTREE_CUDA_SPLIT_PDL", "1")
+def test_split_kernel_as_programmatic_dependent(split_pdl, merge, splits, gen, monkeypatch):
+    """The split kernel as a programmatic dependent (the default; KDTREE_CUDA_SPLIT_PDL=0: a plain
+    launch) starts while the kernel before it runs (the prefix read early; Q, the tree part, the
+    workspace and the output after that kernel is done). One graph: two calls back to back (the
+    second starts under the first's merge, which still reads the workspace the second writes), Q
+    overwritten by a copy kernel, a third call; eager calls too. Each output matches the fp64
+    result of its own Q."""
+    monkeypatch.setenv("KDTREE_CUDA_SPLIT_PDL", split_pdl)
+    assert cuda_gqa.split_pdl() == (split_pdl == "1")
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
     lens, t, hq, hkv = [20000, 3000], 17, 8, 1
     dev = [x.cuda() for x in gqa_inputs(lens, t, hq, hkv, 128, 16, torch.bfloat16, gen)]
@@ -789,3 +792,15 @@ def test_tma_and_cp_async_paths(tma, ps, t, gen, monkeypatch):
     requests."""
     monkeypatch.setenv("KDTREE_GQA_TMA", tma)
     _run(([977, 1900], t, 32, 8, ps, 3), torch.bfloat16, gen)
+
+
+def test_split_pdl_setting(monkeypatch):
+    """The split kernel is a programmatic dependent unless KDTREE_CUDA_SPLIT_PDL=0 (the Python
+    mirror of the launcher's reading, which the bench rows record)."""
+    monkeypatch.delenv("KDTREE_CUDA_SPLIT_PDL", raising=False)
+    assert cuda_gqa.split_pdl()
+    for value, on in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv("KDTREE_CUDA_SPLIT_PDL", value)
+        assert cuda_gqa.split_pdl() is on
+    src = cuda_gqa.SOURCE.read_text()
+    assert 'getenv("KDTREE_CUDA_SPLIT_PDL")' in src and "env[0] != '0'" in src
