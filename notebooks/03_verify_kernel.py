@@ -577,6 +577,63 @@ else:
     nb.note("The session-17 A/B rows are not shipped (data/bench/logs/gqa_ab_session17.csv).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 18): the read floor, and what a call's fixed cost allows
+# One kernel that only streams the bench's bytes (`tools/gpu/read_floor.py`, timed the bench's
+# way) says what *any* kernel reading them reaches at a size: 55 % of the copy floor at 8q/1kv,
+# 16k, 69 % at 32k, 96 % at 128k. The CUDA GQA rows of the final tree (call e) beside it, T=17
+# (where bytes set the floor): at 8q/1kv the kernel reaches 25-55 % of the read floor, at
+# 32q/8kv 57-87 %.
+
+# %%
+rf_csv = nb.data_path("bench", "logs", "read_floor_session18.csv")
+v18_csv = nb.data_path("bench", "logs", "verify_gqa_session18.csv")
+if rf_csv.exists() and v18_csv.exists():
+    rf = ns.read_floor_table(pd.read_csv(rf_csv), pd.read_csv(v18_csv))
+    t17 = rf[rf["T"] == 17]
+    long = pd.concat([
+        t17.assign(provider="read floor (stream only)", frac_of_floor=t17["read_frac"]),
+        t17.assign(provider="CUDA GQA, T=17", frac_of_floor=t17["ours_frac"]),
+    ])  # fmt: skip
+    for layout, g in long.groupby("layout"):
+        nb.show(nf.make_roofline_fig(g, "L", f"{layout}: fraction of the floor (H200, graph)"),
+                f"read_floor_{layout.removeprefix('gqa_')}")  # fmt: skip
+    display(rf[["layout", "L", "T", "bound", "read_us", "ours_us", "read_frac", "ours_frac",
+                "ours_vs_read"]].round(3))  # fmt: skip
+else:
+    nb.note("The read-floor rows are not shipped (data/bench/logs/*session18.csv).")
+
+# %% [markdown]
+# Two attempts at the fixed cost, each against the same tree in alternating bench runs (µs):
+# the merge inside the split kernel (call a, `new` = fused; taken out: slower everywhere) and the
+# split kernel as a programmatic dependent of the kernel before it (call d, `new` = on, now the
+# default). The timeline's spans show why the first lost: its grid barrier alone (`barrier
+# only`) is longer than the kernel boundary it replaces, and its merge is no cheaper.
+
+# %%
+ab18_csv = nb.data_path("bench", "logs", "gqa_ab_session18.csv")
+tl18_csv = nb.data_path("bench", "logs", "gqa_timeline_session18.csv")
+if ab18_csv.exists() and tl18_csv.exists():
+    ab18 = pd.read_csv(ab18_csv)
+    for call in ("a", "d"):
+        print(f"call {call}: {ab18.loc[ab18['call'] == call, 'new_tree'].iloc[0]} against "
+              f"{ab18.loc[ab18['call'] == call, 'old_tree'].iloc[0]}")  # fmt: skip
+        display(ns.ab_commits_table(ab18, call=call).round(3))
+    tl18 = pd.read_csv(tl18_csv)
+    spans = pd.concat([
+        ns.timeline_spans_table(tl18, call, variant).assign(variant=f"{call}: {variant}")
+        for call, variant in (("b", "plain"), ("c", "fused"),
+                              ("c", "fused, ABLATE=32: barrier only"),
+                              ("d", "split kernel a programmatic dependent"))
+    ])  # fmt: skip
+    one = spans[spans["point"] == "gqa_8q1kv_d128:65536:17"].set_index("variant")
+    nb.show(nf.make_stacked_phase_fig(one[list(ns.TIMELINE_SPANS)],
+                                      "8q/1kv, T=17, 64k: a call's spans (H200, µs)", "µs"),
+            "gqa_timeline_spans_session18")  # fmt: skip
+    display(spans.round(2))
+else:
+    nb.note("The session-18 A/B and timeline rows are not shipped (data/bench/logs/).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
