@@ -1060,8 +1060,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #endif
     int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
     for (int tile = 0; tile < n; ++tile) {
-      // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the prefix tiles (and the page table, the prefix lengths) are read before it has
-      // finished, the tree tokens' keys and values (which it may have written) after
+      // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the
+      // prefix tiles (and the page table, the prefix lengths) are read before it has finished,
+      // the tree tokens' keys and values (which it may have written) after
       if (tile == ts.n_pre) griddep_wait();
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;

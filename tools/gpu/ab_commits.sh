@@ -7,7 +7,7 @@
 # instead, a directory copies that tree (`git archive C kdtree kernels pyproject.toml | tar -x -C
 # DIR` before the call: the device's .git is the session's first state), and OLD_DEFINE=NAME puts `#define NAME 1` at the top of its GQA and MLA kernels (a measurement
 # build of this tree); OLD_ENV / NEW_ENV ("NAME=value ...") set environment variables for one side
-# only (e.g. NEW_ENV=KDTREE_CUDA_MERGE=fused with OLD_COMMIT worktree: a launch option's A/B).
+# only (e.g. OLD_ENV=KDTREE_CUDA_SPLIT_PDL=0 with OLD_COMMIT worktree: a launch option's A/B).
 # Rows go to OUT_DIR/{old,new}{1,2}/.
 set -u
 old=$1 out=$2

@@ -80,7 +80,7 @@ def main() -> None:
             replay(0)
             torch.cuda.synchronize()
             df = ctl.assign_calls(ctl.decode(cuda_gqa.timeline_records()), split_ctas, merge_ctas,
-                                  overlap=os.environ.get("KDTREE_CUDA_SPLIT_PDL") == "1")  # fmt: skip
+                                  overlap=cuda_gqa.split_pdl())  # fmt: skip
             ph = ctl.call_phases(df)
             ph = ph.assign(point=spec, rows=rows, splits=splits, warpgroups=wgs,
                            tail_blocks=blocks, split_tail=split, replay=r, calls=per,
