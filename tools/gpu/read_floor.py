@@ -29,6 +29,7 @@ import torch
 
 from kdtree.bench.roofline import gqa_cost, measure_copy_bandwidth
 from kdtree.bench.schema import run_env
+from kdtree.bench.timing import time_cuda
 
 HERE = Path(__file__).resolve().parent
 L2_ROTATE_BYTES = 3 * 2**30 // 8  # rotate over >= 384 MiB: every call reads from DRAM
@@ -48,8 +49,9 @@ def build() -> ctypes.CDLL:
     return lib
 
 
-def period_us(lib, bufs, nbytes: int, sink, blocks: int, threads: int, reps: int = 50) -> float:
-    """µs a call: the calls over all rotations captured in one graph, replayed ``reps`` times."""
+def period_us(lib, bufs, nbytes: int, sink, blocks: int, threads: int) -> float:
+    """µs a call: the calls over all rotations captured in one graph, replays timed the bench's
+    way (:func:`kdtree.bench.timing.time_cuda`: L2 flushed before each), p50 over the calls."""
 
     def calls():
         for b in bufs:
@@ -63,18 +65,7 @@ def period_us(lib, bufs, nbytes: int, sink, blocks: int, threads: int, reps: int
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         calls()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0.record()
-        for _ in range(reps):
-            g.replay()
-        t1.record()
-        torch.cuda.synchronize()
-        times.append(t0.elapsed_time(t1) * 1e3 / (reps * len(bufs)))
-    return sorted(times)[len(times) // 2]
+    return time_cuda(g.replay).p50 / len(bufs) * 1e3
 
 
 def main() -> None:
