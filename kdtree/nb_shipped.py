@@ -900,9 +900,12 @@ def timeline_spans_table(
     return t.reset_index()
 
 
-def read_floor_table(read: pd.DataFrame, bench: pd.DataFrame) -> pd.DataFrame:
+def read_floor_table(
+    read: pd.DataFrame, bench: pd.DataFrame, call: str | None = None
+) -> pd.DataFrame:
     """The read floor (``tools/gpu/read_floor.py`` rows, ``data/bench/logs/read_floor_*.csv``:
-    one kernel that only streams the bench's bytes, µs a call under a CUDA graph) beside the
+    one kernel that only streams the bench's bytes, µs a call under a CUDA graph; ``call`` picks
+    one device call of the file, default the last listed) beside the
     verify bench's CUDA GQA rows (provider ``ours_gqa_graph``, batch 1) at the same layout and L:
     ``read_frac`` the floor bytes / copy bandwidth over the read's µs (what any kernel reading
     those bytes reaches at that size), ``ours_frac`` the bench's fraction of its floor (max of
@@ -924,6 +927,7 @@ def read_floor_table(read: pd.DataFrame, bench: pd.DataFrame) -> pd.DataFrame:
     if b.empty:
         raise ValueError("bench rows: no ours_gqa_graph batch-1 time rows")
     b = b.assign(bench_floor_us=[json.loads(c)["floor_ms"] * 1e3 for c in b["config_json"]])
+    read = _one_call(read, call)
     r = read[read["bytes"] > 0][["layout", "L", "bytes", "read_us", "floor_us"]]
     t = b[["layout", "L", "T", "ours_us", "bench_floor_us"]].merge(r, on=["layout", "L"])
     if t.empty:

@@ -579,10 +579,10 @@ else:
 # %% [markdown]
 # ### The CUDA GQA kernel (session 18): the read floor, and what a call's fixed cost allows
 # One kernel that only streams the bench's bytes (`tools/gpu/read_floor.py`, timed the bench's
-# way) says what *any* kernel reading them reaches at a size: 55 % of the copy floor at 8q/1kv,
-# 16k, 69 % at 32k, 96 % at 128k. The CUDA GQA rows of the final tree (call e) beside it, T=17
-# (where bytes set the floor): at 8q/1kv the kernel reaches 25-55 % of the read floor, at
-# 32q/8kv 57-87 %.
+# way, call g) says what *any* kernel reading them reaches at a size: 49 % of the copy floor at
+# 8q/1kv, 16k, 64 % at 32k, 85 % at 128k. The CUDA GQA rows of the final tree (call e) beside it,
+# T=17 (where bytes set the floor): at 8q/1kv the kernel reaches 27-64 % of the read floor, at
+# 32q/8kv 64-93 %.
 
 # %%
 rf_csv = nb.data_path("bench", "logs", "read_floor_session18.csv")

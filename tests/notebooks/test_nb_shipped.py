@@ -595,5 +595,10 @@ def test_read_floor_table():
     assert t.loc[(32768, 65), "ours_frac"] == pytest.approx(12 / 30)
     with pytest.raises(ValueError, match="missing"):
         ns.read_floor_table(read.drop(columns=["read_us"]), bench)
+    # a file of two device calls: the last listed unless one is named
+    two = pd.concat([read.assign(call="c"), read.assign(call="g", read_us=read["read_us"] * 2)])
+    assert ns.read_floor_table(two, bench).set_index(["L", "T"]).loc[
+        (32768, 17), "read_us"] == 12.0  # fmt: skip
+    assert ns.read_floor_table(two, bench, call="c")["read_us"].iloc[0] == 6.0
     with pytest.raises(ValueError, match="no ours_gqa_graph"):
         ns.read_floor_table(read, bench[bench["provider"] == "fi_mask"])
