@@ -56,7 +56,16 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    env = run_env(shlex.join(["python3", *sys.argv]))
+    # the command with the kernel knobs it ran under (KDTREE_CUDA_MERGE, KDTREE_CUDA_SPLIT_PDL,
+    # KDTREE_GQA_*, ...; the timeline define it sets itself left out): a row says how to redo it
+    knobs = [
+        f"{k}={v}"
+        for k, v in sorted(os.environ.items())
+        if k.startswith(("KDTREE_CUDA_", "KDTREE_GQA_")) and k != "KDTREE_CUDA_DEFINES"
+    ]
+    if _defs:
+        knobs.append("KDTREE_CUDA_DEFINES=" + ",".join(_defs))
+    env = run_env(shlex.join([*knobs, "python3", *sys.argv]))
     calls, ctas = [], []
     for spec in a.points.split(","):
         name, length, t = spec.split(":")
@@ -102,7 +111,7 @@ def main() -> None:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         pd.concat(calls).assign(**env).to_csv(out / "gqa_timeline_calls.csv", index=False)
-        pd.concat(ctas).assign(git_sha=env["git_sha"]).to_csv(
+        pd.concat(ctas).assign(git_sha=env["git_sha"], command=env["command"]).to_csv(
             out / "gqa_timeline_ctas.csv", index=False
         )
 
