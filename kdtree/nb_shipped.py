@@ -44,6 +44,14 @@ _CASE = re.compile(r"^(?P<layout>[^/]+)/B(?P<B>\d+)/L(?P<L>\d+)/T(?P<T>\d+)$")
 # ---------------------------------------------------------------------------------------------
 
 
+def require_columns(df: pd.DataFrame, need: set[str], what: str) -> None:
+    """Raise ``ValueError("<what>: missing columns [...]")`` unless ``df`` has every column of
+    ``need`` (the shipped-row readers here and the figure builders of
+    :mod:`kdtree.viz.notebook_figs`)."""
+    if missing := need - set(df.columns):
+        raise ValueError(f"{what}: missing columns {sorted(missing)}")
+
+
 def parse_case(name: str) -> dict:
     """``gqa_32q8kv_d128/B1/L131072/T17`` → layout, B, L, T."""
     m = _CASE.match(str(name))
@@ -58,9 +66,9 @@ def verify_rows(df: pd.DataFrame, include_tune: bool = False) -> pd.DataFrame:
     ``frac_of_floor``, ``floor_ms`` and ``status`` (``ok``, else the recorded skip/error reason;
     a case one run skipped and another timed is ``ok``). Later rows of a case win.
     ``include_tune`` keeps the ``ours_tune[...]`` candidate rows of the tuning sweep."""
-    need = {"name", "provider", "metric", "p50", "config_json"}
-    if missing := need - set(df.columns):
-        raise ValueError(f"verify_attention rows: missing columns {sorted(missing)}")
+    require_columns(
+        df, {"name", "provider", "metric", "p50", "config_json"}, "verify_attention rows"
+    )
     rows = df[df["name"].astype(str).str.match(_CASE)]
     if not include_tune:  # the --tune sweep's candidate configs of our own kernel
         rows = rows[~rows["provider"].astype(str).str.startswith("ours_tune[")]
@@ -367,8 +375,7 @@ def phase_trace_summary(root: Path | None = None) -> tuple[pd.DataFrame, dict]:
 def host_vs_gpu(steps: pd.DataFrame) -> pd.DataFrame:
     """Median host and CUDA-event ms per (context, phase) of ``hypothesis_cuda_steps.csv``,
     with the host-only share ``1 - gpu/host`` (NaN where no event time was recorded)."""
-    if missing := {"context", "phase", "host_ms", "gpu_ms"} - set(steps.columns):
-        raise ValueError(f"hypothesis steps: missing columns {sorted(missing)}")
+    require_columns(steps, {"context", "phase", "host_ms", "gpu_ms"}, "hypothesis steps")
     m = steps.groupby(["context", "phase"])[["host_ms", "gpu_ms"]].median().reset_index()
     m["host_only_share"] = (1.0 - m["gpu_ms"] / m["host_ms"]).clip(lower=0.0)
     return m
@@ -628,9 +635,7 @@ def mla_wgmma_history(df: pd.DataFrame, point: str = "h16:131072:65") -> pd.Data
     none of the three)."""
     need = {"call", "point", "cycles_per_tile", "ms_ablate0", "ms_ablate1", "ms_ablate2",
             "ms_ablate4", "ms_ablate7"}  # fmt: skip
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"MLA phase rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "MLA phase rows")
     d = df[df["point"] == point]
     if d.empty:
         raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
@@ -676,9 +681,7 @@ def mla_seesaw_history(df: pd.DataFrame, point: str = "h16:131072:65") -> pd.Dat
     cycles per KV tile, and what the ablations took out (the time without the KV copies past
     tile 1, without the S MMAs; ``rest_us`` = with neither)."""
     need = {"call", "version", "point", "ms_ablate0", "ms_ablate1", "ms_ablate2", "ms_ablate3"}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"seesaw phase rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "seesaw phase rows")
     d = df[df["point"] == point]
     if d.empty:
         raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
@@ -710,9 +713,7 @@ def gqa_cuda_history(
     the time of the compute alone (1: no KV loads past the first stages) and of the copies alone
     (16: the consumers only wait and release)."""
     need = {"call", "version", "point", "turns", "ms_ablate0", "ms_ablate1", "ms_ablate16"}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"GQA phase rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "GQA phase rows")
     d = df[(df["point"] == point) & (df["turns"] == turns)]
     if d.empty:
         raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
@@ -764,9 +765,7 @@ def gqa_ablation_table(df: pd.DataFrame, point: str = "gqa_8q1kv_d128:131072:65"
     0), labelled by call, layout version, page size and TMA, and the graph-replayed µs of each
     :data:`GQA_ABLATIONS` setting."""
     need = {"call", "point", "turns", *GQA_ABLATIONS}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"GQA ablation rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "GQA ablation rows")
     d = df[(df["point"] == point) & (df["turns"] != 0)].copy()
     if d.empty:
         raise ValueError(f"no rows for point {point!r}; have {sorted(df['point'].unique())}")
@@ -789,9 +788,7 @@ def merge_cost_table(df: pd.DataFrame, call: str = "e") -> pd.DataFrame:
     """µs a call by point and merge setting (``tools/gpu/merge_cost.py``, ``part`` = ``modes``)
     of one call, with the merge's share (the CUDA merge in stream order less the split alone)."""
     need = {"call", "part", "point", "mode", "us"}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"merge cost rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "merge cost rows")
     d = df[(df["call"] == call) & (df["part"] == "modes")]
     if d.empty:
         raise ValueError(f"no merge-cost rows for call {call!r}")
@@ -814,9 +811,7 @@ def gqa_layout_ab_table(df: pd.DataFrame, call: str = "e") -> pd.DataFrame:
     (medians of its interleaved rounds), with the tail's time over the padded layout's
     (``tail_vs_padded`` < 1: the tail is faster)."""
     need = {"call", "point", "variant", "ms"}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"layout rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "layout rows")
     d = df[(df["call"] == call) & df["variant"].isin(GQA_LAYOUTS)]
     if d.empty:
         raise ValueError(f"no A/B layout rows for call {call!r}")
@@ -834,9 +829,7 @@ def layout_variants_table(df: pd.DataFrame, call: str) -> pd.DataFrame:
     ``gqa_layouts.py --variants`` call, with each variant's time over the first one's
     (``<variant>_vs_first``)."""
     need = {"call", "point", "variant", "ms"}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"layout rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "layout rows")
     d = df[df["call"] == call]
     if d.empty:
         raise ValueError(f"no layout rows for call {call!r}")
@@ -854,9 +847,7 @@ def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
     by bench point, and new / old. Rows of ``tools/gpu/ab_defines.sh`` (sides ``v0``, ``v1``,
     ...: no old / new) give each side in the order first run and ``<side>_vs_<first>``."""
     need = {"call", "side", "round", "name", "provider", "metric", "p50"}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"A/B rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "A/B rows")
     d = df[(df["call"] == call) & (df["metric"] == "time") & (df["provider"] != "device")]
     if d.empty:
         raise ValueError(f"no A/B timing rows for call {call!r}")
@@ -889,9 +880,7 @@ def timeline_spans_table(
     stamping build's graph-replayed p50. ``rest`` is the period the spans leave unexplained (the
     launch ramp, and the differences between medians)."""
     need = {"call", "variant", "point", "splits", "p50_us", "call_us", *TIMELINE_SPANS}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"timeline rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "timeline rows")
     d = df[(df["call"] == call) & (df["variant"] == variant)]
     if d.empty:
         raise ValueError(f"no {variant} timeline rows for call {call!r}")
@@ -914,12 +903,8 @@ def read_floor_table(
     reaches; meaningful where ``bound`` is bytes)."""
     import json
 
-    need_r = {"layout", "L", "bytes", "read_us", "floor_us"}
-    need_b = {"name", "provider", "metric", "p50", "config_json"}
-    for what, d, need in (("read floor", read, need_r), ("bench", bench, need_b)):
-        missing = need - set(d.columns)
-        if missing:
-            raise ValueError(f"{what} rows: missing columns {sorted(missing)}")
+    require_columns(read, {"layout", "L", "bytes", "read_us", "floor_us"}, "read floor rows")
+    require_columns(bench, {"name", "provider", "metric", "p50", "config_json"}, "bench rows")
     b = bench[(bench["provider"] == "ours_gqa_graph") & (bench["metric"] == "time")]
     parts = b["name"].str.extract(r"^(gqa_\w+?)_d128/B1/L(\d+)/T(\d+)$")
     b = b.assign(layout=parts[0], L=pd.to_numeric(parts[1]), T=pd.to_numeric(parts[2]),
@@ -980,9 +965,7 @@ def tree_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataFrame:
     build over the warps tried, ``best_of`` names it: ``full`` or ``full_wN``), ``heap`` and
     ``heap / best``. ``call`` picks one device call of the file (default: the last listed)."""
     need = {"K", "budget", "phase", "p50_us"}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"tree phase rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "tree phase rows")
     df = _one_call(df, call)
     w = df.pivot_table(index=["K", "budget"], columns="phase", values="p50_us")
     for col in ("seed", "seed+expand", "full", "heap"):
@@ -1029,9 +1012,7 @@ def tree_cuda_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataF
     ``p50_us`` (the stamps cover the kernel; the replay also holds the launch gap, spread here
     in proportion). ``call`` picks one device call (default: the last listed)."""
     need = {"K", "budget", "p50_us", "cycles_total", *CUDA_TREE_PHASES}
-    missing = need - set(df.columns)
-    if missing:
-        raise ValueError(f"CUDA tree phase rows: missing columns {sorted(missing)}")
+    require_columns(df, need, "CUDA tree phase rows")
     df = _one_call(df, call)
     if "vocab" not in df.columns:
         df = df.assign(vocab=0)
@@ -1054,9 +1035,7 @@ def tree_cuda_counters(df: pd.DataFrame, call: str | None = None) -> pd.DataFram
     32, ``order_merge`` the rest) and the radix select's cycles. ``call`` picks one device call
     (default: the last listed)."""
     cols = [*CUDA_TREE_COUNTERS, "order_keys", "order_runs", "order_merge", "select_cycles"]
-    missing = {"K", "budget", *cols} - set(df.columns)
-    if missing:
-        raise ValueError(f"CUDA tree rows: missing columns {sorted(missing)} (session 8's file)")
+    require_columns(df, {"K", "budget", *cols}, "CUDA tree rows (session 8's file)")
     df = _one_call(df, call)
     d = df if "vocab" in df.columns else df.assign(vocab=0)
     return (

@@ -6,12 +6,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from kdtree.nb_shipped import require_columns as _require
+
 _VERDICT_COLORS = {"refuted": "#54A24B", "confirmed": "#E45756", "inconclusive": "#F58518"}
-
-
-def _require(df: pd.DataFrame, cols: set[str], what: str) -> None:
-    if missing := cols - set(df.columns):
-        raise ValueError(f"{what}: missing columns {sorted(missing)}")
 
 
 def make_verdict_fig(
