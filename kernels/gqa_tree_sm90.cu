@@ -130,7 +130,12 @@ struct Cfg {
   static constexpr int KS = BN / 16;    // P V k-steps a tile
   static constexpr int WORDS = BN / 64;  // tree-mask words a tile
   static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
-  static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+  // setmaxnreg moves registers within the CTA's launch allocation: ptxas gives every thread the
+  // same count at launch (65536 / THREADS, rounded down to 8), so the warpgroups' counts must sum
+  // to no more (384 threads: 504 a thread of each warpgroup; more blocks setmaxnreg.inc forever)
+  static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <=
+                    (65536 / THREADS) / 8 * 8 * THREADS,
+                "register file");
   static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_Q + CWG <= 16,
                 "named barriers");
   static_assert(!KEY_TAIL || (BN == 128 && CWG == 2 && STAGES >= 3),
@@ -145,7 +150,7 @@ using Wide = Cfg<2, 128, 3, 40, 232, true>;
 // Wide with the rows past the last whole 64-row block (at most 8) in its producer warpgroup's four
 // warps (key_tail_step: mma.sync over a share of each tile's keys, session 19). The consumers keep
 // 224 registers (at 200 ptxas serialises their wgmma, C7512), the producer 64, no phase clocks.
-using WideTail = Cfg<2, 128, 3, 64, 224, false, true>;
+using WideTail = Cfg<2, 128, 3, 56, 224, false, true>;
 // Three consumer warpgroups (192 rows a CTA, so fewer CTAs read each KV tile) over 64-key
 // tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
 // the S, P and O fragments fit, PhaseClocks' ten registers do not (spills), so its clocks sum
@@ -413,6 +418,20 @@ __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Para
   for (int w = 0; w < C::WORDS; ++w)
     if (j0 + 64 * w < ts.T)
       bits[w] = static_cast<uint64_t>(__ldg(mrow + w)) & low64(ts.T - j0 - 64 * w);
+}
+
+// Word `w` of tile_bits (keys 64 w .. 64 w + 63 of the tile) alone.
+template <class C>
+__device__ __forceinline__ uint64_t tile_word(const Params& p, const TileSeq& ts, int b, int tile,
+                                              int row, int w) {
+  const auto low64 = [](int k) {
+    return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
+  };
+  if (tile < ts.n_pre) return low64(ts.end - (ts.start + tile * C::BN) - 64 * w);
+  const int j = (tile - ts.n_pre) * C::BN + 64 * w;  // a multiple of 64: a whole mask word
+  if (row >= p.rows || j >= ts.T) return 0ull;
+  const int64_t* mrow = p.tree_mask + b * p.sm_b + (row / p.G) * p.sm_t + (j >> 6);
+  return static_cast<uint64_t>(__ldg(mrow)) & low64(ts.T - j);
 }
 
 // Whether tile `tile` is a whole prefix tile (no mask).
@@ -1023,30 +1042,15 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
   return d;
 }
 
-// A producer thread's key-tail state.
+// A producer thread's key-tail state (the ldmatrix addresses are recomputed at each step: kept,
+// they would spill the producer's 56 registers).
 struct KeyTail {
   const uint32_t* q;       // Q^T's B fragments (key_tail_q)
   float o[2][4];           // O^T: dims 32 w + 16 dt + lane / 4 (+8) x rows 2 q4 (+1)
   float m_run[2], l_run[2];  // rows 2 q4, 2 q4 + 1 (l: this lane's keys)
-  uint32_t ak, av;  // K's / V's ldmatrix address of this lane in a stage, less the 64-key step
-  uint32_t ap;      // P's ldmatrix address of this lane
 };
 
-// `key_base`: this CTA's first key of a tile's 128 (its steps' keys key_base + 64 i ..).
-__device__ __forceinline__ void key_tail_init(KeyTail& kt, int key_base, int pt, uint32_t sP) {
-  const int lane = pt & 31, wi = pt >> 5;
-  // K (A of S^T, row-major keys x dims): lane l -> key l % 8 + 8 ((l / 8) % 2), chunk (l / 16)
-  // (+ 2 ks: the swizzle's XOR with the key's low bits leaves bits 5-6 to the k-step: ^ 32 ks)
-  const int kk = key_base + wi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-  kt.ak = static_cast<uint32_t>((kk >> 3) * KV_GROUP + (kk & 7) * 128 +
-                                (((lane >> 4) ^ (lane & 7)) << 4));
-  // V^T (A of O^T, by .trans: memory rows are keys): key l % 8 + 8 (l / 16), chunk 2 dt' + (l / 8)
-  // % 2 of dim tile dt' = 2 w + dt (half w / 2; within it ^ 32 (2 w + dt) % 4)
-  const int kv = key_base + (lane & 7) + (lane >> 4) * 8;
-  kt.av = static_cast<uint32_t>((kv >> 3) * KV_GROUP + (kv & 7) * 128 + (wi >> 1) * KV_HALF +
-                                ((((lane >> 3) & 1) ^ (lane & 7)) << 4));
-  // P (B of O^T: rows x keys, keys contiguous): lane l -> row l % 8, 16-byte chunk l / 8
-  kt.ap = sP + static_cast<uint32_t>((lane & 7) * KEY_TAIL_PROW + (lane >> 3) * 16);
+__device__ __forceinline__ void key_tail_init(KeyTail& kt) {
   kt.q = nullptr;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -1057,6 +1061,24 @@ __device__ __forceinline__ void key_tail_init(KeyTail& kt, int key_base, int pt,
   for (int dt = 0; dt < 2; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) kt.o[dt][e] = 0.f;
+}
+
+// K's ldmatrix address of this lane in a stage (A of S^T, row-major keys x dims): lane l -> key
+// l % 8 + 8 ((l / 8) % 2) of its warp's 16, chunk l / 16 (+ 2 ks: the swizzle's XOR with the
+// key's low bits leaves bits 5-6 to the k-step, ^ 32 ks).
+__device__ __forceinline__ uint32_t key_tail_ak(int key_base, int pt) {
+  const int lane = pt & 31;
+  const int kk = key_base + (pt >> 5) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  return static_cast<uint32_t>((kk >> 3) * KV_GROUP + (kk & 7) * 128 +
+                               (((lane >> 4) ^ (lane & 7)) << 4));
+}
+// V^T's (A of O^T, by .trans: memory rows are keys): key l % 8 + 8 (l / 16), chunk 2 dt' + (l / 8)
+// % 2 of dim tile dt' = 2 w + dt (half w / 2; within it ^ 32 ((2 w + dt) % 4)).
+__device__ __forceinline__ uint32_t key_tail_av(int key_base, int pt) {
+  const int lane = pt & 31;
+  const int kv = key_base + (lane & 7) + (lane >> 4) * 8;
+  return static_cast<uint32_t>((kv >> 3) * KV_GROUP + (kv & 7) * 128 + (pt >> 6) * KV_HALF +
+                               ((((lane >> 3) & 1) ^ (lane & 7)) << 4));
 }
 
 // This lane's Q^T B fragments: row full_rows + lane / 4, dims 2 q4 (+8) of each k-step, read
@@ -1079,9 +1101,13 @@ template <class C, typename E, int SWAP>
 __device__ __forceinline__ void key_tail_step(KeyTail& kt, const Params& p, const TileSeq& ts,
                                               int b, int tile, int i, int key_base,
                                               uint32_t stage, uint32_t sP, uint32_t sRed,
-                                              int pt) {
+                                              int pt_in) {
+  // (the lane's indices and addresses are recomputed at each step from an opaque copy of its
+  // thread index: hoisted out of the tile loop, ptxas keeps them in local memory)
+  int pt;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(pt) : "r"(pt_in));
   const int lane = pt & 31, wi = pt >> 5, q4 = lane & 3, g = lane >> 2;
-  const uint32_t kst = stage + SWAP * KV_PART + i * 8 * KV_GROUP + kt.ak;
+  const uint32_t kst = stage + SWAP * KV_PART + i * 8 * KV_GROUP + key_tail_ak(key_base, pt);
   float s[4] = {0.f, 0.f, 0.f, 0.f};
   // (not unrolled: ptxas would hoist all eight k-steps' loads, past the producer's 64 registers)
 #pragma unroll 1
@@ -1093,16 +1119,13 @@ __device__ __forceinline__ void key_tail_step(KeyTail& kt, const Params& p, cons
     Mma<E>::run(s, a, b0, b1);
   }
   if (!tile_is_full<C>(ts, tile)) {
+    const int word = (key_base >> 6) + i;  // the step's 64 keys: one mask word of the tile
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      uint64_t bits[C::WORDS];
-      tile_bits<C>(bits, p, ts, b, tile, p.full_rows + 2 * q4 + r);
-      // (the step's 64 keys are mask word key_base / 64 + i: chosen, not indexed, so `bits`
-      // stays in registers)
-      const uint64_t word = (key_base >> 6) + i == 0 ? bits[0] : bits[1];
+      const uint64_t bits = tile_word<C>(p, ts, b, tile, p.full_rows + 2 * q4 + r, word);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        if (!((word >> (wi * 16 + g + 8 * h)) & 1ull)) s[2 * h + r] = neg_inf();
+        if (!((bits >> (wi * 16 + g + 8 * h)) & 1ull)) s[2 * h + r] = neg_inf();
     }
   }
   // the step's row maxima: this warp's 16 keys (the 8 lanes of a q4), then the four warps'
@@ -1149,11 +1172,14 @@ __device__ __forceinline__ void key_tail_step(KeyTail& kt, const Params& p, cons
     kt.o[dt][3] *= alpha[1];
   }
   named_sync(BAR_TAIL, 128);
-  const uint32_t vst = stage + (1 - SWAP) * KV_PART + i * 8 * KV_GROUP + kt.av;
+  const uint32_t vst =
+      stage + (1 - SWAP) * KV_PART + i * 8 * KV_GROUP + key_tail_av(key_base, pt);
+  // P (B of O^T: rows x keys, keys contiguous): lane l -> row l % 8, 16-byte chunk l / 8
+  const uint32_t ap = sP + static_cast<uint32_t>((lane & 7) * KEY_TAIL_PROW + (lane >> 3) * 16);
 #pragma unroll 1
   for (int kp = 0; kp < 2; ++kp) {  // key steps 2 kp, 2 kp + 1 of 16
     uint32_t pb[4];  // B fragments: chunks 4 kp .. 4 kp + 3 of P's rows
-    ldmatrix_x4(pb, kt.ap + kp * 64);
+    ldmatrix_x4(pb, ap + kp * 64);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -1331,24 +1357,32 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       if (kc >= 0) {  // this CTA's producer warps also run a share of the key tail
         const uint32_t sP = sBar + 8 * (STAGES + 1) + CLOCK_BYTES;
         const uint32_t sRed = sP + 8 * KEY_TAIL_PROW;
-        const int steps = p.ktail_ctas == 2 ? 1 : 2;  // 64-key steps a tile
         const int key_base = kc * 64;
         KeyTail kt;
-        key_tail_init(kt, key_base, pt, sP);
-        for (int it = 0; it < n + KEY_TAIL_LAG; ++it) {
-          if (it < n) issue(it);
-          if (it == KEY_TAIL_LAG) {
-            griddep_wait();  // Q: after the kernel before completes
-            kt.q = key_tail_q<E>(p, b, kvh, pt & 31);
+        key_tail_init(kt);
+        // (64-key steps a tile: one with two key-tail CTAs, two with one; a loop of its own each)
+        const auto run = [&](auto steps_of) {
+          constexpr int STEPS = decltype(steps_of)::value;
+          for (int it = 0; it < n + KEY_TAIL_LAG; ++it) {
+            if (it < n) issue(it);
+            if (it == KEY_TAIL_LAG) {
+              griddep_wait();  // Q: after the kernel before completes
+              kt.q = key_tail_q<E>(p, b, kvh, pt & 31);
+            }
+            if (it >= KEY_TAIL_LAG) {
+              const int tile = it - KEY_TAIL_LAG, st = tile % STAGES;
+              mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+#pragma unroll
+              for (int i = 0; i < STEPS; ++i)
+                key_tail_step<C, E, SWAP>(kt, p, ts, b, tile, i, key_base,
+                                          sKV + st * C::SMEM_STAGE, sP, sRed, pt);
+            }
           }
-          if (it >= KEY_TAIL_LAG) {
-            const int tile = it - KEY_TAIL_LAG, st = tile % STAGES;
-            mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
-            for (int i = 0; i < steps; ++i)
-              key_tail_step<C, E, SWAP>(kt, p, ts, b, tile, i, key_base,
-                                        sKV + st * C::SMEM_STAGE, sP, sRed, pt);
-          }
-        }
+        };
+        if (p.ktail_ctas == 2)
+          run(std::integral_constant<int, 1>{});
+        else
+          run(std::integral_constant<int, 2>{});
         cp_async_wait<0>();
         key_tail_finish<E>(kt, p, b, kvh, split, kc, sRed, pt);
         GQA_TL_EXIT();
