@@ -257,7 +257,9 @@ struct Params {
   int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results; the tail
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
-                             // bit 4 consumers only wait and release (no MMAs, no softmax)
+                             // bit 4 consumers only wait and release (no MMAs, no softmax);
+                             // the key tail: bit 5 no steps (its tiles only waited for), bit 6
+                             // S^T only (no softmax exchange, no P V)
   int ktail_first;           // the key tail (WideTail): its first CTA x, -1 none; its CTAs
   int ktail_ctas;            // (1 or 2, the last ones) share each tile's keys, the second's
                              // partials in the shadow rows (half_row = full_rows)
@@ -1128,6 +1130,10 @@ __device__ __forceinline__ void key_tail_step(KeyTail& kt, const Params& p, cons
         if (!((bits >> (wi * 16 + g + 8 * h)) & 1ull)) s[2 * h + r] = neg_inf();
     }
   }
+  if (p.ablate & 64) {  // (measurement: S^T alone)
+    kt.o[0][0] += s[0] + s[1] + s[2] + s[3];
+    return;
+  }
   // the step's row maxima: this warp's 16 keys (the 8 lanes of a q4), then the four warps'
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1372,10 +1378,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
             if (it >= KEY_TAIL_LAG) {
               const int tile = it - KEY_TAIL_LAG, st = tile % STAGES;
               mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+              if (!(p.ablate & 32)) {
 #pragma unroll
-              for (int i = 0; i < STEPS; ++i)
-                key_tail_step<C, E, SWAP>(kt, p, ts, b, tile, i, key_base,
-                                          sKV + st * C::SMEM_STAGE, sP, sRed, pt);
+                for (int i = 0; i < STEPS; ++i)
+                  key_tail_step<C, E, SWAP>(kt, p, ts, b, tile, i, key_base,
+                                            sKV + st * C::SMEM_STAGE, sP, sRed, pt);
+              }
             }
           }
         };
