@@ -634,6 +634,27 @@ else:
     nb.note("The session-18 A/B and timeline rows are not shipped (data/bench/logs/).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 19): the tail rows in the producer warps, measured and taken out
+# The two-warpgroup shape (128-key tiles) has no shared memory left for a tail warpgroup, so the
+# *key tail* gave the 1-8 rows past the whole blocks to its producer warps (warp-level MMAs over
+# a share of each tile's keys; code at commit e4e453e). Call b: against the shipped layouts in
+# alternating runs (`new` = the key tail), slower everywhere. Call c: the ablations say why: with
+# its steps skipped the layout is 17-18 % faster at 32q/8kv, T=65 (`nosteps`), but the steps,
+# most of all S^T's chain of dependent `mma.sync` behind the consumers' wgmma (`sonly`), cost
+# more a tile than the consumers' own step. T=64 (no tail rows) is the drift reference.
+
+# %%
+ab19_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session19.csv")
+abl19_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session19.csv")
+if ab19_csv.exists() and abl19_csv.exists():
+    display(ns.ab_commits_table(pd.read_csv(ab19_csv), call="b").round(3))
+    abl19 = pd.read_csv(abl19_csv)
+    display(ns.layout_variants_table(abl19.assign(point=abl19["name"], ms=abl19["p50"]),
+                                     "c").round(3))  # fmt: skip
+else:
+    nb.note("The session-19 key-tail rows are not shipped (data/bench/logs/*session19*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
