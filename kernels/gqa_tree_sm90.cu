@@ -102,20 +102,13 @@ constexpr int TAIL_P0 = TAIL_N * 128;             // P of even tiles: after Q's 
 constexpr int TAIL_P1 = Q_REGION + TAIL_N * 128;  // P of odd tiles: the same in half 1
 constexpr int TAIL_RED = 6144;                    // [2][4 warps][16] row maxima, [4][16] sums
 constexpr int CLOCK_BYTES = 4 * 8 * 4;  // SmemClocks: 8 words for each of 4 warpgroups
-// The key tail's shared memory (WideTail, key_tail_step): P (8 rows of 64 keys, 144-byte rows)
-// and the row maxima / sums of its four warps, after the clocks.
-constexpr int KEY_TAIL_PROW = 144;  // P's rows: 64 keys (128 bytes) + 16, off the banks' period
-constexpr int KEY_TAIL_BYTES = 8 * KEY_TAIL_PROW + 4 * 8 * 4;
 
 // A split kernel's shape: CWG consumer warpgroups of 64 rows, BN-key tiles in STAGES stages, the
 // producer's and consumers' register budgets (setmaxnreg).
-template <int CWG_, int BN_, int STAGES_, int PRODUCER_REGS_, int CONSUMER_REGS_, bool CLOCKS_,
-          bool KEY_TAIL_ = false>
+template <int CWG_, int BN_, int STAGES_, int PRODUCER_REGS_, int CONSUMER_REGS_, bool CLOCKS_>
 struct Cfg {
   static constexpr int CWG = CWG_, BN = BN_, STAGES = STAGES_;
   static constexpr bool CLOCKS = CLOCKS_;  // compile the phase clocks in (their 10 registers)
-  // the producer warpgroup also runs the rows past the last whole block (key_tail_step)
-  static constexpr bool KEY_TAIL = KEY_TAIL_;
   static constexpr int PRODUCER_REGS = PRODUCER_REGS_, CONSUMER_REGS = CONSUMER_REGS_;
   static constexpr int BLOCK_M = WG_ROWS * CWG;
   static constexpr int CONSUMERS = 128 * CWG;
@@ -123,8 +116,8 @@ struct Cfg {
   static constexpr int KV_REGION = BN * 128;       // BN keys x 64 dims
   static constexpr int SMEM_Q = CWG * 2 * Q_REGION;
   static constexpr int SMEM_STAGE = 4 * KV_REGION;  // BN keys x (K, V) x 128 dims (kv_off)
-  static constexpr int SMEM_TOTAL = ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1) +
-                                    CLOCK_BYTES + (KEY_TAIL ? KEY_TAIL_BYTES : 0);
+  static constexpr int SMEM_TOTAL =
+      ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1) + CLOCK_BYTES;
   static constexpr uint64_t STAGE_STEP = SMEM_STAGE >> 4;  // descriptor start-address units
   static constexpr int SN = BN / 2;     // S accumulator registers a thread
   static constexpr int KS = BN / 16;    // P V k-steps a tile
@@ -132,14 +125,13 @@ struct Cfg {
   static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
   // setmaxnreg moves registers within the CTA's launch allocation: ptxas gives every thread the
   // same count at launch (65536 / THREADS, rounded down to 8), so the warpgroups' counts must sum
-  // to no more (384 threads: 504 a thread of each warpgroup; more blocks setmaxnreg.inc forever)
+  // to no more (384 threads: 504 a thread of each warpgroup). Above it setmaxnreg.inc waits
+  // forever (session 19, call a: a 64 + 2 x 224 build deadlocked).
   static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <=
                     (65536 / THREADS) / 8 * 8 * THREADS,
                 "register file");
   static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_Q + CWG <= 16,
                 "named barriers");
-  static_assert(!KEY_TAIL || (BN == 128 && CWG == 2 && STAGES >= 3),
-                "the key tail: Wide's tiles and a lag of two tiles");
   static_assert(TAIL_P0 + (BN / 64) * 2048 <= TAIL_RED && TAIL_RED + 768 <= Q_REGION &&
                     TAIL_P1 + (BN / 64) * 2048 <= 2 * Q_REGION,
                 "the tail warpgroup's P buffers and scratch fit its Q region");
@@ -147,10 +139,6 @@ struct Cfg {
 };
 // Two consumer warpgroups (128 rows a CTA) over 128-key tiles: the FlashAttention-3 shape.
 using Wide = Cfg<2, 128, 3, 40, 232, true>;
-// Wide with the rows past the last whole 64-row block (at most 8) in its producer warpgroup's four
-// warps (key_tail_step: mma.sync over a share of each tile's keys, session 19). The consumers keep
-// 224 registers (at 200 ptxas serialises their wgmma, C7512), the producer 64, no phase clocks.
-using WideTail = Cfg<2, 128, 3, 56, 224, false, true>;
 // Three consumer warpgroups (192 rows a CTA, so fewer CTAs read each KV tile) over 64-key
 // tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
 // the S, P and O fragments fit, PhaseClocks' ten registers do not (spills), so its clocks sum
@@ -257,12 +245,7 @@ struct Params {
   int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results; the tail
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
-                             // bit 4 consumers only wait and release (no MMAs, no softmax);
-                             // the key tail: bit 5 no steps (its tiles only waited for), bit 6
-                             // S^T only (no softmax exchange, no P V)
-  int ktail_first;           // the key tail (WideTail): its first CTA x, -1 none; its CTAs
-  int ktail_ctas;            // (1 or 2, the last ones) share each tile's keys, the second's
-                             // partials in the shadow rows (half_row = full_rows)
+                             // bit 4 consumers only wait and release (no MMAs, no softmax)
 };
 
 // Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
@@ -420,20 +403,6 @@ __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Para
   for (int w = 0; w < C::WORDS; ++w)
     if (j0 + 64 * w < ts.T)
       bits[w] = static_cast<uint64_t>(__ldg(mrow + w)) & low64(ts.T - j0 - 64 * w);
-}
-
-// Word `w` of tile_bits (keys 64 w .. 64 w + 63 of the tile) alone.
-template <class C>
-__device__ __forceinline__ uint64_t tile_word(const Params& p, const TileSeq& ts, int b, int tile,
-                                              int row, int w) {
-  const auto low64 = [](int k) {
-    return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
-  };
-  if (tile < ts.n_pre) return low64(ts.end - (ts.start + tile * C::BN) - 64 * w);
-  const int j = (tile - ts.n_pre) * C::BN + 64 * w;  // a multiple of 64: a whole mask word
-  if (row >= p.rows || j >= ts.T) return 0ull;
-  const int64_t* mrow = p.tree_mask + b * p.sm_b + (row / p.G) * p.sm_t + (j >> 6);
-  return static_cast<uint64_t>(__ldg(mrow)) & low64(ts.T - j);
 }
 
 // Whether tile `tile` is a whole prefix tile (no mask).
@@ -1019,239 +988,6 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   }
 }
 
-// ------------------------------------------------------------------ the key tail (WideTail)
-//
-// The Wide shape has no room for a tail warpgroup: its Q and three 64 KB stages leave ~1.9 KB of
-// shared memory, and its consumers need 224 registers (at 200 ptxas serialises their wgmma,
-// C7512), which leaves the producer warpgroup 64. So there the rows past the last whole 64-row
-// block (at most 8) go to the producer warpgroup's four warps, which only wait between TMA
-// issues. The ktail_ctas (1 or 2) last CTAs of a split share each tile's 128 keys: 64-key steps
-// (one a tile with two CTAs, two with one). In a step, warp w computes S^T for 16 keys (mma.
-// m16n8k16: A = K by ldmatrix from the stage, B = Q^T in registers for the whole split); the
-// step's row maxima meet in shared memory (one barrier); each warp writes its P to a shared 8 x 64
-// buffer (a second barrier); and warp w adds V^T P^T for dims 32 w .. 32 w + 31 over the step's 64
-// keys (A = V^T by ldmatrix.trans, B = P by ldmatrix), so a warp's O^T is 8 registers and nothing
-// is combined at the end but the row sums. The second CTA's rows go to the shadow rows the CUDA
-// merge adds. The producer warps run tile j's steps after issuing tile j + 2 (KEY_TAIL_LAG):
-// issuing tile j + 3 needs tile j released, and that barrier counts every producer thread, so the
-// stage's reuse waits for the tail too. The four warps sit on the four SM sub-partitions, so the
-// tail's tensor work (~3 % of the consumers' at 32q/8kv, T=65) is spread evenly under their wgmma.
-constexpr int KEY_TAIL_LAG = 2;
-
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
-  uint32_t d;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
-  return d;
-}
-
-// A producer thread's key-tail state (the ldmatrix addresses are recomputed at each step: kept,
-// they would spill the producer's 56 registers).
-struct KeyTail {
-  const uint32_t* q;       // Q^T's B fragments (key_tail_q)
-  float o[2][4];           // O^T: dims 32 w + 16 dt + lane / 4 (+8) x rows 2 q4 (+1)
-  float m_run[2], l_run[2];  // rows 2 q4, 2 q4 + 1 (l: this lane's keys)
-};
-
-__device__ __forceinline__ void key_tail_init(KeyTail& kt) {
-  kt.q = nullptr;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    kt.m_run[i] = neg_inf();
-    kt.l_run[i] = 0.f;
-  }
-#pragma unroll
-  for (int dt = 0; dt < 2; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) kt.o[dt][e] = 0.f;
-}
-
-// K's ldmatrix address of this lane in a stage (A of S^T, row-major keys x dims): lane l -> key
-// l % 8 + 8 ((l / 8) % 2) of its warp's 16, chunk l / 16 (+ 2 ks: the swizzle's XOR with the
-// key's low bits leaves bits 5-6 to the k-step, ^ 32 ks).
-__device__ __forceinline__ uint32_t key_tail_ak(int key_base, int pt) {
-  const int lane = pt & 31;
-  const int kk = key_base + (pt >> 5) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-  return static_cast<uint32_t>((kk >> 3) * KV_GROUP + (kk & 7) * 128 +
-                               (((lane >> 4) ^ (lane & 7)) << 4));
-}
-// V^T's (A of O^T, by .trans: memory rows are keys): key l % 8 + 8 (l / 16), chunk 2 dt' + (l / 8)
-// % 2 of dim tile dt' = 2 w + dt (half w / 2; within it ^ 32 ((2 w + dt) % 4)).
-__device__ __forceinline__ uint32_t key_tail_av(int key_base, int pt) {
-  const int lane = pt & 31;
-  const int kv = key_base + (lane & 7) + (lane >> 4) * 8;
-  return static_cast<uint32_t>((kv >> 3) * KV_GROUP + (kv & 7) * 128 + (pt >> 6) * KV_HALF +
-                               ((((lane >> 3) & 1) ^ (lane & 7)) << 4));
-}
-
-// This lane's Q^T B fragments: row full_rows + lane / 4, dims 2 q4 (+8) of each k-step, read
-// from global memory at every step (L1 hits after the first: 16 registers kept would spill the
-// producer's 64); nullptr for a row past G * T (zeros).
-template <typename E>
-__device__ __forceinline__ const uint32_t* key_tail_q(const Params& p, int b, int kvh, int lane) {
-  const int row = p.full_rows + (lane >> 2);
-  if (row >= p.rows) return nullptr;
-  const int tok = row / p.G;
-  const int h = kvh * p.G + row - tok * p.G;
-  return reinterpret_cast<const uint32_t*>(static_cast<const E*>(p.q) + b * p.sq_b +
-                                           tok * p.sq_t + h * p.sq_h + 2 * (lane & 3));
-}
-
-// One 64-key step (keys key_base + 64 i of tile `tile`, whose stage has landed): S^T for this
-// warp's 16, the step's row maxima across the warps (sRed, BAR_TAIL), P to shared memory (sP,
-// BAR_TAIL), O^T += V^T P^T for this warp's 32 dims.
-template <class C, typename E, int SWAP>
-__device__ __forceinline__ void key_tail_step(KeyTail& kt, const Params& p, const TileSeq& ts,
-                                              int b, int tile, int i, int key_base,
-                                              uint32_t stage, uint32_t sP, uint32_t sRed,
-                                              int pt_in) {
-  // (the lane's indices and addresses are recomputed at each step from an opaque copy of its
-  // thread index: hoisted out of the tile loop, ptxas keeps them in local memory)
-  int pt;
-  asm volatile("mov.b32 %0, %1;\n" : "=r"(pt) : "r"(pt_in));
-  const int lane = pt & 31, wi = pt >> 5, q4 = lane & 3, g = lane >> 2;
-  const uint32_t kst = stage + SWAP * KV_PART + i * 8 * KV_GROUP + key_tail_ak(key_base, pt);
-  // Two chains of four k-steps (even / odd), added at the end: each mma.sync waits behind the
-  // consumers' wgmma on the tensor cores, so one chain of eight dependent ones set the step's
-  // pace (call c: S^T alone cost ~1 us a tile). Not unrolled: ptxas would hoist the loads past
-  // the producer's 56 registers.
-  float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 1
-  for (int j = 0; j < D / 32; ++j) {
-    uint32_t a[4], a2[4];
-    const uint32_t half = (j >> 1) * KV_HALF;
-    ldmatrix_x4(a, (kst ^ (((2 * j) & 3) << 5)) + half);
-    ldmatrix_x4(a2, (kst ^ (((2 * j + 1) & 3) << 5)) + half);
-    const uint32_t b0 = kt.q != nullptr ? __ldg(kt.q + 16 * j) : 0u;
-    const uint32_t b1 = kt.q != nullptr ? __ldg(kt.q + 16 * j + 4) : 0u;
-    const uint32_t c0 = kt.q != nullptr ? __ldg(kt.q + 16 * j + 8) : 0u;
-    const uint32_t c1 = kt.q != nullptr ? __ldg(kt.q + 16 * j + 12) : 0u;
-    Mma<E>::run(s, a, b0, b1);
-    Mma<E>::run(s2, a2, c0, c1);
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) s[e] += s2[e];
-  if (!tile_is_full<C>(ts, tile)) {
-    const int word = (key_base >> 6) + i;  // the step's 64 keys: one mask word of the tile
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint64_t bits = tile_word<C>(p, ts, b, tile, p.full_rows + 2 * q4 + r, word);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (!((bits >> (wi * 16 + g + 8 * h)) & 1ull)) s[2 * h + r] = neg_inf();
-    }
-  }
-  if (p.ablate & 64) {  // (measurement: S^T alone)
-    kt.o[0][0] += s[0] + s[1] + s[2] + s[3];
-    return;
-  }
-  // the step's row maxima: this warp's 16 keys (the 8 lanes of a q4), then the four warps'
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = fmaxf(s[r], s[2 + r]);
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (g == 0) st_shared_f32(sRed + (wi * 8 + 2 * q4 + r) * 4, mx);
-  }
-  named_sync(BAR_TAIL, 128);
-  const float scale = p.qk_scale;
-  float alpha[2], off[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = ld_shared_f32(sRed + (2 * q4 + r) * 4);
-#pragma unroll
-    for (int w = 1; w < 4; ++w) mx = fmaxf(mx, ld_shared_f32(sRed + (w * 8 + 2 * q4 + r) * 4));
-    const float mnew = fmaxf(kt.m_run[r], mx * scale);  // scale > 0: order kept
-    off[r] = wg_offset(mnew);
-    alpha[r] = exp2f(kt.m_run[r] - off[r]);
-    kt.m_run[r] = mnew;
-  }
-  float sum[2] = {0.f, 0.f};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    s[e] = exp2f(fmaf(s[e], scale, -off[e & 1]));
-    sum[e & 1] += s[e];
-  }
-  // P[row][key]: the C fragment (key g (+8), rows 2 q4 (+1)) transposed by movmatrix -> row g,
-  // keys 2 q4 (+1) (+8): one 32-bit store a matrix
-  const uint32_t x = movmatrix_trans(Mma<E>::pack(s[0], s[1]));
-  const uint32_t y = movmatrix_trans(Mma<E>::pack(s[2], s[3]));
-  const uint32_t prow = sP + g * KEY_TAIL_PROW + (wi * 16 + 2 * q4) * 2;
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(prow), "r"(x) : "memory");
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(prow + 16), "r"(y) : "memory");
-#pragma unroll
-  for (int r = 0; r < 2; ++r) kt.l_run[r] = kt.l_run[r] * alpha[r] + sum[r];
-#pragma unroll
-  for (int dt = 0; dt < 2; ++dt) {
-    kt.o[dt][0] *= alpha[0];
-    kt.o[dt][1] *= alpha[1];
-    kt.o[dt][2] *= alpha[0];
-    kt.o[dt][3] *= alpha[1];
-  }
-  named_sync(BAR_TAIL, 128);
-  const uint32_t vst =
-      stage + (1 - SWAP) * KV_PART + i * 8 * KV_GROUP + key_tail_av(key_base, pt);
-  // P (B of O^T: rows x keys, keys contiguous): lane l -> row l % 8, 16-byte chunk l / 8
-  const uint32_t ap = sP + static_cast<uint32_t>((lane & 7) * KEY_TAIL_PROW + (lane >> 3) * 16);
-#pragma unroll 1
-  for (int kp = 0; kp < 2; ++kp) {  // key steps 2 kp, 2 kp + 1 of 16
-    uint32_t pb[4];  // B fragments: chunks 4 kp .. 4 kp + 3 of P's rows
-    ldmatrix_x4(pb, ap + kp * 64);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int dt = 0; dt < 2; ++dt) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, (vst ^ ((((2 * wi + dt) & 3)) << 5)) + (2 * kp + h) * 2 * KV_GROUP);
-        Mma<E>::run(kt.o[dt], a, pb[2 * h], pb[2 * h + 1]);
-      }
-  }
-}
-
-// After the split: the row sums across the warps (sRed), then each warp's 32 dims of the rows'
-// output, or partials and LSE (the second key-tail CTA's in the shadow rows).
-template <typename E>
-__device__ __forceinline__ void key_tail_finish(KeyTail& kt, const Params& p, int b, int kvh,
-                                                int split, int c, uint32_t sRed, int pt) {
-  const int lane = pt & 31, wi = pt >> 5, q4 = lane & 3, g = lane >> 2;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) kt.l_run[r] += __shfl_xor_sync(0xffffffffu, kt.l_run[r], o);
-  }
-  if (g == 0) {  // (the last step's reads of sRed were before its second barrier)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) st_shared_f32(sRed + (wi * 8 + 2 * q4 + r) * 4, kt.l_run[r]);
-  }
-  named_sync(BAR_TAIL, 128);
-  const int S = p.num_splits;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = p.full_rows + 2 * q4 + r;
-    if (row >= p.rows) continue;
-    float l = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) l += ld_shared_f32(sRed + (w * 8 + 2 * q4 + r) * 4);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (S == 1) {
-      E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
-               (kvh * p.G + row % p.G) * p.so_h + 32 * wi + g;
-#pragma unroll
-      for (int dt = 0; dt < 2; ++dt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) dst[16 * dt + 8 * h] = E(kt.o[dt][2 * h + r] * inv);
-    } else {
-      const int64_t ridx = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows +
-                           row + (c == 1 ? p.rows - p.half_row : 0);  // (second CTA: shadow rows)
-      float* dst = p.part + ridx * D + 32 * wi + g;
-#pragma unroll
-      for (int dt = 0; dt < 2; ++dt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) dst[16 * dt + 8 * h] = kt.o[dt][2 * h + r] * inv;
-      if (wi == 0 && g == 0) p.lse[ridx] = l > 0.f ? kt.m_run[r] + __log2f(l) : neg_inf();
-    }
-  }
-}
-
 // SWAP: the stage layout with V before K in each key group (Params::kv_swap).
 template <class C, typename E, int SWAP>
 __global__ void __launch_bounds__(C::THREADS, 1)
@@ -1318,6 +1054,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // ================= producer warpgroup ==================================================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
     const int pt = tid - CONSUMERS;
+    const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
+    const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
     ProducerClocksOf<C> clk(p.clocks && pt == 0, sBar + 8 * (STAGES + 1) + 32 * 3);
 #ifdef KDTREE_GQA_PRODUCER_Q
     if (n > 0) {
@@ -1326,11 +1064,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
 #endif
-    const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
-    const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
-    int next_slot = !C::KEY_TAIL && pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
-    // tile `tile`'s copies into its stage (after tile - STAGES's release)
-    const auto issue = [&](int tile) {
+    int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
+    for (int tile = 0; tile < n; ++tile) {
       // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the
       // prefix tiles (and the page table, the prefix lengths) are read before it has finished,
       // the tree tokens' keys and values (which it may have written) after
@@ -1338,11 +1073,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;
       const uint32_t stage = sKV + st * C::SMEM_STAGE;
-      // (the key tail's producer reads its own tile's entry, still before the wait: a slot kept
-      // across the tail's step would spill its 64 registers)
-      const int slot = C::KEY_TAIL ? (pt < 32 ? run_slot<C>(p, pt_row, ts, tile, pt) : 0)
-                                   : next_slot;
-      if (!C::KEY_TAIL) next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
+      const int slot = next_slot;
+      next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {
@@ -1358,56 +1090,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         }
         if (pt != 0) mbar_arrive(bar);
       } else {
-        // (the key tail's producer recomputes the bases here: its 64 registers)
-        copy_kv_tile<C, E, SWAP>(
-            stage, C::KEY_TAIL ? static_cast<const E*>(p.k) + kvh * p.sk_h : kbase,
-            C::KEY_TAIL ? static_cast<const E*>(p.v) + kvh * p.sv_h : vbase, p, pt_row, ts, tile,
-            pt);
+        copy_kv_tile<C, E, SWAP>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
         cp_async_mbar_arrive(bar);
       }
       clk.stamp(1);
       GQA_TL_STAMP(4, tile == 0);
-    };
-    if constexpr (C::KEY_TAIL) {
-      const int kc = p.ktail_first >= 0 ? static_cast<int>(blockIdx.x) - p.ktail_first : -1;
-      if (kc >= 0) {  // this CTA's producer warps also run a share of the key tail
-        const uint32_t sP = sBar + 8 * (STAGES + 1) + CLOCK_BYTES;
-        const uint32_t sRed = sP + 8 * KEY_TAIL_PROW;
-        const int key_base = kc * 64;
-        KeyTail kt;
-        key_tail_init(kt);
-        // (64-key steps a tile: one with two key-tail CTAs, two with one; a loop of its own each)
-        const auto run = [&](auto steps_of) {
-          constexpr int STEPS = decltype(steps_of)::value;
-          for (int it = 0; it < n + KEY_TAIL_LAG; ++it) {
-            if (it < n) issue(it);
-            if (it == KEY_TAIL_LAG) {
-              griddep_wait();  // Q: after the kernel before completes
-              kt.q = key_tail_q<E>(p, b, kvh, pt & 31);
-            }
-            if (it >= KEY_TAIL_LAG) {
-              const int tile = it - KEY_TAIL_LAG, st = tile % STAGES;
-              mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
-              if (!(p.ablate & 32)) {
-#pragma unroll
-                for (int i = 0; i < STEPS; ++i)
-                  key_tail_step<C, E, SWAP>(kt, p, ts, b, tile, i, key_base,
-                                            sKV + st * C::SMEM_STAGE, sP, sRed, pt);
-              }
-            }
-          }
-        };
-        if (p.ktail_ctas == 2)
-          run(std::integral_constant<int, 1>{});
-        else
-          run(std::integral_constant<int, 2>{});
-        cp_async_wait<0>();
-        key_tail_finish<E>(kt, p, b, kvh, split, kc, sRed, pt);
-        GQA_TL_EXIT();
-        return;
-      }
     }
-    for (int tile = 0; tile < n; ++tile) issue(tile);
     cp_async_wait<0>();
     clk.flush(g_gqa_clocks[3], n);
     GQA_TL_EXIT();
@@ -1670,9 +1358,6 @@ const char* kdtree_gqa_error_string(int code) {
     case -14: return "split_tail: needs 3 warpgroups, tail_blocks 2, an even count >= 4 of whole "
                      "64-row blocks with 1 .. 16 rows past them, num_splits > 1 and the CUDA merge "
                      "(at most 1024 splits)";
-    case -15: return "split_tail 2 (the key tail): needs 2 warpgroups, tail_blocks 2, 1 .. 8 rows "
-                     "past the last whole 64-row block, and with two or more row CTAs num_splits "
-                     "> 1 and the CUDA merge (at most 1024 splits)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1768,23 +1453,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     }
   }
   p.tail_even_cta = p.half_row = -1;
-  p.ktail_first = -1;
-  p.ktail_ctas = 0;
   p.ws_rows = p.rows;
-  if (split_tail == 2) {  // the key tail (WideTail): no tail warpgroup
-    const int n_full = p.full_rows / WG_ROWS;
-    if (wgs != 2 || tail_blocks != 2 || n_full < 1 || p.rows - p.full_rows > 8) return -15;
-    row_ctas = (n_full + 1) / 2;
-    p.tail_cta = p.tail_wg = -1;
-    p.ktail_ctas = row_ctas >= 2 ? 2 : 1;
-    p.ktail_first = row_ctas - p.ktail_ctas;
-    if (p.ktail_ctas == 2) {
-      if (num_splits < 2 || merge == MERGE_BY_CALLER || 2 * num_splits > MERGE_MAX_SPLITS)
-        return -15;
-      p.half_row = p.full_rows;  // the second CTA's partials: shadow rows
-      p.ws_rows = p.rows + TAIL_N;
-    }
-  } else if (split_tail) {
+  if (split_tail) {
     const int n_full = p.full_rows / WG_ROWS;
     if (wgs != 3 || tail_blocks != 2 || n_full < 4 || n_full % 2 || p.tail_cta != row_ctas - 1 ||
         num_splits < 2 || merge == MERGE_BY_CALLER || 2 * num_splits > MERGE_MAX_SPLITS)
@@ -1836,9 +1506,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     if (p.tma_rows == 0 && tma_required) return -12;
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (wgs == 2 && split_tail == 2)
-    return dtype == 0 ? launch<WideTail, __nv_bfloat16>(p, B, row_ctas, merge, s)
-                      : launch<WideTail, __half>(p, B, row_ctas, merge, s);
   if (wgs == 2)
     return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, row_ctas, merge, s)
                       : launch<Wide, __half>(p, B, row_ctas, merge, s);
