@@ -102,27 +102,13 @@ constexpr int TAIL_P0 = TAIL_N * 128;             // P of even tiles: after Q's 
 constexpr int TAIL_P1 = Q_REGION + TAIL_N * 128;  // P of odd tiles: the same in half 1
 constexpr int TAIL_RED = 6144;                    // [2][4 warps][16] row maxima, [4][16] sums
 constexpr int CLOCK_BYTES = 4 * 8 * 4;  // SmemClocks: 8 words for each of 4 warpgroups
-// The key tail's shared memory (WideTail, key_tail_step): P (8 rows of 64 keys, 144-byte rows)
-// and the row maxima / sums of its four warps, after the clocks.
-// The key tail's shared memory (WideTail: all of the 227 KB, no alignment slack: dynamic shared
-// memory starts 1024-aligned, session 19's probe): after the stages, Q^T of the tail rows (two
-// 128B-swizzled atoms of 8 rows x 64 dims, 2 KB) and P^T (one atom of 8 rows x 64 keys, 1 KB),
-// whose rows 4-7 -- columns of the MMAs no tail row uses (at most KEY_TAIL_ROWS) -- hold the stage
-// mbarriers and the row maxima / sums.
-constexpr int KEY_TAIL_ROWS = 4;
-constexpr int KEY_TAIL_BYTES = 3072;
-constexpr int KT_BAR = 2048 + 512;  // mbarriers, from the key tail's region (in P^T's row 4)
-constexpr int KT_RED = KT_BAR + 64;  // [4 warps][4 rows] maxima, then [4][4] sums
 
 // A split kernel's shape: CWG consumer warpgroups of 64 rows, BN-key tiles in STAGES stages, the
 // producer's and consumers' register budgets (setmaxnreg).
-template <int CWG_, int BN_, int STAGES_, int PRODUCER_REGS_, int CONSUMER_REGS_, bool CLOCKS_,
-          bool KEY_TAIL_ = false>
+template <int CWG_, int BN_, int STAGES_, int PRODUCER_REGS_, int CONSUMER_REGS_, bool CLOCKS_>
 struct Cfg {
   static constexpr int CWG = CWG_, BN = BN_, STAGES = STAGES_;
   static constexpr bool CLOCKS = CLOCKS_;  // compile the phase clocks in (their 10 registers)
-  // the producer warpgroup also runs the rows past the last whole block (key_tail_step)
-  static constexpr bool KEY_TAIL = KEY_TAIL_;
   static constexpr int PRODUCER_REGS = PRODUCER_REGS_, CONSUMER_REGS = CONSUMER_REGS_;
   static constexpr int BLOCK_M = WG_ROWS * CWG;
   static constexpr int CONSUMERS = 128 * CWG;
@@ -131,8 +117,7 @@ struct Cfg {
   static constexpr int SMEM_Q = CWG * 2 * Q_REGION;
   static constexpr int SMEM_STAGE = 4 * KV_REGION;  // BN keys x (K, V) x 128 dims (kv_off)
   static constexpr int SMEM_TOTAL =
-      KEY_TAIL ? SMEM_Q + STAGES * SMEM_STAGE + KEY_TAIL_BYTES
-               : ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1) + CLOCK_BYTES;
+      ALIGN + SMEM_Q + STAGES * SMEM_STAGE + 8 * (STAGES + 1) + CLOCK_BYTES;
   static constexpr uint64_t STAGE_STEP = SMEM_STAGE >> 4;  // descriptor start-address units
   static constexpr int SN = BN / 2;     // S accumulator registers a thread
   static constexpr int KS = BN / 16;    // P V k-steps a tile
@@ -140,15 +125,13 @@ struct Cfg {
   static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
   // setmaxnreg moves registers within the CTA's launch allocation: ptxas gives every thread the
   // same count at launch (65536 / THREADS, rounded down to 8), so the warpgroups' counts must sum
-  // to no more (384 threads: 504 a thread of each warpgroup; more blocks setmaxnreg.inc forever)
+  // to no more (384 threads: 504 a thread of each warpgroup). Above it setmaxnreg.inc waits
+  // forever (session 19, call a: a 64 + 2 x 224 build deadlocked).
   static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <=
                     (65536 / THREADS) / 8 * 8 * THREADS,
                 "register file");
   static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_Q + CWG <= 16,
                 "named barriers");
-  static_assert(!KEY_TAIL || (BN == 128 && CWG == 2 && STAGES >= 3 && !CLOCKS &&
-                              KT_RED + 128 <= KEY_TAIL_BYTES && 8 * (STAGES + 1) <= 64),
-                "the key tail: Wide's tiles, a lag of two tiles, its barriers in P^T's rows 4-7");
   static_assert(TAIL_P0 + (BN / 64) * 2048 <= TAIL_RED && TAIL_RED + 768 <= Q_REGION &&
                     TAIL_P1 + (BN / 64) * 2048 <= 2 * Q_REGION,
                 "the tail warpgroup's P buffers and scratch fit its Q region");
@@ -156,11 +139,6 @@ struct Cfg {
 };
 // Two consumer warpgroups (128 rows a CTA) over 128-key tiles: the FlashAttention-3 shape.
 using Wide = Cfg<2, 128, 3, 40, 232, true>;
-// Wide with the rows past the last whole 64-row block (at most KEY_TAIL_ROWS) in its producer
-// warpgroup (key_tail_step: swapped-operand wgmma over a 64-key share of each tile, session 19).
-// The consumers keep 224 registers (at 216 ptxas serialises their wgmma, C7512), the producer 56
-// (the launch gives 3 x 168), no phase clocks.
-using WideTail = Cfg<2, 128, 3, 56, 224, false, true>;
 // Three consumer warpgroups (192 rows a CTA, so fewer CTAs read each KV tile) over 64-key
 // tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
 // the S, P and O fragments fit, PhaseClocks' ten registers do not (spills), so its clocks sum
@@ -268,9 +246,6 @@ struct Params {
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
-  int ktail_first;           // the key tail (WideTail): its first CTA x, -1 none; its CTAs
-  int ktail_ctas;            // (1 or 2, the last ones) share each tile's keys, the second's
-                             // partials in the shadow rows (half_row = full_rows)
 };
 
 // Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
@@ -428,20 +403,6 @@ __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Para
   for (int w = 0; w < C::WORDS; ++w)
     if (j0 + 64 * w < ts.T)
       bits[w] = static_cast<uint64_t>(__ldg(mrow + w)) & low64(ts.T - j0 - 64 * w);
-}
-
-// Word `w` of tile_bits (keys 64 w .. 64 w + 63 of the tile) alone.
-template <class C>
-__device__ __forceinline__ uint64_t tile_word(const Params& p, const TileSeq& ts, int b, int tile,
-                                              int row, int w) {
-  const auto low64 = [](int k) {
-    return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
-  };
-  if (tile < ts.n_pre) return low64(ts.end - (ts.start + tile * C::BN) - 64 * w);
-  const int j = (tile - ts.n_pre) * C::BN + 64 * w;  // a multiple of 64: a whole mask word
-  if (row >= p.rows || j >= ts.T) return 0ull;
-  const int64_t* mrow = p.tree_mask + b * p.sm_b + (row / p.G) * p.sm_t + (j >> 6);
-  return static_cast<uint64_t>(__ldg(mrow)) & low64(ts.T - j);
 }
 
 // Whether tile `tile` is a whole prefix tile (no mask).
@@ -1027,192 +988,6 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   }
 }
 
-// ------------------------------------------------------------------ the key tail (WideTail)
-//
-// The Wide shape has no room for a tail warpgroup (its Q and three 64 KB stages leave ~3 KB of
-// shared memory), and its consumers need 224 registers (at 216 ptxas serialises their wgmma,
-// C7512), which leaves the producer warpgroup 56 of the launch's 3 x 168. So there the 1-4 rows
-// past the last whole 64-row block go to the producer warpgroup, which only waits between TMA
-// issues: the tail warpgroup's swapped-operand wgmma (tail_rows), over a 64-key share of each
-// tile. The ktail_ctas (1 or 2) last CTAs of a split share each tile's 128 keys (64-key steps;
-// the second CTA's partials in the merge's shadow rows). A step: S^T (64 keys x 8) = K Q^T
-// (m64n8k16: A = the stage's K, B = Q^T), the online softmax down its columns (the four warps'
-// maxima meet in shared memory), P^T to shared memory, O^T (128 dims x 8) += V^T P^T (A = the
-// stage's V, MN-major). The producer warps run tile j's steps after issuing tile j + 2
-// (KEY_TAIL_LAG): issuing tile j + 3 needs tile j released, and that barrier counts every
-// producer thread, so the stage's reuse waits for the tail too. (Session 19's first key tail ran
-// the same steps with warp-level mma.sync, commit e4e453e: they got a small share of the tensor
-// cores the consumers' wgmma keep busy, and it was 1.1-1.7x slower.)
-constexpr int KEY_TAIL_LAG = 2;
-
-// Q^T of the tail rows into its two atoms (rows >= G * T zero), after griddep_wait.
-template <typename E>
-__device__ __forceinline__ void key_tail_load_q(uint32_t sQt, const Params& p, int b, int kvh,
-                                                int pt_in) {
-  int pt;  // (opaque: its addresses computed here, not hoisted to the kernel's start)
-  asm volatile("mov.b32 %0, %1;\n" : "=r"(pt) : "r"(pt_in));
-  const E* q = static_cast<const E*>(p.q) + b * p.sq_b;
-  for (int i = pt; i < 8 * 16; i += 128) {  // row i / 16, 16-byte chunk i % 16
-    const int r = i >> 4, c = i & 15;
-    const int row = p.full_rows + r;
-    const bool valid = row < p.rows;
-    const int tok = valid ? row / p.G : 0;
-    const int h = valid ? kvh * p.G + row - tok * p.G : 0;
-    cp_async16(sQt + (c >> 3) * 1024 + swz(r, c & 7), q + tok * p.sq_t + h * p.sq_h + c * 8,
-               valid ? 16 : 0);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  fence_async_smem();
-  named_sync(BAR_TAIL, 128);
-  fence_async_smem();
-}
-
-// One 64-key step (keys 64 c .. of tile `tile`, whose stage has landed).
-template <class C, typename E, int SWAP>
-__device__ __forceinline__ void key_tail_step(float (&o)[2][4], float (&m_run)[2],
-                                              float (&l_run)[2], const Params& p,
-                                              const TileSeq& ts, int b, int tile, int c,
-                                              uint32_t stage, uint32_t sKT, int pt_in) {
-  // (the lane's indices are recomputed at each step from an opaque copy of its thread index:
-  // hoisted out of the tile loop, ptxas keeps them in local memory at 56 registers)
-  int pt;
-  asm volatile("mov.b32 %0, %1;\n" : "=r"(pt) : "r"(pt_in));
-  const int lane = pt & 31, wi = pt >> 5, q4 = lane & 3;
-  const int kr = wi * 16 + (lane >> 2);  // this thread's keys kr, kr + 8 (dims of O^T)
-  const uint64_t dq = wg_desc(sKT, 16, 1024), dp = wg_desc(sKT + 2048, 16, 1024);
-  const uint64_t dk = wg_desc(stage + SWAP * KV_PART + c * 8 * KV_GROUP, 16, KV_GROUP);
-  const uint64_t dv = wg_desc(stage + (1 - SWAP) * KV_PART + c * 8 * KV_GROUP, KV_HALF, KV_GROUP);
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
-  pin(s);  // (zeroed before the fence: registers left holding the last softmax's values would
-           // make ptxas serialise every wgmma, C7511)
-  pin(o[0]);
-  pin(o[1]);
-  wg_fence();
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks)
-    Wgmma<E>::ss_n8(s, dk + (ks >> 2) * (KV_HALF >> 4) + (ks & 3) * 2,
-                    dq + (ks >> 2) * (1024 >> 4) + (ks & 3) * 2, ks > 0);
-  wg_commit();
-  wg_wait<0>();
-  pin(s);
-  pin(o[0]);
-  pin(o[1]);
-  // the online softmax down the columns (rows 2 q4 + i of the tail; fragment register 2 h + i
-  // holds key kr + 8 h)
-  const uint32_t red = sKT + KT_RED;
-  const float scale = p.qk_scale;
-  const bool full = tile_is_full<C>(ts, tile);
-  float alpha[2], off[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int col = 2 * q4 + i;
-    if (!full) {
-      const uint64_t bits = tile_word<C>(p, ts, b, tile, p.full_rows + col, c);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (!((bits >> (kr + 8 * h)) & 1ull)) s[2 * h + i] = neg_inf();
-    }
-    float mx = fmaxf(s[i], s[2 + i]);
-#pragma unroll
-    for (int o4 = 4; o4 < 32; o4 <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o4));
-    if (lane < 2) st_shared_f32(red + (wi * 4 + col) * 4, mx);  // (columns >= 4: no row)
-  }
-  named_sync(BAR_TAIL, 128);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int col = 2 * q4 + i;
-    float mx = neg_inf();
-    if (col < KEY_TAIL_ROWS) {
-#pragma unroll
-      for (int w = 0; w < 4; ++w) mx = fmaxf(mx, ld_shared_f32(red + (w * 4 + col) * 4));
-    }
-    const float mnew = fmaxf(m_run[i], mx * scale);  // scale > 0: order kept
-    off[i] = wg_offset(mnew);
-    alpha[i] = exp2f(m_run[i] - off[i]);
-    m_run[i] = mnew;
-    float sum = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float e = exp2f(fmaf(s[2 * h + i], scale, -off[i]));
-      sum += e;
-      const int key = kr + 8 * h;
-      // P^T's B atom (row = column col, 64 keys); rows >= 4 hold the barriers: not written
-      if (col < KEY_TAIL_ROWS)
-        st_shared_u16(sKT + 2048 + swz(col, key >> 3) + (key & 7) * 2, Mma<E>::pack(e, 0.f));
-    }
-    l_run[i] = l_run[i] * alpha[i] + sum;
-  }
-#pragma unroll
-  for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      o[mb][i] *= alpha[i];
-      o[mb][2 + i] *= alpha[i];
-    }
-  fence_async_smem();  // P^T (generic stores) -> the wgmma reads, after everyone's stores
-  named_sync(BAR_TAIL, 128);
-  pin(o[0]);
-  pin(o[1]);
-  wg_fence();
-#pragma unroll
-  for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      Wgmma<E>::ss_n8_ta(o[mb], dv + mb * (KV_HALF >> 4) + kk * (2 * KV_GROUP >> 4),
-                         dp + kk * 2, 1);
-  wg_commit();
-  wg_wait<0>();
-  pin(o[0]);
-  pin(o[1]);
-}
-
-// After the split: the row sums across the warps, then the rows' output, or partials and LSE
-// (the second key-tail CTA's in the shadow rows).
-template <typename E>
-__device__ __forceinline__ void key_tail_finish(float (&o)[2][4], const float (&m_run)[2],
-                                                float (&l_run)[2], const Params& p, int b,
-                                                int kvh, int split, int c, uint32_t sKT, int pt) {
-  const int lane = pt & 31, wi = pt >> 5, q4 = lane & 3;
-  const int kr = wi * 16 + (lane >> 2);
-  const uint32_t sums = sKT + KT_RED + 64;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int o4 = 4; o4 < 32; o4 <<= 1) l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], o4);
-    if (lane < 2) st_shared_f32(sums + (wi * 4 + 2 * q4 + i) * 4, l_run[i]);
-  }
-  named_sync(BAR_TAIL, 128);
-  const int S = p.num_splits;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int col = 2 * q4 + i;
-    const int row = p.full_rows + col;
-    if (col >= KEY_TAIL_ROWS || row >= p.rows) continue;
-    float l = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) l += ld_shared_f32(sums + (w * 4 + col) * 4);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (S == 1) {
-      E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
-               (kvh * p.G + row % p.G) * p.so_h;
-#pragma unroll
-      for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) dst[64 * mb + kr + 8 * h] = E(o[mb][2 * h + i] * inv);
-    } else {
-      const int64_t ridx = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows +
-                           row + (c == 1 ? p.rows - p.half_row : 0);  // (second CTA: shadow rows)
-      float* dst = p.part + ridx * D;
-#pragma unroll
-      for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) dst[64 * mb + kr + 8 * h] = o[mb][2 * h + i] * inv;
-      if (wi == 0 && lane < 2) p.lse[ridx] = l > 0.f ? m_run[i] + __log2f(l) : neg_inf();
-    }
-  }
-}
-
 // SWAP: the stage layout with V before K in each key group (Params::kv_swap).
 template <class C, typename E, int SWAP>
 __global__ void __launch_bounds__(C::THREADS, 1)
@@ -1221,17 +996,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   constexpr int CONSUMERS = C::CONSUMERS, THREADS = C::THREADS;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
-  // (the key tail takes all 227 KB: no slack; dynamic shared memory starts 1024-aligned)
-  const uint32_t base =
-      C::KEY_TAIL ? raw : (raw + ALIGN - 1) & ~static_cast<uint32_t>(ALIGN - 1);
-  if (C::KEY_TAIL && (raw & (ALIGN - 1)) != 0) __trap();
+  const uint32_t base = (raw + ALIGN - 1) & ~static_cast<uint32_t>(ALIGN - 1);
   const uint32_t sQ = base;
   const uint32_t sKV = sQ + C::SMEM_Q;
-  // the key tail's Q^T and P^T (WideTail)
-  const uint32_t sKT = sKV + STAGES * C::SMEM_STAGE;
-  // STAGES mbarriers ("full"), then Q's (used by the -DKDTREE_GQA_PRODUCER_Q build only); the
-  // key tail's in P^T's unused rows
-  const uint32_t sBar = C::KEY_TAIL ? sKT + KT_BAR : sKV + STAGES * C::SMEM_STAGE;
+  // STAGES mbarriers ("full"), then Q's (used by the -DKDTREE_GQA_PRODUCER_Q build only)
+  const uint32_t sBar = sKV + STAGES * C::SMEM_STAGE;
 
   const int tid = threadIdx.x;
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
@@ -1285,6 +1054,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // ================= producer warpgroup ==================================================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
     const int pt = tid - CONSUMERS;
+    const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
+    const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
     ProducerClocksOf<C> clk(p.clocks && pt == 0, sBar + 8 * (STAGES + 1) + 32 * 3);
 #ifdef KDTREE_GQA_PRODUCER_Q
     if (n > 0) {
@@ -1293,11 +1064,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
 #endif
-    const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
-    const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
-    int next_slot = !C::KEY_TAIL && pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
-    // tile `tile`'s copies into its stage (after tile - STAGES's release)
-    const auto issue = [&](int tile) {
+    int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
+    for (int tile = 0; tile < n; ++tile) {
       // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the
       // prefix tiles (and the page table, the prefix lengths) are read before it has finished,
       // the tree tokens' keys and values (which it may have written) after
@@ -1305,11 +1073,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;
       const uint32_t stage = sKV + st * C::SMEM_STAGE;
-      // (the key tail's producer reads its own tile's entry, still before the wait: a slot kept
-      // across the tail's step would spill its 64 registers)
-      const int slot = C::KEY_TAIL ? (pt < 32 ? run_slot<C>(p, pt_row, ts, tile, pt) : 0)
-                                   : next_slot;
-      if (!C::KEY_TAIL) next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
+      const int slot = next_slot;
+      next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {
@@ -1325,43 +1090,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         }
         if (pt != 0) mbar_arrive(bar);
       } else {
-        // (the key tail's producer recomputes the bases here: its 64 registers)
-        copy_kv_tile<C, E, SWAP>(
-            stage, C::KEY_TAIL ? static_cast<const E*>(p.k) + kvh * p.sk_h : kbase,
-            C::KEY_TAIL ? static_cast<const E*>(p.v) + kvh * p.sv_h : vbase, p, pt_row, ts, tile,
-            pt);
+        copy_kv_tile<C, E, SWAP>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
         cp_async_mbar_arrive(bar);
       }
       clk.stamp(1);
       GQA_TL_STAMP(4, tile == 0);
-    };
-    if constexpr (C::KEY_TAIL) {
-      const int kc = p.ktail_first >= 0 ? static_cast<int>(blockIdx.x) - p.ktail_first : -1;
-      if (kc >= 0) {  // this CTA's producer warps also run a share of the key tail
-        const int steps = p.ktail_ctas == 2 ? 1 : 2;  // 64-key steps a tile
-        float o[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
-        for (int it = 0; it < n + KEY_TAIL_LAG; ++it) {
-          if (it < n) issue(it);
-          if (it == KEY_TAIL_LAG) {
-            griddep_wait();  // Q: after the kernel before completes
-            key_tail_load_q<E>(sKT, p, b, kvh, pt);
-          }
-          if (it >= KEY_TAIL_LAG) {
-            const int tile = it - KEY_TAIL_LAG, st = tile % STAGES;
-            mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
-            for (int i = 0; i < steps; ++i)
-              key_tail_step<C, E, SWAP>(o, m_run, l_run, p, ts, b, tile, kc + i,
-                                        sKV + st * C::SMEM_STAGE, sKT, pt);
-          }
-        }
-        cp_async_wait<0>();
-        key_tail_finish<E>(o, m_run, l_run, p, b, kvh, split, kc, sKT, pt);
-        GQA_TL_EXIT();
-        return;
-      }
     }
-    for (int tile = 0; tile < n; ++tile) issue(tile);
     cp_async_wait<0>();
     clk.flush(g_gqa_clocks[3], n);
     GQA_TL_EXIT();
@@ -1624,11 +1358,6 @@ const char* kdtree_gqa_error_string(int code) {
     case -14: return "split_tail: needs 3 warpgroups, tail_blocks 2, an even count >= 4 of whole "
                      "64-row blocks with 1 .. 16 rows past them, num_splits > 1 and the CUDA merge "
                      "(at most 1024 splits)";
-    case -15: return "split_tail 2 (the key tail): needs 2 warpgroups, tail_blocks 2, 1 .. 4 rows "
-                     "past the last whole 64-row block, and with two or more row CTAs num_splits "
-                     "> 1 and the CUDA merge (at most 1024 splits)";
-    case -16: return "split_tail 2 (the key tail) is not in the CTA-timeline build (KDTREE_TIMELINE): "
-                     "its static shared memory leaves less than the key tail's 227 KB";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1724,27 +1453,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     }
   }
   p.tail_even_cta = p.half_row = -1;
-  p.ktail_first = -1;
-  p.ktail_ctas = 0;
   p.ws_rows = p.rows;
-  if (split_tail == 2) {  // the key tail (WideTail): no tail warpgroup
-    const int n_full = p.full_rows / WG_ROWS;
-    if (wgs != 2 || tail_blocks != 2 || n_full < 1 || p.rows - p.full_rows > KEY_TAIL_ROWS)
-      return -15;
-#ifdef KDTREE_TIMELINE
-    return -16;  // (its static shared memory leaves less than the key tail's 227 KB)
-#endif
-    row_ctas = (n_full + 1) / 2;
-    p.tail_cta = p.tail_wg = -1;
-    p.ktail_ctas = row_ctas >= 2 ? 2 : 1;
-    p.ktail_first = row_ctas - p.ktail_ctas;
-    if (p.ktail_ctas == 2) {
-      if (num_splits < 2 || merge == MERGE_BY_CALLER || 2 * num_splits > MERGE_MAX_SPLITS)
-        return -15;
-      p.half_row = p.full_rows;  // the second CTA's partials: shadow rows
-      p.ws_rows = p.rows + TAIL_N;
-    }
-  } else if (split_tail) {
+  if (split_tail) {
     const int n_full = p.full_rows / WG_ROWS;
     if (wgs != 3 || tail_blocks != 2 || n_full < 4 || n_full % 2 || p.tail_cta != row_ctas - 1 ||
         num_splits < 2 || merge == MERGE_BY_CALLER || 2 * num_splits > MERGE_MAX_SPLITS)
@@ -1796,9 +1506,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     if (p.tma_rows == 0 && tma_required) return -12;
   }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (wgs == 2 && split_tail == 2)
-    return dtype == 0 ? launch<WideTail, __nv_bfloat16>(p, B, row_ctas, merge, s)
-                      : launch<WideTail, __half>(p, B, row_ctas, merge, s);
   if (wgs == 2)
     return dtype == 0 ? launch<Wide, __nv_bfloat16>(p, B, row_ctas, merge, s)
                       : launch<Wide, __half>(p, B, row_ctas, merge, s);

@@ -643,13 +643,15 @@ else:
 # most of all S^T's chain of dependent `mma.sync` behind the consumers' wgmma (`sonly`), cost
 # more a tile than the consumers' own step. T=64 (no tail rows) is the drift reference. Call d
 # split S^T into two chains: no faster (the tail's MMAs get a small share of busy tensor cores).
+# Call f ran the steps as swapped-operand wgmma (commit e09ac3e, 32q/8kv only): half the cost,
+# still 12-17 % slower at T=65.
 
 # %%
 ab19_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session19.csv")
 abl19_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session19.csv")
 if ab19_csv.exists() and abl19_csv.exists():
     ab19 = pd.read_csv(ab19_csv)
-    for call in ("b", "d"):
+    for call in ("b", "d", "f"):
         display(ns.ab_commits_table(ab19, call=call).round(3))
     abl19 = pd.read_csv(abl19_csv)
     display(ns.layout_variants_table(abl19.assign(point=abl19["name"], ms=abl19["p50"]),
