@@ -652,6 +652,9 @@ abl19_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session19.csv")
 if ab19_csv.exists() and abl19_csv.exists():
     ab19 = pd.read_csv(ab19_csv)
     for call in ("b", "d", "f"):
+        one = ab19[ab19["call"] == call]
+        print(f"call {call} ({one['git_sha'].iloc[0]}): {one.loc[one['side'] == 'new', 'env'].iloc[0]}"
+              f" against {one.loc[one['side'] == 'old', 'env'].iloc[0]}")  # fmt: skip
         display(ns.ab_commits_table(ab19, call=call).round(3))
     abl19 = pd.read_csv(abl19_csv)
     display(ns.layout_variants_table(abl19.assign(point=abl19["name"], ms=abl19["p50"]),
