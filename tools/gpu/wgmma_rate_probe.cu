@@ -22,8 +22,12 @@ using E = __nv_bfloat16;
 
 constexpr int ROUNDS = 256;
 
-template <int N>
+// TA: A MN-major (the swapped-operand P V^T's V^T), else K-major
+template <int N, bool TA>
 __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db) {
+  if constexpr (TA && N == 8) Wgmma<E>::ss_n8_ta(d, da, db, 1);
+  if constexpr (TA && N == 16) Wgmma<E>::ss_n16_ta(d, da, db, 1);
+  if constexpr (TA) return;
   if constexpr (N == 8) Wgmma<E>::ss_n8(d, da, db, 1);
   if constexpr (N == 16) Wgmma<E>::ss_n16(d, da, db, 1);
   if constexpr (N == 32) Wgmma<E>::ss_n32(d, da, db, 1);
@@ -31,16 +35,20 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t da, uint64_t db)
   if constexpr (N == 128) Wgmma<E>::ss_n128(d, da, db, 1);
 }
 
-template <int N, int CHAINS>
+template <int N, int CHAINS, bool TA>
 __global__ void __launch_bounds__(384, 1) probe(unsigned long long* cycles, float* sink) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // zero A (64 rows x 64 dims) and B (N rows x 64 dims)
+  // zero A (64 rows x 64 dims; MN-major: 64 keys x 64 dims, a k-step 16 keys = 2 KB) and B (N
+  // rows x 64 dims)
   for (int i = threadIdx.x; i < (64 + N) * 128 / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = 0u;
   fence_async_smem();
   __syncthreads();
-  const uint64_t da = wg_desc(base, 16, 1024), db = wg_desc(base + 64 * 128, 16, 1024);
+  // (MN-major A as the GQA kernel's V: the leading byte offset between 64-dim halves, unused at
+  // M = 64, the stride byte offset between 8-key groups)
+  const uint64_t da = TA ? wg_desc(base, 8192, 1024) : wg_desc(base, 16, 1024);
+  const uint64_t db = wg_desc(base + 64 * 128, 16, 1024);
   float acc[CHAINS][N / 2];
 #pragma unroll
   for (int c = 0; c < CHAINS; ++c)
@@ -54,7 +62,8 @@ __global__ void __launch_bounds__(384, 1) probe(unsigned long long* cycles, floa
     wg_fence();  // (a batch's fence, as in the kernels)
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks)  // (k-steps 4-7 repeat 0-3: one 64-dim atom)
-      mma<N>(acc[ks % CHAINS], da + (ks & 3) * 2, db + (ks & 3) * 2);
+      mma<N, TA>(acc[ks % CHAINS], da + (TA ? (ks & 3) * (2048 >> 4) : (ks & 3) * 2),
+                 db + (ks & 3) * 2);
     wg_commit();
     wg_wait<1>();  // (at most two rounds in flight, as a kernel's batches would be)
   }
@@ -71,22 +80,22 @@ __global__ void __launch_bounds__(384, 1) probe(unsigned long long* cycles, floa
   if (s != 0.f) sink[threadIdx.x] = s;  // (never: zeros; keeps the MMAs)
 }
 
-template <int N, int CHAINS>
+template <int N, int CHAINS, bool TA = false>
 void run(int wgs, unsigned long long* d_cycles, float* d_sink, int sms) {
   const int smem = (64 + N) * 128;
-  cudaFuncSetAttribute(probe<N, CHAINS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(probe<N, CHAINS, TA>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaMemset(d_cycles, 0, sizeof(unsigned long long));
-  probe<N, CHAINS><<<sms, 128 * wgs, smem>>>(d_cycles, d_sink);  // warm-up
+  probe<N, CHAINS, TA><<<sms, 128 * wgs, smem>>>(d_cycles, d_sink);  // warm-up
   cudaMemset(d_cycles, 0, sizeof(unsigned long long));
-  probe<N, CHAINS><<<sms, 128 * wgs, smem>>>(d_cycles, d_sink);
+  probe<N, CHAINS, TA><<<sms, 128 * wgs, smem>>>(d_cycles, d_sink);
   unsigned long long cyc = 0;
   cudaMemcpy(&cyc, d_cycles, sizeof(cyc), cudaMemcpyDeviceToHost);
   const cudaError_t err = cudaGetLastError();
   const double per = static_cast<double>(cyc) / (static_cast<double>(ROUNDS) * 8 * wgs);
   const double macs = 64.0 * N * 16 / per;
-  printf("m64n%-3dk16  warpgroups %d  chains %d  %8.1f cycles a MMA (SM)  %6.0f MAC a cycle  %5.1f %%"
+  printf("m64n%-3dk16%s  warpgroups %d  chains %d  %8.1f cycles a MMA (SM)  %6.0f MAC a cycle  %5.1f %%"
          " of peak %s\n",
-         N, wgs, CHAINS, per, macs, 100.0 * macs / 2048.0,
+         N, TA ? " A MN-major" : "           ", wgs, CHAINS, per, macs, 100.0 * macs / 2048.0,
          err == cudaSuccess ? "" : cudaGetErrorString(err));
 }
 
@@ -105,6 +114,8 @@ int main() {
     run<32, 4>(wgs, d_cycles, d_sink, sms);
     run<64, 2>(wgs, d_cycles, d_sink, sms);
     run<128, 1>(wgs, d_cycles, d_sink, sms);
+    run<8, 4, true>(wgs, d_cycles, d_sink, sms);
+    run<16, 4, true>(wgs, d_cycles, d_sink, sms);
   }
   return 0;
 }
