@@ -986,11 +986,6 @@ struct KTail {
   float s[4];
 };
 
-// Warpgroup w's 64 keys of a tile's K or V descriptor.
-__device__ __forceinline__ uint64_t kt_keys(uint64_t d, int w) {
-  return d + static_cast<uint64_t>(w * (8 * KV_GROUP >> 4));
-}
-
 // S^T = K Q^T over the warpgroup's 64 keys (dk: their first key group): 8 k-steps, not committed.
 template <typename E>
 __device__ __forceinline__ void kt_issue_scores(float (&s)[4], uint64_t dk, uint64_t dqt) {
@@ -1171,13 +1166,8 @@ __device__ __forceinline__ void kt_finish(KTail& kt, const Params& p, int b, int
 
 // One consumer step, tile j >= 1: S_j = Q K_j^T issued together with O += P_{j-1} V_{j-1}
 // (`pc`); the online softmax of S_j (into `pn`) runs while the latter is on the tensor cores;
-// then stage j-1 is released and O rescaled by alpha_j. KT = 1 (WideTail, the key tail's CTA on
-// a tile of its parity): the warpgroup's S^T_j is issued last in its batch, in a group of its own
-// (the rows' softmax waits for S_j only), its softmax runs after the rows' step, and O^T += V_j^T
-// P_j^T is left on the tensor cores (the next step's first wait retires it): no wait of the step
-// is for the tail's small MMAs alone. (Issued first, S^T_j's eight dependent MMAs held S_j
-// behind them, call b.)
-template <class C, typename E, int KT = 0>
+// then stage j-1 is released and O rescaled by alpha_j.
+template <class C, typename E>
 __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
                                              uint32_t (&pc)[C::KS][4], uint32_t (&pn)[C::KS][4],
                                              float& m_run0, float& m_run1, float& l_run0,
@@ -1185,7 +1175,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
                                              int b, int tile, int row0, int row1, int q4,
                                              uint64_t dq, uint64_t dk0, uint64_t dv0,
                                              uint32_t sBar, int turns, int w,
-                                             ClocksOf<C>& clk, KTail& kt, uint32_t sKT) {
+                                             ClocksOf<C>& clk) {
   constexpr int STAGES = C::STAGES;
   const int n = ts.n_tiles;
   const int st = tile % STAGES;
@@ -1199,32 +1189,18 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
   clk.stamp(0);
   pin(o);              // the rescale and P_{j-1} complete before the batch starts
   pin(pc);
-  if constexpr (KT == 1) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) kt.s[i] = 0.f;  // (fresh: else every wgmma is serialised, C7511)
-    pin(kt.s);
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-  }
   if (turns) named_sync(BAR_TURN + w, 256);  // the previous warpgroup issued its batch
   wg_fence();
   issue_scores<C, E>(s, dq, dk);
   wg_commit();
   issue_pv<C, E>(o, pc, dv);
   wg_commit();
-  if constexpr (KT == 1) {
-    kt_issue_scores<E>(kt.s, kt_keys(dk, w), wg_desc(sKT, 16, 1024));
-    wg_commit();
-  }
   // hand the turn to the next warpgroup of the ring (the last one's last batch has no taker:
   // warpgroup 0 is done issuing)
   if (turns && !(w == turns - 1 && tile == n - 1))
     named_arrive(BAR_TURN + (w + 1 == turns ? 0 : w + 1), 256);
   clk.stamp(1);
-  if constexpr (KT == 1)
-    wg_wait<2>();  // S_j done (groups retire in order)
-  else
-    wg_wait<1>();  // S_j done (groups retire in order)
+  wg_wait<1>();  // S_j done (groups retire in order)
   pin(s);
   clk.stamp(2);
   // online softmax of S_j (base 2, the scale folded into the exponent's multiply-add)
@@ -1249,9 +1225,8 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
     l_run1 = l_run1 * alpha1 + sum.y;
   }
   clk.stamp(3);
-  wg_wait<0>();  // P_{j-1} V_{j-1} done (and the tail's S^T_j)
+  wg_wait<0>();  // P_{j-1} V_{j-1} done
   pin(o);
-  if constexpr (KT == 1) pin(kt.s);
   clk.stamp(4);
   if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
   // O *= alpha_j (skipped when no row of the warp moved)
@@ -1263,14 +1238,6 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
       o[4 * j + 2] *= alpha1;
       o[4 * j + 3] *= alpha1;
     }
-  }
-  if constexpr (KT == 1) {  // the tail's softmax, then its O^T += V_j^T P_j^T left in flight
-    kt_softmax<C, E>(kt, p, ts, b, tile, w, threadIdx.x & 127, sKT);
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-    wg_fence();
-    kt_issue_pv<E>(kt.o, kt_keys(dv0 + st * C::STAGE_STEP, w), wg_desc(sKT + KT_P, 16, 1024));
-    wg_commit();
   }
   clk.stamp(5);
 }
@@ -1286,6 +1253,51 @@ __device__ __forceinline__ void finish_pv(float (&o)[64], uint32_t (&pc)[C::KS][
   wg_commit();
   wg_wait<0>();
   pin(o);
+}
+
+// Warpgroup w's 64 keys of a tile's K or V descriptor.
+__device__ __forceinline__ uint64_t kt_keys(uint64_t d, int w) {
+  return d + static_cast<uint64_t>(w * (8 * KV_GROUP >> 4));
+}
+
+// The key tail's step of tile `tile` (stage st, landed: the rows' step waited for it) in a
+// consumer warpgroup of WideTail's last two CTAs, run after the rows' step: S^T = K Q^T over the
+// warpgroup's 64 keys, waited for; its softmax (P^T to shared memory, O^T rescaled); O^T += V^T
+// P^T, waited for (a whole fence / MMA / commit / wait sequence each: callable behind a branch).
+// It runs after the rows' softmax, when P_{j-1}'s registers are free: issued with the rows'
+// MMAs, its accumulators made the consumers spill at 232 registers; and by then the other
+// warpgroup's MMAs have left the tensor cores, so its small MMAs start at once.
+template <class C, typename E>
+__device__ __forceinline__ void kt_step(KTail& kt, const Params& p, const TileSeq& ts, int b,
+                                        int tile, int w, uint64_t dk0, uint64_t dv0,
+                                        uint32_t sKT) {
+  // (measurement, KDTREE_GQA_ABLATE, wrong results: bit 6 no MMAs, bit 7 no softmax, bit 8 only
+  // warpgroup 0 runs the tail's steps)
+  if ((p.ablate & 256) && w != 0) return;
+  const int st = tile % C::STAGES;
+  if (!(p.ablate & 64)) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) kt.s[i] = 0.f;  // (fresh: else every wgmma is serialised, C7511)
+    pin(kt.s);
+    pin(kt.o[0]);
+    pin(kt.o[1]);
+    wg_fence();
+    kt_issue_scores<E>(kt.s, kt_keys(dk0 + st * C::STAGE_STEP, w), wg_desc(sKT, 16, 1024));
+    wg_commit();
+    wg_wait<0>();
+    pin(kt.s);
+  }
+  if (!(p.ablate & 128)) kt_softmax<C, E>(kt, p, ts, b, tile, w, threadIdx.x & 127, sKT);
+  if (!(p.ablate & 64)) {
+    pin(kt.o[0]);
+    pin(kt.o[1]);
+    wg_fence();
+    kt_issue_pv<E>(kt.o, kt_keys(dv0 + st * C::STAGE_STEP, w), wg_desc(sKT + KT_P, 16, 1024));
+    wg_commit();
+    wg_wait<0>();
+    pin(kt.o[0]);
+    pin(kt.o[1]);
+  }
 }
 
 // SWAP: the stage layout with V before K in each key group (Params::kv_swap).
@@ -1501,6 +1513,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
   const int turns = ring && with_rows >= 2 ? with_rows : 0;
   if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
+  // the key tail's step after the rows' step of `tile`, in its CTA kc's tiles (parity kc)
+  const auto tail_after = [&](int tile) {
+    if (C::KEY_TAIL && kc >= 0 && (tile & 1) == kc)
+      kt_step<C, E>(kt, p, ts, b, tile, w, dk0, dv0, sKT);
+  };
   // ---- tile 0: S_0 and its softmax
   tile_bits<C>(bits0, p, ts, b, 0, row0);
   tile_bits<C>(bits1, p, ts, b, 0, row1);
@@ -1510,25 +1527,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   mbar_wait(sBar, 0);
   GQA_TL_STAMP(3, w == 0);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
-  if (C::KEY_TAIL && kc == 0) {  // (the key tail's first CTA: its S^T_0 first, then as in
-#pragma unroll                   // consume_tile)
-    for (int i = 0; i < 4; ++i) kt.s[i] = 0.f;
-    pin(kt.s);
-    wg_fence();
-    issue_scores<C, E>(s, dq, dk0);
-    wg_commit();
-    kt_issue_scores<E>(kt.s, kt_keys(dk0, w), wg_desc(sKT, 16, 1024));
-    wg_commit();
-    wg_wait<0>();
-    pin(s);
-    pin(kt.s);
-  } else {
-    wg_fence();
-    issue_scores<C, E>(s, dq, dk0);
-    wg_commit();
-    wg_wait<0>();
-    pin(s);
-  }
+  wg_fence();
+  issue_scores<C, E>(s, dq, dk0);
+  wg_commit();
+  wg_wait<0>();
+  pin(s);
   {
     const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
     m_run0 = mx.x * scale;
@@ -1537,38 +1540,23 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     l_run0 = sum.x;
     l_run1 = sum.y;
   }
-  if (C::KEY_TAIL && kc == 0) {  // the tail's softmax of tile 0, its P V left in flight
-    kt_softmax<C, E>(kt, p, ts, b, 0, w, tid & 127, sKT);
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-    wg_fence();
-    kt_issue_pv<E>(kt.o, kt_keys(dv0, w), wg_desc(sKT + KT_P, 16, 1024));
-    wg_commit();
-  }
+  tail_after(0);
 
-  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn); the key
-  // tail's CTA kc takes the tiles of parity kc (a round's first tile is odd)
-#define GQA_CONSUME(KT, PA, PB, TILE)                                                            \
-  consume_tile<C, E, KT>(o, s, PA, PB, m_run0, m_run1, l_run0, l_run1, p, ts, b, TILE, row0, row1, \
-                         q4, dq, dk0, dv0, sBar, turns, w, clk, kt, sKT)
+  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
   int tile = 1;
   for (; tile + 1 < n; tile += 2) {
-    if (C::KEY_TAIL && kc == 1)
-      GQA_CONSUME(1, pc, pn, tile);
-    else
-      GQA_CONSUME(0, pc, pn, tile);
-    if (C::KEY_TAIL && kc == 0)
-      GQA_CONSUME(1, pn, pc, tile + 1);
-    else
-      GQA_CONSUME(0, pn, pc, tile + 1);
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+    tail_after(tile);
+    consume_tile<C, E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+    tail_after(tile + 1);
   }
   const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * C::STAGE_STEP;
   if (tile < n) {  // an even tile count: the last tile's P lands in pn
-    if (C::KEY_TAIL && kc == 1)
-      GQA_CONSUME(1, pc, pn, tile);
-    else
-      GQA_CONSUME(0, pc, pn, tile);
-#undef GQA_CONSUME
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
+                       q4, dq, dk0, dv0, sBar, turns, w, clk);
+    tail_after(tile);
     finish_pv<C, E>(o, pn, dv_last);
   } else {
     finish_pv<C, E>(o, pc, dv_last);
