@@ -1271,34 +1271,28 @@ template <class C, typename E>
 __device__ __forceinline__ void kt_step(KTail& kt, const Params& p, const TileSeq& ts, int b,
                                         int tile, int w, uint64_t dk0, uint64_t dv0,
                                         uint32_t sKT) {
-  // (measurement, KDTREE_GQA_ABLATE, wrong results: bit 6 no MMAs, bit 7 no softmax, bit 8 only
-  // warpgroup 0 runs the tail's steps)
-  if ((p.ablate & 256) && w != 0) return;
   const int st = tile % C::STAGES;
-  if (!(p.ablate & 64)) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) kt.s[i] = 0.f;  // (fresh: else every wgmma is serialised, C7511)
-    pin(kt.s);
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-    wg_fence();
-    kt_issue_scores<E>(kt.s, kt_keys(dk0 + st * C::STAGE_STEP, w), wg_desc(sKT, 16, 1024));
-    wg_commit();
-    wg_wait<0>();
-    pin(kt.s);
-  }
-  if (!(p.ablate & 128)) kt_softmax<C, E>(kt, p, ts, b, tile, w, threadIdx.x & 127, sKT);
-  if (!(p.ablate & 64)) {
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-    wg_fence();
-    kt_issue_pv<E>(kt.o, kt_keys(dv0 + st * C::STAGE_STEP, w), wg_desc(sKT + KT_P, 16, 1024));
-    wg_commit();
-    wg_wait<0>();
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-  }
+  for (int i = 0; i < 4; ++i) kt.s[i] = 0.f;  // (fresh: else every wgmma is serialised, C7511)
+  pin(kt.s);
+  pin(kt.o[0]);
+  pin(kt.o[1]);
+  wg_fence();
+  kt_issue_scores<E>(kt.s, kt_keys(dk0 + st * C::STAGE_STEP, w), wg_desc(sKT, 16, 1024));
+  wg_commit();
+  wg_wait<0>();
+  pin(kt.s);
+  kt_softmax<C, E>(kt, p, ts, b, tile, w, threadIdx.x & 127, sKT);
+  pin(kt.o[0]);
+  pin(kt.o[1]);
+  wg_fence();
+  kt_issue_pv<E>(kt.o, kt_keys(dv0 + st * C::STAGE_STEP, w), wg_desc(sKT + KT_P, 16, 1024));
+  wg_commit();
+  wg_wait<0>();
+  pin(kt.o[0]);
+  pin(kt.o[1]);
 }
+
 
 // SWAP: the stage layout with V before K in each key group (Params::kv_swap).
 template <class C, typename E, int SWAP>
