@@ -1033,7 +1033,9 @@ __device__ __forceinline__ void kt_softmax(KTail& kt, const Params& p, const Til
     for (int o4 = 4; o4 < 32; o4 <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o4));
     if (lane < 2) st_shared_f32(red + (wi * 4 + col) * 4, mx);  // (columns >= 4: no row)
   }
+#ifndef KDTREE_KT_NOBAR  // (measurement builds, wrong results: call i)
   named_sync(BAR_KT + w, 128);
+#endif
   float alpha[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -1076,8 +1078,12 @@ __device__ __forceinline__ void kt_softmax(KTail& kt, const Params& p, const Til
       kt.o[mb][2 + i] *= a;
     }
   }
-  fence_async_smem();  // P^T (generic stores) -> the next batch's wgmma, after everyone's stores
+#ifndef KDTREE_KT_NOFENCE
+  fence_async_smem();
+#endif  // P^T (generic stores) -> the next batch's wgmma, after everyone's stores
+#ifndef KDTREE_KT_NOBAR  // (measurement builds, wrong results: call i)
   named_sync(BAR_KT + w, 128);
+#endif
 }
 
 // After the split: each warpgroup's column sums across its warps; warpgroup 1 hands its max, sum
