@@ -29,8 +29,7 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     res = cuda_gqa.compile_only(tmp_path)
     kernels = parse_ptxas(res.log)
     split = [k for k in kernels if "gqa_split_kernel" in k]
-    # (Wide, WideTail, Tall) x bf16 / fp16 x K / V order
-    assert len(split) == 12, f"expected three shapes x bf16 / fp16 x K / V order, got {kernels}"
+    assert len(split) == 8, f"expected two shapes x bf16 / fp16 x K / V order, got {kernels}"
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     by_warp = [k for k in kernels if "merge_splits_warp_kernel" in k]  # a row a warp
@@ -48,7 +47,7 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     """The CTA timeline's measurement build (KDTREE_TIMELINE) stays buildable: every kernel of
     the default build plus the stamps, no spills, no stack."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
-    assert sum("gqa_split_kernel" in k for k in kernels) == 12
+    assert sum("gqa_split_kernel" in k for k in kernels) == 8
     assert sum("merge_splits" in k for k in kernels) == 4
     for name, info in kernels.items():
         assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
@@ -211,9 +210,9 @@ def test_split_tail(monkeypatch):
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
     assert cuda_gqa.split_tail(260, 8) and cuda_gqa.split_tail(272, 2)
     # what a launch runs: the split tail's layout, else launch_plan's
-    assert cuda_gqa.launch_layout(260, 8) == (3, 2, 1)
-    assert cuda_gqa.launch_layout(260, 1) == (3, 3, 0)
-    assert cuda_gqa.launch_layout(256, 8) == (2, 0, 0)
+    assert cuda_gqa.launch_layout(260, 8) == (3, 2, True)
+    assert cuda_gqa.launch_layout(260, 1) == (3, 3, False)
+    assert cuda_gqa.launch_layout(256, 8) == (2, 0, False)
     assert not cuda_gqa.split_tail(260, 1)  # one split: no merge to add the halves
     assert not cuda_gqa.split_tail(260, 8, merge=0)  # the Triton merge knows no shadow rows
     assert not cuda_gqa.split_tail(260, 1025)  # 2 S weights in the merge's 2048
@@ -234,37 +233,6 @@ def test_split_tail(monkeypatch):
     monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL")
     monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
     assert not cuda_gqa.split_tail(260, 8)  # the padded layout
-
-
-def test_key_tail(monkeypatch):
-    """The key tail (KDTREE_GQA_KEY_TAIL=1) takes 1-4 rows past an even count >= 4 of whole
-    blocks into the consumer warpgroups of the last two two-block CTAs: the second's partials in
-    shadow rows, so splits and the CUDA merge; it comes before the split tail, and never with the
-    three-warpgroup shape forced."""
-    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL", raising=False)
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
-    monkeypatch.delenv("KDTREE_GQA_KEY_TAIL", raising=False)
-    assert not cuda_gqa.key_tail(260, 8)  # not a default (yet)
-    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "1")
-    assert cuda_gqa.key_tail(260, 8) and cuda_gqa.launch_layout(260, 8) == (2, 2, 2)
-    assert cuda_gqa.workspace_rows(260, 8) == 260 + cuda_gqa.TAIL_ROWS
-    assert not cuda_gqa.key_tail(260, 1)  # two CTAs share it: no merge to add the halves
-    assert cuda_gqa.launch_layout(260, 1) == (3, 3, 0)
-    assert not cuda_gqa.key_tail(260, 8, merge=0) and not cuda_gqa.key_tail(260, 1025)
-    assert cuda_gqa.key_tail(516, 8) and cuda_gqa.workspace_rows(516, 8) == 532
-    assert cuda_gqa.key_tail(1028, 4)  # 32q/8kv, T=257: 8 CTAs, the tail in the last two
-    # nothing past the blocks, more than 4 rows, an odd count of blocks, fewer than 4 blocks
-    for rows in (256, 264, 520, 324, 132, 68, 66, 17):
-        assert not cuda_gqa.key_tail(rows, 8), rows
-    # choose_splits counts two-block CTAs: 32q/8kv T=65 at 128k, 2 CTAs a head -> 8 splits
-    assert cuda_gqa.choose_splits(1, 8, 260, 131072, 132) * 16 <= 132
-    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")
-    assert not cuda_gqa.key_tail(260, 8)
-    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "0")
-    monkeypatch.delenv("KDTREE_GQA_WARPGROUPS")
-    assert not cuda_gqa.key_tail(260, 8) and cuda_gqa.launch_layout(260, 8) == (3, 2, 1)
 
 
 def test_registered_as_gqa_backend():
@@ -451,37 +419,6 @@ def test_split_tail_matches_fp64(on, case, gen, monkeypatch):
     _run(case, torch.bfloat16, gen)
     _run(case, torch.float16, gen, graph=True)
     monkeypatch.setenv("KDTREE_GQA_PINGPONG", "2")
-    _run(case, torch.bfloat16, gen)
-
-
-KEY_TAIL_CASES = [  # 1-4 rows past an even count >= 4 of whole blocks, in the last two CTAs
-    ([977, 1900], 65, 32, 8, 16, 3),  # 260 rows: [2] [2], the tail's tiles by parity
-    ([2000, 5], 65, 4, 1, 16, 8),  # a 5-key prefix: splits with no keys, partial tiles
-    ([0, 100], 65, 4, 1, 16, 2),  # an empty prefix
-    ([3000, 70], 65, 4, 1, 1, 6),  # page size 1: every tile on cp.async
-    ([5000], 65, 32, 8, 64, 8),  # page size 64
-    ([1234, 4000], 129, 4, 1, 16, 6),  # 516 rows: four CTAs, the tail in the last two
-    ([2100, 333], 257, 32, 8, 16, 3),  # 1028 rows: eight CTAs
-    ([700, 1500], 65, 4, 1, 16, 37),  # 1-2 tiles a split: CTA 1 with no tile of its parity
-    ([4100], 65, 8, 2, 16, 2),  # two KV heads, each with its tail
-]
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize(
-    "case", KEY_TAIL_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-ps{c[4]}-s{c[5]}"
-)
-def test_key_tail_matches_fp64(case, gen, monkeypatch):
-    """The rows past the last whole blocks in the last two CTAs' consumer warpgroups
-    (KDTREE_GQA_KEY_TAIL=1) match fp64, eager and graph-captured, in both dtypes, with and
-    without turns."""
-    lens, t, hq, hkv, ps, splits = case
-    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "1")
-    assert cuda_gqa.key_tail(t * hq // hkv, splits)
-    _run(case, torch.bfloat16, gen)
-    _run(case, torch.float16, gen, graph=True)
-    monkeypatch.setenv("KDTREE_GQA_PINGPONG", "0")
     _run(case, torch.bfloat16, gen)
 
 
