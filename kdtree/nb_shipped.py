@@ -889,6 +889,32 @@ def timeline_spans_table(
     return t.reset_index()
 
 
+def wgmma_rate_table(text: str) -> pd.DataFrame:
+    """The output of ``tools/gpu/wgmma_rate_probe.cu`` (what one ``wgmma`` costs the tensor
+    cores by its N) as a table: ``mma`` (e.g. ``m64n8k16``), ``a`` (``K-major`` or ``MN-major``
+    shared memory), ``warpgroups``, ``chains`` (accumulators in turn), ``cycles`` (SM cycles a MMA
+    of the busiest SM), ``mac_per_cycle`` and ``pct_of_peak`` (of 2048 dense bf16 MACs a cycle
+    an SM). Raises ``ValueError`` when no line parses."""
+    import re
+
+    pat = re.compile(
+        r"^(m64n\d+\s*k16)\s*(A MN-major)?\s+warpgroups (\d+)\s+chains (\d+)\s+([\d.]+) cycles"
+        r" a MMA \(SM\)\s+(\d+) MAC a cycle\s+([\d.]+) %"
+    )
+    rows = []
+    for line in text.splitlines():
+        m = pat.match(line.strip())
+        if m:
+            rows.append({"mma": m.group(1).replace(" ", ""),
+                         "a": "MN-major" if m.group(2) else "K-major",
+                         "warpgroups": int(m.group(3)), "chains": int(m.group(4)),
+                         "cycles": float(m.group(5)), "mac_per_cycle": int(m.group(6)),
+                         "pct_of_peak": float(m.group(7))})  # fmt: skip
+    if not rows:
+        raise ValueError("no wgmma_rate_probe lines in the text")
+    return pd.DataFrame(rows)
+
+
 def read_floor_table(
     read: pd.DataFrame, bench: pd.DataFrame, call: str | None = None
 ) -> pd.DataFrame:

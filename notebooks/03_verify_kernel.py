@@ -663,6 +663,46 @@ else:
     nb.note("The session-19 key-tail rows are not shipped (data/bench/logs/*session19*).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 20): the tail rows in the consumer warpgroups, measured and taken out
+# Session 19 put the 1-8 rows past the whole blocks in the two-warpgroup shape's producer warps.
+# Session 20 gave the 1-4 rows past an even count of blocks (32q/8kv, T=65) to the consumer
+# warpgroups of the last two CTAs instead: each CTA takes the tiles of one parity, and each of
+# its warpgroups takes 64 keys of each such tile, by swapped-operand `m64n8k16` wgmma. Four forms,
+# each A/B against the shipped layouts (`new` = the key tail), all slower:
+# * a (ba36c10): a serial tail step after the rows' step;
+# * b (7b3b2a1): S^T first in the rows' batch, the tail's softmax before the rows';
+# * c (eaecd1a): a's step, each small MMA into an accumulator of its own;
+# * d (68ec37d): S^T last in the rows' batch, the tail's softmax after the rows' step.
+#
+# The second table is the ablations, each call a build of one commit (µs, `variant` columns).
+# * Calls a-d: the tail skipped (`layout`, `KDTREE_GQA_ABLATE=32`) against the tail (`key`).
+# * Call g: a's tail without its MMAs, without its softmax, in warpgroup 0 only.
+# * Call h: without the warpgroups' turns.
+# * Call i: without the softmax's proxy fence or barriers (measurement defines).
+#
+# The third table is the probe (`tools/gpu/wgmma_rate_probe.cu`, call f). An `m64n8k16` costs the
+# tensor cores 18 cycles, so the tail's 32 small MMAs a tile are ~0.3 µs of the ~1.2 µs it costs.
+
+# %%
+ab20_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session20.csv")
+abl20_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session20.csv")
+rate20 = nb.data_path("bench", "logs", "wgmma_rate_probe_session20_callf.txt")
+if ab20_csv.exists() and abl20_csv.exists() and rate20.exists():
+    ab20 = pd.read_csv(ab20_csv)
+    for call in ("a", "b", "c", "d"):
+        print(f"call {call} ({ab20.loc[ab20['call'] == call, 'git_sha'].iloc[0]})")
+        display(ns.ab_commits_table(ab20, call=call).round(3))
+    abl20 = pd.read_csv(abl20_csv)
+    abl20 = abl20.assign(point=abl20["name"], ms=abl20["p50"])
+    for call in ("a", "b", "c", "d", "g", "h", "i"):
+        print(f"call {call} ({abl20.loc[abl20['call'] == call, 'git_sha'].iloc[0]})")
+        display(ns.layout_variants_table(abl20, call).round(3))
+    rates = ns.wgmma_rate_table(rate20.read_text())
+    display(rates[rates["warpgroups"] == 2])
+else:
+    nb.note("The session-20 key-tail rows are not shipped (data/bench/logs/*session20*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

@@ -537,6 +537,22 @@ def test_layout_variants_table():
         ns.layout_variants_table(pd.DataFrame(rows).drop(columns=["variant"]), "b")
 
 
+def test_wgmma_rate_table():
+    text = """one CTA a SM (132), 256 rounds of 8 k-steps a warpgroup
+m64n8  k16             warpgroups 1  chains 4      18.1 cycles a MMA (SM)     453 MAC a cycle   22.1 % of peak
+m64n128k16             warpgroups 3  chains 1      64.1 cycles a MMA (SM)    2046 MAC a cycle   99.9 % of peak
+m64n16 k16 A MN-major  warpgroups 2  chains 4      20.0 cycles a MMA (SM)     817 MAC a cycle   39.9 % of peak
+"""
+    t = ns.wgmma_rate_table(text)
+    assert list(t["mma"]) == ["m64n8k16", "m64n128k16", "m64n16k16"]
+    assert list(t["a"]) == ["K-major", "K-major", "MN-major"]
+    assert list(t["warpgroups"]) == [1, 3, 2] and list(t["chains"]) == [4, 1, 4]
+    assert t.loc[1, "cycles"] == pytest.approx(64.1) and t.loc[2, "mac_per_cycle"] == 817
+    assert t.loc[0, "pct_of_peak"] == pytest.approx(22.1)
+    with pytest.raises(ValueError, match="no wgmma_rate_probe lines"):
+        ns.wgmma_rate_table("nothing here")
+
+
 def test_timeline_spans_table():
     spans = dict(first_tile=2.5, stream=10.0, epilogue=1.5, straggle=0.5, gap_merge=1.5,
                  merge=3.0, gap_next=2.0)  # fmt: skip
