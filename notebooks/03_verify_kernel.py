@@ -8,6 +8,8 @@
 # Triton's interpreter (correctness only) and the speed section shows shipped GPU rows.
 
 # %%
+import json
+
 import ipywidgets as widgets
 import pandas as pd
 import torch
@@ -681,7 +683,7 @@ else:
 # * Call i: without the softmax's proxy fence or barriers (measurement defines).
 #
 # The third table is the probe (`tools/gpu/wgmma_rate_probe.cu`, call f). An `m64n8k16` costs the
-# tensor cores 18 cycles, so the tail's 32 small MMAs a tile are ~0.3 µs of the ~1.2 µs it costs.
+# tensor cores 18 cycles, so the tail's 32 small MMAs a tile are ~0.3 µs of the ~1.1 µs it costs.
 
 # %%
 ab20_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session20.csv")
@@ -697,6 +699,10 @@ if ab20_csv.exists() and abl20_csv.exists() and rate20.exists():
     for call in ("a", "b", "c", "d", "g", "h", "i"):
         print(f"call {call} ({abl20.loc[abl20['call'] == call, 'git_sha'].iloc[0]})")
         display(ns.layout_variants_table(abl20, call).round(3))
+    h20 = abl20[abl20["call"] == "h"]  # each row's floor, from the ceilings its run measured
+    h20 = h20.assign(frac=h20["config_json"].map(lambda c: json.loads(c)["floor_ms"]) / h20["p50"])
+    print("call h: the fraction of the floor")
+    display(h20.pivot_table(index="name", columns="variant", values="frac").round(3))
     rates = ns.wgmma_rate_table(rate20.read_text())
     display(rates[rates["warpgroups"] == 2])
 else:
