@@ -69,6 +69,7 @@ __all__ = [
     "launch_args",
     "launch_layout",
     "launch_plan",
+    "key_tail",
     "split_pdl",
     "split_tail",
     "row_ctas",
@@ -221,6 +222,34 @@ def _split_tail_rows(rows: int) -> bool:
     return fits and n_full == 4 and launch_plan(rows) == (3, 3)
 
 
+#: The most rows past the last whole 64-row block the key tail takes (``KEY_TAIL_ROWS`` in the
+#: kernel: the other four columns of its S^T MMAs hold its barriers).
+KEY_TAIL_ROWS = 4
+
+
+def _key_tail_rows(rows: int) -> bool:
+    """The row condition of :func:`key_tail` (whatever the split count)."""
+    forced = _env_int("KDTREE_GQA_KEY_TAIL", (0, 1))
+    if forced != 1 or _env_int("KDTREE_GQA_WARPGROUPS", (2, 3)) == 3:
+        return False
+    n_full, rest = divmod(rows, 64)
+    return n_full == 4 and 1 <= rest <= KEY_TAIL_ROWS
+
+
+def key_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
+    """Whether the launch runs the two-warpgroup shape (two CTAs of two whole blocks a KV head,
+    128-key tiles) with the 1-4 rows past them in their consumer warpgroups
+    (``kernels/gqa_tree_sm90.cu``, ``WideTail``: CTA c takes the tiles of parity c, each of its
+    warpgroups 64 of their keys, by swapped-operand wgmma in its own MMA batches), e.g. 32q/8kv
+    at T=65 (260 rows). ``KDTREE_GQA_KEY_TAIL=1`` turns it on (measured before it becomes a
+    default). The second CTA's partials go to :data:`TAIL_ROWS` shadow rows a split, added by the
+    CUDA merge, so it needs ``num_splits > 1`` and the CUDA merge (at most 1024 splits)."""
+    if not _key_tail_rows(rows):
+        return False
+    merge = merge_for(num_splits) if merge is None else merge
+    return 1 < num_splits <= MERGE_MAX_SPLITS // 2 and merge != 0
+
+
 def split_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     """Whether the launch splits the tail by tile parity between two CTAs of two whole blocks
     (``[2 blocks + the tail's even tiles] [2 blocks + its odd tiles]``). By default where
@@ -236,12 +265,15 @@ def split_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     return 1 < num_splits <= MERGE_MAX_SPLITS // 2 and merge != 0
 
 
-def launch_layout(rows: int, num_splits: int, merge: int | None = None) -> tuple[int, int, bool]:
+def launch_layout(rows: int, num_splits: int, merge: int | None = None) -> tuple[int, int, int]:
     """What a launch of ``num_splits`` splits runs: ``(wgs, tail_blocks, split)``, the
-    :func:`launch_plan` layout, or ``(3, 2, True)`` with :func:`split_tail`."""
+    :func:`launch_plan` layout (``split`` 0), ``(3, 2, 1)`` with :func:`split_tail` or
+    ``(2, 2, 2)`` with :func:`key_tail` (the C launcher's ``split_tail`` argument)."""
+    if key_tail(rows, num_splits, merge):
+        return 2, 2, 2
     if split_tail(rows, num_splits, merge):
-        return 3, 2, True
-    return (*launch_plan(rows), False)
+        return 3, 2, 1
+    return (*launch_plan(rows), 0)
 
 
 def consumer_warpgroups(rows: int) -> int:
@@ -269,9 +301,13 @@ def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sm
     CTA streams (``ceil(max_len / s / tile)``) plus 256 keys of fixed cost (Q load, pipeline
     fill, epilogue); the smallest ``s`` within 3 % of the best, at most ``_MAX_WAVES`` waves and
     at least 256 keys a split."""
-    wgs, tail_blocks = (3, 2) if _split_tail_rows(rows) else launch_plan(rows)
+    if _key_tail_rows(rows):  # two-block CTAs, no CTA of the tail's own
+        wgs, per_head = 2, rows // 128
+    else:
+        wgs, tail_blocks = (3, 2) if _split_tail_rows(rows) else launch_plan(rows)
+        per_head = row_ctas(rows, wgs, tail_blocks)
     tile = SHAPES[wgs][1]
-    ctas = batch * num_kv_heads * row_ctas(rows, wgs, tail_blocks)
+    ctas = batch * num_kv_heads * per_head
     tiles = max(1, math.ceil(max_len / tile))
     fixed = 256 // tile
     cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(ctas, 1)))
@@ -285,8 +321,10 @@ def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sm
 
 def workspace_rows(rows: int, num_splits: int) -> int:
     """Rows a split of the workspace: ``rows``, or ``rows +`` :data:`TAIL_ROWS` with
-    :func:`split_tail`'s shadow rows."""
-    return rows + TAIL_ROWS if split_tail(rows, num_splits) else rows
+    :func:`split_tail`'s shadow rows or those of a :func:`key_tail` over two CTAs."""
+    if key_tail(rows, num_splits) or split_tail(rows, num_splits):
+        return rows + TAIL_ROWS
+    return rows
 
 
 def workspace_numel(batch: int, num_kv_heads: int, rows: int, num_splits: int) -> int:
@@ -372,7 +410,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
     num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 1,
-    tail_blocks: int = 0, split: bool = False,
+    tail_blocks: int = 0, split: int = 0,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""

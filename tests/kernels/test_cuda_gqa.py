@@ -29,7 +29,8 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     res = cuda_gqa.compile_only(tmp_path)
     kernels = parse_ptxas(res.log)
     split = [k for k in kernels if "gqa_split_kernel" in k]
-    assert len(split) == 8, f"expected two shapes x bf16 / fp16 x K / V order, got {kernels}"
+    # (Wide, WideTail, Tall) x bf16 / fp16 x K / V order
+    assert len(split) == 12, f"expected three shapes x bf16 / fp16 x K / V order, got {kernels}"
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     by_warp = [k for k in kernels if "merge_splits_warp_kernel" in k]  # a row a warp
@@ -47,7 +48,7 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     """The CTA timeline's measurement build (KDTREE_TIMELINE) stays buildable: every kernel of
     the default build plus the stamps, no spills, no stack."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
-    assert sum("gqa_split_kernel" in k for k in kernels) == 8
+    assert sum("gqa_split_kernel" in k for k in kernels) == 12
     assert sum("merge_splits" in k for k in kernels) == 4
     for name, info in kernels.items():
         assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
@@ -210,9 +211,9 @@ def test_split_tail(monkeypatch):
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
     assert cuda_gqa.split_tail(260, 8) and cuda_gqa.split_tail(272, 2)
     # what a launch runs: the split tail's layout, else launch_plan's
-    assert cuda_gqa.launch_layout(260, 8) == (3, 2, True)
-    assert cuda_gqa.launch_layout(260, 1) == (3, 3, False)
-    assert cuda_gqa.launch_layout(256, 8) == (2, 0, False)
+    assert cuda_gqa.launch_layout(260, 8) == (3, 2, 1)
+    assert cuda_gqa.launch_layout(260, 1) == (3, 3, 0)
+    assert cuda_gqa.launch_layout(256, 8) == (2, 0, 0)
     assert not cuda_gqa.split_tail(260, 1)  # one split: no merge to add the halves
     assert not cuda_gqa.split_tail(260, 8, merge=0)  # the Triton merge knows no shadow rows
     assert not cuda_gqa.split_tail(260, 1025)  # 2 S weights in the merge's 2048
@@ -233,6 +234,37 @@ def test_split_tail(monkeypatch):
     monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL")
     monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
     assert not cuda_gqa.split_tail(260, 8)  # the padded layout
+
+
+def test_key_tail(monkeypatch):
+    """The key tail (KDTREE_GQA_KEY_TAIL=1) takes 1-4 rows past four whole blocks into the
+    consumer warpgroups of the two two-block CTAs: the second's partials in shadow rows, so
+    splits and the CUDA merge; it comes before the split tail, and never with the
+    three-warpgroup shape forced."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL", raising=False)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
+    monkeypatch.delenv("KDTREE_GQA_KEY_TAIL", raising=False)
+    assert not cuda_gqa.key_tail(260, 8)  # not a default (yet)
+    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "1")
+    assert cuda_gqa.key_tail(260, 8) and cuda_gqa.launch_layout(260, 8) == (2, 2, 2)
+    assert cuda_gqa.workspace_rows(260, 8) == 260 + cuda_gqa.TAIL_ROWS
+    assert not cuda_gqa.key_tail(260, 1)  # two CTAs share it: no merge to add the halves
+    assert cuda_gqa.launch_layout(260, 1) == (3, 3, 0)
+    assert not cuda_gqa.key_tail(260, 8, merge=0) and not cuda_gqa.key_tail(260, 1025)
+    assert cuda_gqa.key_tail(257, 8)
+    # nothing past the blocks, more than 4 rows, other block counts (516: 32q/8kv T=129, 1028:
+    # T=257), fewer than 4 blocks
+    for rows in (256, 264, 520, 516, 1028, 324, 132, 68, 66, 17):
+        assert not cuda_gqa.key_tail(rows, 8), rows
+    # choose_splits counts two-block CTAs: 32q/8kv T=65 at 128k, 2 CTAs a head -> 8 splits
+    assert cuda_gqa.choose_splits(1, 8, 260, 131072, 132) * 16 <= 132
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")
+    assert not cuda_gqa.key_tail(260, 8)
+    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "0")
+    monkeypatch.delenv("KDTREE_GQA_WARPGROUPS")
+    assert not cuda_gqa.key_tail(260, 8) and cuda_gqa.launch_layout(260, 8) == (3, 2, 1)
 
 
 def test_registered_as_gqa_backend():
@@ -320,9 +352,14 @@ GPU_CASES = [
 ]
 
 
-def _run(case, dtype, gen, graph=False):
+def _run(case, dtype, gen, graph=False, key_scale=None):
     lens, t, hq, hkv, ps, splits = case
     cpu = gqa_inputs(lens, t, hq, hkv, 128, ps, dtype, gen)
+    if key_scale is not None:  # a factor a page: scores that jump up and down across tiles
+        q, k, *rest = cpu
+        pick = torch.randint(0, len(key_scale), (k.shape[0],), generator=gen)
+        f = torch.tensor(key_scale)[pick].view(-1, 1, 1, 1)
+        cpu = [q, (k.double() * f).to(dtype), *rest]
     dev = [x.cuda() for x in cpu]
     out = torch.full((len(lens), t, hq, 128), float("nan"), dtype=dtype, device="cuda")
     if graph:
@@ -420,6 +457,52 @@ def test_split_tail_matches_fp64(on, case, gen, monkeypatch):
     _run(case, torch.float16, gen, graph=True)
     monkeypatch.setenv("KDTREE_GQA_PINGPONG", "2")
     _run(case, torch.bfloat16, gen)
+
+
+KEY_TAIL_CASES = [  # 1-4 rows past four whole blocks, in the two CTAs of a KV head
+    ([977, 1900], 65, 32, 8, 16, 3),  # 260 rows: [2] [2], the tail's tiles by parity
+    ([2000, 5], 65, 4, 1, 16, 8),  # a 5-key prefix: splits with no keys, partial tiles
+    ([0, 100], 65, 4, 1, 16, 2),  # an empty prefix
+    ([3000, 70], 65, 4, 1, 1, 6),  # page size 1: every tile on cp.async
+    ([5000], 65, 32, 8, 64, 8),  # page size 64
+    ([1234, 4000], 257, 1, 1, 16, 6),  # 257 rows (MHA, T=257): one row past the blocks
+    ([9000, 2500], 65, 4, 1, 16, 4),  # long splits: many tail tiles a CTA
+    ([700, 1500], 65, 4, 1, 16, 37),  # 1-2 tiles a split: CTA 1 with no tile of its parity
+    ([4100], 65, 8, 2, 16, 2),  # two KV heads, each with its tail
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "case", KEY_TAIL_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-ps{c[4]}-s{c[5]}"
+)
+def test_key_tail_matches_fp64(case, gen, monkeypatch):
+    """The rows past the last whole blocks in the last two CTAs' consumer warpgroups
+    (KDTREE_GQA_KEY_TAIL=1) match fp64, eager and graph-captured, in both dtypes, with and
+    without turns."""
+    lens, t, hq, hkv, ps, splits = case
+    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "1")
+    assert cuda_gqa.key_tail(t * hq // hkv, splits)
+    _run(case, torch.bfloat16, gen)
+    _run(case, torch.float16, gen, graph=True)
+    monkeypatch.setenv("KDTREE_GQA_PINGPONG", "0")
+    _run(case, torch.bfloat16, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_key_tail_rescales_match_fp64(dtype, gen, monkeypatch):
+    """The key tail's softmax moves its running max only when a score rises more than its margin
+    (KT_RESCALE) above it: keys scaled by 1/4 .. 8 a page make scores jump up and down across
+    the tiles of every split, so the exact step runs mid-split too, and the result still matches
+    fp64."""
+    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "1")
+    case = ([7000, 3100], 65, 4, 1, 16, 3)
+    assert cuda_gqa.key_tail(260, 3)
+    _run(case, dtype, gen, key_scale=[0.25, 1.0, 4.0, 8.0])
+    _run(case, dtype, gen, graph=True, key_scale=[8.0, 0.25, 0.5, 1.0])
 
 
 @pytest.mark.gpu
