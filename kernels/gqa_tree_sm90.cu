@@ -226,8 +226,31 @@ using TallClocks = SmemClocks;
 #else
 using TallClocks = NoClocks;
 #endif
+// Phase clocks added straight to g_gqa_clocks (one register: the last stamp; a global reduction a
+// stamp), the key tail's consumers' in a measurement build (KDTREE_CUDA_DEFINES=
+// KDTREE_GQA_WT_CLOCKS): WideTail has neither registers nor shared memory to spare.
+struct GlobalClocks {
+  bool on;
+  unsigned t;
+  __device__ __forceinline__ GlobalClocks(bool enabled, uint32_t) : on(enabled), t(0u) {
+    if (on) t = clock();
+  }
+  __device__ __forceinline__ void stamp(int i);
+  __device__ __forceinline__ void flush(unsigned long long* row, int tiles) const {
+    if (!on) return;
+    atomicAdd(row + 8, static_cast<unsigned long long>(tiles));
+    atomicAdd(row + 9, 1ull);
+  }
+};
+#ifdef KDTREE_GQA_WT_CLOCKS
+using WideTailClocks = GlobalClocks;
+#else
+using WideTailClocks = NoClocks;
+#endif
 template <class C>
-using ClocksOf = typename std::conditional<C::CLOCKS, RegClocks, TallClocks>::type;
+using ClocksOf = typename std::conditional<
+    C::CLOCKS, RegClocks,
+    typename std::conditional<C::KEY_TAIL, WideTailClocks, TallClocks>::type>::type;
 template <class C>
 using ProducerClocksOf = typename std::conditional<C::CLOCKS, RegClocks, NoClocks>::type;
 
@@ -281,6 +304,14 @@ struct Params {
 // (kdtree.kernels.cuda_gqa.CONSUMER_PHASES; [2] only in the Tall shape), [3] the producer's
 // thread 0 (PRODUCER_PHASES).
 __device__ unsigned long long g_gqa_clocks[4][10];
+
+__device__ __forceinline__ void GlobalClocks::stamp(int i) {
+  if (on) {
+    const unsigned now = clock();
+    atomicAdd(&g_gqa_clocks[threadIdx.x >> 7][i], static_cast<unsigned long long>(now - t));
+    t = now;
+  }
+}
 
 // cp.async completion -> one arrival on `bar` (the pending count is not raised: the mbarrier's
 // expected count includes these arrivals).
@@ -1023,6 +1054,18 @@ __device__ __forceinline__ bool named_sync_or(int id, int n, bool pred) {
 // P^T entries then stay below 2^8, which bf16 / fp16 and the fp32 sums hold with the precision
 // of entries below 1 (FlashAttention-4's conditional rescaling).
 constexpr float KT_RESCALE = 8.f;
+// Measurement builds (wrong results, timing only): the key tail without its softmax
+// (KDTREE_GQA_KT_NO_SOFTMAX) or without its MMAs (KDTREE_GQA_KT_NO_MMA), in consume_tile's steps.
+#ifdef KDTREE_GQA_KT_NO_SOFTMAX
+constexpr bool KT_SOFTMAX = false;
+#else
+constexpr bool KT_SOFTMAX = true;
+#endif
+#ifdef KDTREE_GQA_KT_NO_MMA
+constexpr bool KT_MMAS = false;
+#else
+constexpr bool KT_MMAS = true;
+#endif
 
 // The online softmax of a tail tile's S^T (done), in the shadow of the next tile's S MMAs: the
 // visibility of the warpgroup's 64 keys (mask word w of the tile), P^T = 2^(S^T scale - m) as E
@@ -1279,28 +1322,30 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
   wg_fence();
   issue_scores<C, E>(s, dq, dk);
   wg_commit();
-  if constexpr (KTS) {
+  if constexpr (KTS && KT_MMAS) {
     kt_issue_scores<E>(kt.s, kt_keys(dk, w), wg_desc(sKT, 16, 1024));
     wg_commit();
   }
-  float kt_sum[2], kt_alpha[2];
-  if constexpr (KTM) {
+  if constexpr (C::KEY_TAIL) clk.stamp(7);  // (the turn and S_j's issue)
+  float kt_sum[2] = {0.f, 0.f}, kt_alpha[2] = {1.f, 1.f};
+  if constexpr (KTM && KT_SOFTMAX) {
     kt_softmax<C, E>(kt, p, ts, b, tile - 1, w, threadIdx.x & 127, sKT, kt_sum, kt_alpha);
     pin(kt.o[0]);
     pin(kt.o[1]);
     wg_fence();
   }
+  if constexpr (C::KEY_TAIL) clk.stamp(6);  // (the tail's softmax)
   issue_pv<C, E>(o, pc, dv);
-  if constexpr (KTM)
+  if constexpr (KTM && KT_MMAS)
     kt_issue_pv<E>(kt.o, kt_keys(dv, w), wg_desc(sKT + KT_P, 16, 1024));
   wg_commit();
   // hand the turn to the next warpgroup of the ring (the last one's last batch has no taker:
   // warpgroup 0 is done issuing)
   if (turns && !(w == turns - 1 && tile == n - 1))
     named_arrive(BAR_TURN + (w + 1 == turns ? 0 : w + 1), 256);
-  if constexpr (KTM) kt_sums(kt_sum, kt_alpha, w, threadIdx.x & 127, sKT);
+  if constexpr (KTM && KT_SOFTMAX) kt_sums(kt_sum, kt_alpha, w, threadIdx.x & 127, sKT);
   clk.stamp(1);
-  if constexpr (KTS)
+  if constexpr (KTS && KT_MMAS)
     wg_wait<2>();  // S_j done (groups retire in order)
   else
     wg_wait<1>();
