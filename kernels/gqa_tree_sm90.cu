@@ -102,36 +102,34 @@ constexpr int TAIL_P0 = TAIL_N * 128;             // P of even tiles: after Q's 
 constexpr int TAIL_P1 = Q_REGION + TAIL_N * 128;  // P of odd tiles: the same in half 1
 constexpr int TAIL_RED = 6144;                    // [2][4 warps][16] row maxima, [4][16] sums
 constexpr int CLOCK_BYTES = 4 * 8 * 4;  // SmemClocks: 8 words for each of 4 warpgroups
-// The key tail's shared memory (WideTail: all of the 227 KB, no alignment slack: dynamic shared
-// memory starts 1024-aligned, session 19's probe): after the stages, Q^T of the tail rows (two
-// 128B-swizzled atoms of 8 rows x 64 dims, 2 KB; rows 0-3 the tail rows) and P^T (one atom of 8
-// rows x 64 keys, 1 KB: consumer warpgroup 0's in rows 0-3, warpgroup 1's in rows 4-7). Q^T's
-// rows 4-7 -- columns of the S^T MMAs no tail row uses -- hold the stage mbarriers and the
-// column maxima / sums.
+// The tail warpgroup of WideTail (kt_warpgroup): 1-4 rows past four whole 64-row blocks in a
+// warpgroup of its own beside Wide's two, in the 3 KB Wide's Q and stages leave of the 227 KB
+// (no alignment slack: dynamic shared memory starts 1024-aligned, session 19's probe): after the
+// stages, Q^T of the tail rows (two 128B-swizzled atoms of 8 rows x 64 dims, 2 KB; rows 0-3 the
+// tail rows) and P^T (one atom of 8 rows x 64 keys, 1 KB: the tile's keys 0-63 in rows 0-3, keys
+// 64-127 in rows 4-7). Q^T's rows 4-7 -- columns of the S^T MMAs no tail row uses -- hold the
+// stage mbarriers and the column maxima / sums.
 constexpr int KEY_TAIL_ROWS = 4;
 constexpr int KEY_TAIL_BYTES = 3072;
 constexpr int KT_P = 2048;          // P^T's atom
 constexpr int KT_BAR = 512;         // mbarriers (Q^T's row 4 of the first atom)
-// [warpgroup][3][4 warps][4 columns]: the tile's maxima, each warp's running max and its running
-// sum (kept here, not in registers: the consumers are at their limit)
-constexpr int KT_RED = KT_BAR + 64;
-constexpr int KT_RED_WG = 3 * 64;
-constexpr int BAR_KT = BAR_Q + 2;      // + warpgroup: the key tail's own barrier (128)
-constexpr int BAR_KT_JOIN = BAR_KT + 2;  // the two warpgroups' Q^T copies and their hand-over (256)
+constexpr int KT_RED = KT_BAR + 64;  // [4 warps][4 columns] maxima, then [4 warps][4] sums
 
 // A split kernel's shape: CWG consumer warpgroups of 64 rows, BN-key tiles in STAGES stages, the
 // producer's and consumers' register budgets (setmaxnreg).
+// KEY_TAIL: a tail warpgroup of its own (kt_warpgroup, TAIL_REGS registers) after the producer.
 template <int CWG_, int BN_, int STAGES_, int PRODUCER_REGS_, int CONSUMER_REGS_, bool CLOCKS_,
-          bool KEY_TAIL_ = false>
+          bool KEY_TAIL_ = false, int TAIL_REGS_ = 0>
 struct Cfg {
   static constexpr int CWG = CWG_, BN = BN_, STAGES = STAGES_;
   static constexpr bool CLOCKS = CLOCKS_;  // compile the phase clocks in (their 10 registers)
-  // the consumer warpgroups also run the rows past the last whole block (kt_softmax)
   static constexpr bool KEY_TAIL = KEY_TAIL_;
   static constexpr int PRODUCER_REGS = PRODUCER_REGS_, CONSUMER_REGS = CONSUMER_REGS_;
+  static constexpr int TAIL_REGS = TAIL_REGS_;
   static constexpr int BLOCK_M = WG_ROWS * CWG;
   static constexpr int CONSUMERS = 128 * CWG;
-  static constexpr int THREADS = CONSUMERS + 128;  // + the producer warpgroup
+  // + the producer warpgroup (+ the tail warpgroup)
+  static constexpr int THREADS = CONSUMERS + 128 + (KEY_TAIL ? 128 : 0);
   static constexpr int KV_REGION = BN * 128;       // BN keys x 64 dims
   static constexpr int SMEM_Q = CWG * 2 * Q_REGION;
   static constexpr int SMEM_STAGE = 4 * KV_REGION;  // BN keys x (K, V) x 128 dims (kv_off)
@@ -145,15 +143,16 @@ struct Cfg {
   static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
   // setmaxnreg moves registers within the CTA's launch allocation: ptxas gives every thread the
   // same count at launch (65536 / THREADS, rounded down to 8), so the warpgroups' counts must sum
-  // to no more (384 threads: 504 a thread of each warpgroup; more blocks setmaxnreg.inc forever)
-  static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <=
+  // to no more (384 threads: 504 a thread of each warpgroup). Above it setmaxnreg.inc waits
+  // forever (session 19, call a: a 64 + 2 x 224 build deadlocked).
+  static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS + 128 * TAIL_REGS <=
                     (65536 / THREADS) / 8 * 8 * THREADS,
                 "register file");
+  static_assert(!KEY_TAIL || (BN == 128 && CWG == 2 && !CLOCKS && 8 * (STAGES + 1) <= 64 &&
+                              KT_RED + 128 <= 1024 && TAIL_REGS >= 24),
+                "the tail warpgroup: Wide's tiles, its barriers and scratch in Q^T's rows 4-7");
   static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_Q + CWG <= 16,
                 "named barriers");
-  static_assert(!KEY_TAIL || (BN == 128 && CWG == 2 && !CLOCKS && 8 * (STAGES + 1) <= 64 &&
-                              KT_RED + 2 * KT_RED_WG <= 1024 && BAR_KT_JOIN < 16),
-                "the key tail: Wide's tiles, its barriers and scratch in Q^T's rows 4-7");
   static_assert(TAIL_P0 + (BN / 64) * 2048 <= TAIL_RED && TAIL_RED + 768 <= Q_REGION &&
                     TAIL_P1 + (BN / 64) * 2048 <= 2 * Q_REGION,
                 "the tail warpgroup's P buffers and scratch fit its Q region");
@@ -161,11 +160,11 @@ struct Cfg {
 };
 // Two consumer warpgroups (128 rows a CTA) over 128-key tiles: the FlashAttention-3 shape.
 using Wide = Cfg<2, 128, 3, 40, 232, true>;
-// Wide with the 1-4 rows past the last whole 64-row block in the consumer warpgroups of the last
-// two CTAs (the key tail: swapped-operand wgmma over a 64-key share of every other tile, issued in
-// the consumers' own batches, session 20). No phase clocks (their ten registers hold the tail's
-// state).
-using WideTail = Cfg<2, 128, 3, 40, 232, false, true>;
+// Wide with a tail warpgroup of its own for 1-4 rows past four whole blocks (32q/8kv at T=65),
+// session 21: 512 threads, 64K registers: the block warpgroups at 224 (below it ptxas serialises
+// their wgmma, C7512: 200 and 216 did), the tail warpgroup at 40 (one S^T and one O^T
+// accumulator), the producer at 24 (2 x 128 x 224 + 128 x 40 + 128 x 24).
+using WideTail = Cfg<2, 128, 3, 24, 224, false, true, 40>;
 // Three consumer warpgroups (192 rows a CTA, so fewer CTAs read each KV tile) over 64-key
 // tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
 // the S, P and O fragments fit, PhaseClocks' ten registers do not (spills), so its clocks sum
@@ -226,31 +225,8 @@ using TallClocks = SmemClocks;
 #else
 using TallClocks = NoClocks;
 #endif
-// Phase clocks added straight to g_gqa_clocks (one register: the last stamp; a global reduction a
-// stamp), the key tail's consumers' in a measurement build (KDTREE_CUDA_DEFINES=
-// KDTREE_GQA_WT_CLOCKS): WideTail has neither registers nor shared memory to spare.
-struct GlobalClocks {
-  bool on;
-  unsigned t;
-  __device__ __forceinline__ GlobalClocks(bool enabled, uint32_t) : on(enabled), t(0u) {
-    if (on) t = clock();
-  }
-  __device__ __forceinline__ void stamp(int i);
-  __device__ __forceinline__ void flush(unsigned long long* row, int tiles) const {
-    if (!on) return;
-    atomicAdd(row + 8, static_cast<unsigned long long>(tiles));
-    atomicAdd(row + 9, 1ull);
-  }
-};
-#ifdef KDTREE_GQA_WT_CLOCKS
-using WideTailClocks = GlobalClocks;
-#else
-using WideTailClocks = NoClocks;
-#endif
 template <class C>
-using ClocksOf = typename std::conditional<
-    C::CLOCKS, RegClocks,
-    typename std::conditional<C::KEY_TAIL, WideTailClocks, TallClocks>::type>::type;
+using ClocksOf = typename std::conditional<C::CLOCKS, RegClocks, TallClocks>::type;
 template <class C>
 using ProducerClocksOf = typename std::conditional<C::CLOCKS, RegClocks, NoClocks>::type;
 
@@ -296,22 +272,12 @@ struct Params {
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
-  int ktail_first;           // the key tail (WideTail): the first of the two CTAs x that share
-                             // it, -1 none (the second's partials in the shadow rows, half_row)
 };
 
 // Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
 // (kdtree.kernels.cuda_gqa.CONSUMER_PHASES; [2] only in the Tall shape), [3] the producer's
 // thread 0 (PRODUCER_PHASES).
 __device__ unsigned long long g_gqa_clocks[4][10];
-
-__device__ __forceinline__ void GlobalClocks::stamp(int i) {
-  if (on) {
-    const unsigned now = clock();
-    atomicAdd(&g_gqa_clocks[threadIdx.x >> 7][i], static_cast<unsigned long long>(now - t));
-    t = now;
-  }
-}
 
 // cp.async completion -> one arrival on `bar` (the pending count is not raised: the mbarrier's
 // expected count includes these arrivals).
@@ -358,11 +324,8 @@ __device__ __forceinline__ int wg_first_row(const Params& p, int w, bool& tail) 
 // thread and their index arithmetic on the producer's critical path; call c of session 14
 // measured the first tiles' TMA issued before Q 1.4-2.7 us slower: the copies' order matters.)
 template <typename E>
-// sQt (the key tail's Q^T, WideTail; 0 none): warpgroup w also copies the tail rows' 64-dim half
-// w into Q^T's rows 0-3 (rows 4-7 hold the barriers), and the two warpgroups wait for each
-// other's copies.
 __device__ __forceinline__ void load_q(uint32_t sQw, const Params& p, int b, int kvh, int first,
-                                       int nrows, int w, int t, uint32_t sQt = 0) {
+                                       int nrows, int w, int t) {
   const E* q = static_cast<const E*>(p.q) + b * p.sq_b;
   const int c = t & 15;
   for (int r = t >> 4; r < nrows; r += 8) {
@@ -373,21 +336,10 @@ __device__ __forceinline__ void load_q(uint32_t sQw, const Params& p, int b, int
     cp_async16(sQw + (c >> 3) * Q_REGION + swz(r, c & 7), q + tok * p.sq_t + h * p.sq_h + c * 8,
                valid ? 16 : 0);
   }
-  if (sQt != 0 && t < KEY_TAIL_ROWS * 8) {
-    const int r = t >> 3, row = p.full_rows + r;
-    const bool valid = row < p.rows;
-    const int tok = valid ? row / p.G : 0;
-    const int h = valid ? kvh * p.G + row - tok * p.G : 0;
-    cp_async16(sQt + w * 1024 + swz(r, t & 7), q + tok * p.sq_t + h * p.sq_h + (8 * w + (t & 7)) * 8,
-               valid ? 16 : 0);
-  }
   cp_async_commit();  // (wait_group waits for committed groups only)
   cp_async_wait<0>();
   fence_async_smem();
-  if (sQt != 0)
-    named_sync(BAR_KT_JOIN, 256);
-  else
-    named_sync(BAR_Q + w, 128);
+  named_sync(BAR_Q + w, 128);
   fence_async_smem();  // the other threads' copies -> this thread's wgmma operand reads
 }
 
@@ -479,27 +431,13 @@ __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Para
       bits[w] = static_cast<uint64_t>(__ldg(mrow + w)) & low64(ts.T - j0 - 64 * w);
 }
 
-// Word `w` of tile_bits (keys 64 w .. 64 w + 63 of the tile) alone.
-template <class C>
-__device__ __forceinline__ uint64_t tile_word(const Params& p, const TileSeq& ts, int b, int tile,
-                                              int row, int w) {
-  const auto low64 = [](int k) {
-    return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
-  };
-  if (tile < ts.n_pre) return low64(ts.end - (ts.start + tile * C::BN) - 64 * w);
-  const int j = (tile - ts.n_pre) * C::BN + 64 * w;  // a multiple of 64: a whole mask word
-  if (row >= p.rows || j >= ts.T) return 0ull;
-  const int64_t* mrow = p.tree_mask + b * p.sm_b + (row / p.G) * p.sm_t + (j >> 6);
-  return static_cast<uint64_t>(__ldg(mrow)) & low64(ts.T - j);
-}
-
 // Whether tile `tile` is a whole prefix tile (no mask).
 template <class C>
 __device__ __forceinline__ bool tile_is_full(const TileSeq& ts, int tile) {
   return tile < ts.n_pre && ts.end - (ts.start + tile * C::BN) >= C::BN;
 }
 
-// S (64 x BN) = Q K^T: 8 k-steps of m64nBNk16, issued (the caller commits).
+// S (64 x BN) = Q K^T: 8 k-steps of m64nBNk16, issued and committed (not waited for).
 template <class C, typename E>
 __device__ __forceinline__ void issue_scores(float (&s)[C::SN], uint64_t dq, uint64_t dk) {
 #pragma unroll
@@ -511,16 +449,17 @@ __device__ __forceinline__ void issue_scores(float (&s)[C::SN], uint64_t dq, uin
     else
       Wgmma<E>::ss_n64(s, dq + oq, dk + ok, ks > 0);
   }
+  wg_commit();
 }
 
-// O (64 x 128) += P V: BN / 16 k-steps of 16 keys, P from registers, V MN-major (the caller
-// commits).
+// O (64 x 128) += P V: BN / 16 k-steps of 16 keys, P from registers, V MN-major; committed.
 template <class C, typename E>
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pc)[C::KS][4],
                                          uint64_t dv) {
 #pragma unroll
   for (int kk = 0; kk < C::KS; ++kk)
     Wgmma<E>::rs_n128_tb(o, pc[kk], dv + kk * (2 * KV_GROUP >> 4), 1);
+  wg_commit();
 }
 
 // Writes this warpgroup's rows r0, r1 of O (normalised by l0, l1), and with splits the base-2
@@ -568,6 +507,94 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
     if (ok0) p.lse[rbase + row0] = l0 > 0.f ? m0 + __log2f(l0) : neg_inf();
     if (ok1) p.lse[rbase + row1] = l1 > 0.f ? m1 + __log2f(l1) : neg_inf();
   }
+}
+
+// One consumer step, tile j >= 1: S_j = Q K_j^T issued together with O += P_{j-1} V_{j-1}
+// (`pc`); the online softmax of S_j (into `pn`) runs while the latter is on the tensor cores;
+// then stage j-1 is released and O rescaled by alpha_j.
+template <class C, typename E>
+__device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
+                                             uint32_t (&pc)[C::KS][4], uint32_t (&pn)[C::KS][4],
+                                             float& m_run0, float& m_run1, float& l_run0,
+                                             float& l_run1, const Params& p, const TileSeq& ts,
+                                             int b, int tile, int row0, int row1, int q4,
+                                             uint64_t dq, uint64_t dk0, uint64_t dv0,
+                                             uint32_t sBar, int turns, int w,
+                                             ClocksOf<C>& clk) {
+  constexpr int STAGES = C::STAGES;
+  const int n = ts.n_tiles;
+  const int st = tile % STAGES;
+  const int pst = (tile - 1) % STAGES;  // the previous tile's stage
+  uint64_t bits0[C::WORDS], bits1[C::WORDS];
+  tile_bits<C>(bits0, p, ts, b, tile, row0);
+  tile_bits<C>(bits1, p, ts, b, tile, row1);
+  const uint64_t dk = dk0 + st * C::STAGE_STEP, dv = dv0 + pst * C::STAGE_STEP;
+  mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
+  clk.stamp(0);
+  pin(o);              // the rescale and P_{j-1} complete before the batch starts
+  pin(pc);
+  if (turns) named_sync(BAR_TURN + w, 256);  // the previous warpgroup issued its batch
+  wg_fence();
+  issue_scores<C, E>(s, dq, dk);
+  issue_pv<C, E>(o, pc, dv);
+  // hand the turn to the next warpgroup of the ring (the last one's last batch has no taker:
+  // warpgroup 0 is done issuing)
+  if (turns && !(w == turns - 1 && tile == n - 1))
+    named_arrive(BAR_TURN + (w + 1 == turns ? 0 : w + 1), 256);
+  clk.stamp(1);
+  wg_wait<1>();  // S_j done (groups retire in order)
+  pin(s);
+  clk.stamp(2);
+  // online softmax of S_j (base 2, the scale folded into the exponent's multiply-add)
+  float alpha0 = 1.f, alpha1 = 1.f;
+  if (p.ablate & 8) {
+#pragma unroll
+    for (int kk = 0; kk < C::KS; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pn[kk][i] = Mma<E>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+  } else {
+    const float scale = p.qk_scale;
+    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, tile), bits0, bits1, q4);
+    const float mnew0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
+    const float mnew1 = fmaxf(m_run1, mx.y * scale);
+    const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
+    alpha0 = exp2f(m_run0 - off0);
+    alpha1 = exp2f(m_run1 - off1);
+    m_run0 = mnew0;
+    m_run1 = mnew1;
+    const float2 sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
+    l_run0 = l_run0 * alpha0 + sum.x;
+    l_run1 = l_run1 * alpha1 + sum.y;
+  }
+  clk.stamp(3);
+  wg_wait<0>();  // P_{j-1} V_{j-1} done
+  pin(o);
+  clk.stamp(4);
+  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
+  // O *= alpha_j (skipped when no row of the warp moved)
+  if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j + 0] *= alpha0;
+      o[4 * j + 1] *= alpha0;
+      o[4 * j + 2] *= alpha1;
+      o[4 * j + 3] *= alpha1;
+    }
+  }
+  clk.stamp(5);
+}
+
+// The last tile's O += P V (a whole fence / MMA / commit / wait sequence: callable from either
+// side of a branch without ptxas serialising it).
+template <class C, typename E>
+__device__ __forceinline__ void finish_pv(float (&o)[64], uint32_t (&pc)[C::KS][4], uint64_t dv) {
+  pin(o);
+  pin(pc);
+  wg_fence();
+  issue_pv<C, E>(o, pc, dv);
+  wg_wait<0>();
+  pin(o);
 }
 
 // ------------------------------------------------------------------ the tail warpgroup
@@ -987,37 +1014,27 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
   }
 }
 
-// ------------------------------------------------------------------ the key tail (WideTail)
+// ------------------------------------------------------------------ the tail warpgroup (WideTail)
 //
-// The Wide shape has no room for a tail warpgroup (its Q and three 64 KB stages leave ~3 KB of
-// shared memory) nor registers for one. So there the 1-4 rows past the last whole 64-row block
-// (G rows at 32q/8kv, T = 65) are run by the consumer warpgroups of the split's last two CTAs,
-// both of two whole blocks: CTA c of the two takes the tiles of parity c, and its warpgroup w the
-// 64 keys 64 w .. 64 w + 63 of each, so every consumer warpgroup adds a quarter of the tail's
-// work. A tail tile j of warpgroup w: S^T (64 keys x 8) = K Q^T (8 x m64n8k16: A = the stage's K,
-// B = Q^T) is issued in the consumers' own batch with S_j; its online softmax down the columns
-// (the four warps' maxima meet in shared memory) runs after the rows' softmax, while P_{j-1}
-// V_{j-1} is on the tensor cores; P^T goes to shared memory; and O^T (128 dims x 8) += V^T P^T
-// (8 x m64n8k16, A = the stage's V, MN-major) is issued in the next tile's batch, with P_j V_j.
-// Each warpgroup keeps its own running max / sum / O^T for its keys; at the end warpgroup 1 hands
-// them to warpgroup 0 through its Q region, which adds them and writes the rows (the second CTA's
-// to the merge's shadow rows). Session 19 ran the same steps in the producer warpgroup, with
-// mma.sync (commit e4e453e) and with wgmma (e09ac3e): both were slower than the split tail, the
-// producer's serial step delaying the next tile's copies.
-//
-// Warpgroup 1's P^T sits in rows 4-7 of the P^T atom, so its O^T's real columns are 4-7 (lanes
-// with q4 >= 2), while its S^T's are 0-3 (lanes q4 < 2): its rescale factors cross by a shuffle.
+// The 1-4 rows past four whole 64-row blocks (G rows at 32q/8kv, T = 65) beside Wide's two
+// 128-row CTAs a KV head: each CTA has a fourth warpgroup (after the producer, 72 registers)
+// that takes the tail's tiles of the CTA's parity (x), CTA 1's partials to the merge's shadow
+// rows. A tile of its own: S^T (two 64-key halves x 8 columns) = K Q^T by swapped-operand
+// m64n8k16 MMAs (A = the stage's K, B = Q^T), waited for; the online softmax down the columns
+// (the four warps' maxima meet in shared memory); P^T (the halves in rows 0-3 / 4-7 of one atom)
+// published by a barrier; O^T (128 dims x 8) += V^T P^T, one accumulator a half (its real columns
+// 0-3 / 4-7), waited for; then the stage released. A tile of the other parity is released once
+// it has landed (the producer has then passed the stage's previous release). Off the block
+// warpgroups' critical path (sessions 19-20 ran these steps in the producer's and in the block
+// warpgroups' own paths, each slower than the Tall split tail), its MMAs take the tensor cores
+// ~290 cycles a tile on average, beside the blocks' 2048.
 
-// The tail state of one consumer warpgroup in registers: O^T (dims 64 mb + kr (+ 8) x columns
-// 2 q4 + i) and the S^T of a tile (keys kr (+ 8) of the warpgroup's 64 x columns 2 q4 + i). Its
-// columns' running max (one for the warpgroup) and each warp's running sums are in shared memory
-// (KT_RED: the consumers have no registers to spare at their softmax).
-struct KTail {
-  float o[2][4];
-  float s[4];
-};
+// Warpgroup-relative 64 keys `h` of a tile's K or V descriptor.
+__device__ __forceinline__ uint64_t kt_keys(uint64_t d, int h) {
+  return d + static_cast<uint64_t>(h * (8 * KV_GROUP >> 4));
+}
 
-// S^T = K Q^T over the warpgroup's 64 keys (dk: their first key group): 8 k-steps, not committed.
+// S^T = K Q^T over 64 keys (dk: their first key group): 8 k-steps, not committed.
 template <typename E>
 __device__ __forceinline__ void kt_issue_scores(float (&s)[4], uint64_t dk, uint64_t dqt) {
 #pragma unroll
@@ -1026,8 +1043,8 @@ __device__ __forceinline__ void kt_issue_scores(float (&s)[4], uint64_t dk, uint
                     dqt + (ks >> 2) * (1024 >> 4) + (ks & 3) * 2, ks > 0);
 }
 
-// O^T += V^T P^T over the warpgroup's 64 keys (dv: their first key group): the two 64-dim halves,
-// 4 k-steps each, not committed.
+// O^T += V^T P^T over 64 keys (dv: their first key group): the two 64-dim halves, 4 k-steps
+// each, not committed.
 template <typename E>
 __device__ __forceinline__ void kt_issue_pv(float (&o)[2][4], uint64_t dv, uint64_t dpt) {
 #pragma unroll
@@ -1038,400 +1055,163 @@ __device__ __forceinline__ void kt_issue_pv(float (&o)[2][4], uint64_t dv, uint6
                          dpt + kk * 2, 1);
 }
 
-// barrier.red.or: a named barrier of n threads that also ORs their predicates.
-__device__ __forceinline__ bool named_sync_or(int id, int n, bool pred) {
-  uint32_t r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n"
-      " selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(r)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(n)
-      : "memory");
-  return r != 0;
-}
-
-// How far (log2) a score may rise above its column's running max before the tail rescales: its
-// P^T entries then stay below 2^8, which bf16 / fp16 and the fp32 sums hold with the precision
-// of entries below 1 (FlashAttention-4's conditional rescaling).
-constexpr float KT_RESCALE = 8.f;
-// Measurement builds (wrong results, timing only): the key tail without its softmax
-// (KDTREE_GQA_KT_NO_SOFTMAX) or without its MMAs (KDTREE_GQA_KT_NO_MMA), in consume_tile's steps.
-#ifdef KDTREE_GQA_KT_NO_SOFTMAX
-constexpr bool KT_SOFTMAX = false;
-#else
-constexpr bool KT_SOFTMAX = true;
-#endif
-#ifdef KDTREE_GQA_KT_NO_MMA
-constexpr bool KT_MMAS = false;
-#else
-constexpr bool KT_MMAS = true;
-#endif
-
-// The online softmax of a tail tile's S^T (done), in the shadow of the next tile's S MMAs: the
-// visibility of the warpgroup's 64 keys (mask word w of the tile), P^T = 2^(S^T scale - m) as E
-// into the warpgroup's rows of the P^T atom against the columns' running max m, and P^T published
-// to the next MMA batch by one barrier, which also ORs whether a score rose more than KT_RESCALE
-// above m. Only then (each warpgroup's first tile of its parity; rarely after) the exact step: the
-// column maxima across the four warps, m moved, O^T rescaled, P^T again, and a second barrier.
-// `sum` / `alpha`: this thread's share of the tile's column sums and the factor of the running
-// sums (1 without the exact step), for kt_sums once the batch is issued. So the step a tile is a
-// dependent chain of two shared loads, a few exponentials, stores and one barrier (session 20's
-// form, two barriers and the maxima and sums through shared memory every tile, cost a consumer
-// warpgroup ~1 us a tile on its own critical path).
-template <class C, typename E>
-__device__ __forceinline__ void kt_softmax(KTail& kt, const Params& p, const TileSeq& ts, int b,
-                                           int tile, int w, int t, uint32_t sKT,
-                                           float (&sum)[2], float (&alpha)[2]) {
-  const int lane = t & 31, wi = (t >> 5) & 3, q4 = lane & 3;
-  const int kr = wi * 16 + (lane >> 2);
-  const float scale = p.qk_scale;
+// The tail warpgroup's whole split (thread t of 128): Q^T, its tiles' two 64-key halves in turn
+// (one S^T and one O^T accumulator: 12 registers of MMA state), its rows' output.
+template <class C, typename E, int SWAP>
+__device__ __forceinline__ void kt_warpgroup(const Params& p, const TileSeq& ts, int b, int kvh,
+                                             int split, uint32_t sKV, uint32_t sKT,
+                                             uint32_t sBar, int t) {
+  constexpr int STAGES = C::STAGES;
+  const int n = ts.n_tiles;
+  const int c = static_cast<int>(blockIdx.x);  // its parity (the launcher's two CTAs)
+  const int lane = t & 31, wi = t >> 5, q4 = lane & 3;
+  const int kr = wi * 16 + (lane >> 2);  // this thread's keys (dims) kr, kr + 8 of each 64
   const bool live = 2 * q4 < KEY_TAIL_ROWS;  // (columns >= 4: Q^T's barrier rows, no tail row)
-  const uint32_t red = sKT + KT_RED + w * KT_RED_WG;
-  float m[2];
+  const uint32_t red = sKT + KT_RED;
+  float o[2][4];  // O^T: dims 64 mb + kr (+ 8) x columns 2 q4 + i
+  float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < 2; ++i) m[i] = live ? ld_shared_f32(red + 64 + (2 * q4 + i) * 4) : 0.f;
-  if (!tile_is_full<C>(ts, tile) && live) {
+  for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint64_t bits = tile_word<C>(p, ts, b, tile, p.full_rows + 2 * q4 + i, w);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (!((bits >> (kr + 8 * h)) & 1ull)) kt.s[2 * h + i] = neg_inf();
+    for (int i = 0; i < 4; ++i) o[mb][i] = 0.f;
+  if (n > c) {
+    // Q^T: rows 0-3 of both 64-dim atoms (rows past G*T zero)
+    if (t < KEY_TAIL_ROWS * 16) {
+      const E* q = static_cast<const E*>(p.q) + b * p.sq_b;
+      const int r = t >> 4, h = (t >> 3) & 1, row = p.full_rows + r;
+      const bool valid = row < p.rows;
+      const int tok = valid ? row / p.G : 0;
+      const int hh = valid ? kvh * p.G + row - tok * p.G : 0;
+      cp_async16(sKT + h * 1024 + swz(r, t & 7),
+                 q + tok * p.sq_t + hh * p.sq_h + (8 * h + (t & 7)) * 8, valid ? 16 : 0);
     }
-  }
-  const uint32_t sP = sKT + KT_P;
-  bool over = false;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float off = wg_offset(m[i]);
-    sum[i] = 0.f;
-    alpha[i] = 1.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float x = kt.s[2 * h + i] * scale;
-      over |= x > m[i] + KT_RESCALE;
-      const float e = exp2f(x - off);
-      sum[i] += e;
-      const int key = kr + 8 * h;
-      if (live)
-        st_shared_u16(sP + swz(4 * w + 2 * q4 + i, key >> 3) + (key & 7) * 2, Mma<E>::pack(e, 0.f));
-    }
-  }
-  fence_async_smem();  // P^T (generic stores) -> the next batch's wgmma, after everyone's stores
-  if (!named_sync_or(BAR_KT + w, 128, live && over)) return;
-  // the exact step: the column maxima across the warps
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float mx = fmaxf(kt.s[i], kt.s[2 + i]);
-#pragma unroll
-    for (int o4 = 4; o4 < 32; o4 <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o4));
-    if (lane < 2) st_shared_f32(red + (wi * 4 + 2 * q4 + i) * 4, mx);  // (lanes 0, 1: q4 0, 1)
-  }
-  named_sync(BAR_KT + w, 128);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int col = 2 * q4 + i;
-    float mx = neg_inf();
-    if (live) {
-#pragma unroll
-      for (int v = 0; v < 4; ++v) mx = fmaxf(mx, ld_shared_f32(red + (v * 4 + col) * 4));
-    }
-    const float mnew = live ? fmaxf(m[i], mx * scale) : 0.f;  // scale > 0: order kept
-    const float off = wg_offset(mnew);
-    alpha[i] = live ? exp2f(m[i] - off) : 1.f;  // (0 from -inf)
-    if (wi == 0 && lane < 2) st_shared_f32(red + 64 + col * 4, mnew);
-    sum[i] = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float e = exp2f(fmaf(kt.s[2 * h + i], scale, -off));
-      sum[i] += e;
-      const int key = kr + 8 * h;
-      if (live)
-        st_shared_u16(sP + swz(4 * w + col, key >> 3) + (key & 7) * 2, Mma<E>::pack(e, 0.f));
-    }
-  }
-  // O^T *= alpha (warpgroup 1's columns 4-7 take lane q4 - 2's factors)
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float x = __shfl_xor_sync(0xffffffffu, alpha[i], 2);
-    const float a = w == 0 ? alpha[i] : x;
-#pragma unroll
-    for (int mb = 0; mb < 2; ++mb) {
-      kt.o[mb][i] *= a;
-      kt.o[mb][2 + i] *= a;
-    }
-  }
-  fence_async_smem();
-  named_sync(BAR_KT + w, 128);  // (also: m stored, every warp's maxima read)
-}
-
-// A tail tile's sums (kt_softmax's), once the batch is issued: each warp's running sums of the
-// columns (its 16 keys of the warpgroup's 64) l = l alpha + the tile's, in shared memory.
-__device__ __forceinline__ void kt_sums(const float (&sum)[2], const float (&alpha)[2], int w,
-                                        int t, uint32_t sKT) {
-  const int lane = t & 31, wi = (t >> 5) & 3, q4 = lane & 3;
-  const uint32_t red = sKT + KT_RED + w * KT_RED_WG;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float x = sum[i];
-#pragma unroll
-    for (int o4 = 4; o4 < 32; o4 <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o4);
-    const uint32_t a = red + 128 + (wi * 4 + 2 * q4 + i) * 4;
-    if (lane < 2) st_shared_f32(a, ld_shared_f32(a) * alpha[i] + x);  // (lanes 0, 1: q4 0, 1)
-  }
-}
-
-// The key tail's running max and sums, before the first tile (thread t < 20 of the warpgroup;
-// the warpgroups' Q^T barrier orders them before any use).
-__device__ __forceinline__ void kt_init(int w, int t, uint32_t sKT) {
-  const uint32_t red = sKT + KT_RED + w * KT_RED_WG;
-  if (t < 4) st_shared_f32(red + 64 + t * 4, neg_inf());
-  else if (t < 20) st_shared_f32(red + 128 + (t - 4) * 4, 0.f);
-}
-
-// After the split: each warpgroup's column sums across its warps; warpgroup 1 hands its max, sum
-// and O^T to warpgroup 0 through its own Q region (sQ1: its MMAs are done), which adds them to
-// its own and writes the rows' output, or partials and LSE (the second CTA's in the shadow rows).
-template <typename E>
-// (`any`: the CTA had tiles of its parity)
-__device__ __forceinline__ void kt_finish(KTail& kt, const Params& p, int b, int kvh, int split,
-                                          int c, int w, int t, uint32_t sKT, uint32_t sQ1,
-                                          bool any) {
-  const int lane = t & 31, wi = (t >> 5) & 3, q4 = lane & 3;
-  const int kr = wi * 16 + (lane >> 2);
-  const uint32_t red = sKT + KT_RED + w * KT_RED_WG;
-  named_sync(BAR_KT + w, 128);  // (every warp's sums stored)
-  float l[2], m[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int col = 2 * q4 + i;
-    l[i] = 0.f;
-    m[i] = neg_inf();
-    if (any && col < KEY_TAIL_ROWS) {
-      m[i] = ld_shared_f32(red + 64 + col * 4);
-#pragma unroll
-      for (int v = 0; v < 4; ++v) l[i] += ld_shared_f32(red + 128 + (v * 4 + col) * 4);
-    }
-  }
-  const uint32_t ml = sQ1 + KEY_TAIL_ROWS * D * 4;  // [4] maxima, [4] sums
-  if (w == 1) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int col = 2 * q4 + i;
-      if (wi == 0 && lane < 2) {
-        st_shared_f32(ml + col * 4, m[i]);
-        st_shared_f32(ml + (KEY_TAIL_ROWS + col) * 4, l[i]);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_async_smem();
+    named_sync(BAR_TAIL, 128);
+    const float scale = p.qk_scale;
+#pragma unroll 1
+    for (int tile = 0; tile < n; ++tile) {
+      const int st = tile % STAGES;
+      mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
+      if ((tile & 1) != c) {  // the other CTA's: released once landed
+        if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, C::THREADS);
+        continue;
       }
-      if (q4 >= 2) {  // O^T's columns 4-7: the tail rows 2 q4 + i - 4
+      fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
+      const bool full = tile_is_full<C>(ts, tile);
+#pragma unroll 1
+      for (int h = 0; h < 2; ++h) {
+        float s4[4];
 #pragma unroll
-        for (int mb = 0; mb < 2; ++mb)
+        for (int i = 0; i < 4; ++i) s4[i] = 0.f;
+        pin(s4);
+        wg_fence();
+        kt_issue_scores<E>(s4, kt_keys(wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP) +
+                                           st * C::STAGE_STEP, h),
+                           wg_desc(sKT, 16, 1024));
+        wg_commit();
+        wg_wait<0>();
+        pin(s4);
+        // visibility, then the column maxima across the warps
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            st_shared_f32(sQ1 + ((col - 4) * D + 64 * mb + kr + 8 * h) * 4, kt.o[mb][2 * h + i]);
+        for (int i = 0; i < 2; ++i) {
+          if (!full) {
+            uint64_t bits[C::WORDS];
+            tile_bits<C>(bits, p, ts, b, tile, p.full_rows + 2 * q4 + i);
+            const uint64_t word = h ? bits[1] : bits[0];  // (no local array: h is not unrolled)
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+              if (!((word >> (kr + 8 * k)) & 1ull)) s4[2 * k + i] = neg_inf();
+          }
+          float mx = fmaxf(s4[i], s4[2 + i]);
+#pragma unroll
+          for (int o4 = 4; o4 < 32; o4 <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o4));
+          if (lane < 2) st_shared_f32(red + (wi * 4 + 2 * q4 + i) * 4, mx);  // (q4 0, 1)
+        }
+        named_sync(BAR_TAIL, 128);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int col = 2 * q4 + i;
+          float m = neg_inf();
+          if (live) {
+#pragma unroll
+            for (int v = 0; v < 4; ++v) m = fmaxf(m, ld_shared_f32(red + (v * 4 + col) * 4));
+          }
+          const float mnew = live ? fmaxf(m_run[i], m * scale) : 0.f;  // scale > 0: order kept
+          const float off = wg_offset(mnew);
+          const float alpha = live ? exp2f(m_run[i] - off) : 1.f;  // (0 from -inf)
+          m_run[i] = mnew;
+          float sum = 0.f;
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float e = exp2f(fmaf(s4[2 * k + i], scale, -off));
+            sum += e;
+            const int key = kr + 8 * k;
+            if (live)
+              st_shared_u16(sKT + KT_P + swz(col, key >> 3) + (key & 7) * 2, Mma<E>::pack(e, 0.f));
+          }
+          l_run[i] = l_run[i] * alpha + sum;
+#pragma unroll
+          for (int mb = 0; mb < 2; ++mb) {
+            o[mb][i] *= alpha;
+            o[mb][2 + i] *= alpha;
+          }
+        }
+        fence_async_smem();  // P^T (generic stores) -> the wgmma reads, after everyone's stores
+        named_sync(BAR_TAIL, 128);  // (also: every warp's maxima read before the next half's)
+        pin(o[0]);
+        pin(o[1]);
+        wg_fence();
+        kt_issue_pv<E>(o,
+                       kt_keys(wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP) +
+                                   st * C::STAGE_STEP, h),
+                       wg_desc(sKT + KT_P, 16, 1024));
+        wg_commit();
+        wg_wait<0>();
+        pin(o[0]);
+        pin(o[1]);
       }
+      if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, C::THREADS);
     }
-    named_arrive(BAR_KT_JOIN, 256);
-    return;
   }
-  named_sync(BAR_KT_JOIN, 256);
+  // ---- the column sums across the warpgroup, then the rows' output (or partials and LSE)
+  const uint32_t sums = red + 64;  // [4 warps][4]
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int o4 = 4; o4 < 32; o4 <<= 1) l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], o4);
+    if (lane < 2) st_shared_f32(sums + (wi * 4 + 2 * q4 + i) * 4, l_run[i]);
+  }
+  named_sync(BAR_TAIL, 128);
   const int S = p.num_splits;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int col = 2 * q4 + i;
     const int row = p.full_rows + col;
-    if (col >= KEY_TAIL_ROWS || row >= p.rows) continue;
-    const float m1 = ld_shared_f32(ml + col * 4), l1 = ld_shared_f32(ml + (KEY_TAIL_ROWS + col) * 4);
-    const float mm = fmaxf(m[i], m1);
-    const float a0 = mm == neg_inf() ? 0.f : exp2f(m[i] - mm);
-    const float a1 = mm == neg_inf() ? 0.f : exp2f(m1 - mm);
-    const float lt = l[i] * a0 + l1 * a1;
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
-    float v[2][2];
+    if (!live || row >= p.rows) continue;
+    float l = 0.f;
 #pragma unroll
-    for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        v[mb][h] = (kt.o[mb][2 * h + i] * a0 +
-                    ld_shared_f32(sQ1 + (col * D + 64 * mb + kr + 8 * h) * 4) * a1) * inv;
+    for (int w = 0; w < 4; ++w) l += ld_shared_f32(sums + (w * 4 + col) * 4);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
     if (S == 1) {
       E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
                (kvh * p.G + row % p.G) * p.so_h;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) dst[64 * mb + kr + 8 * h] = E(v[mb][h]);
+        for (int k = 0; k < 2; ++k) dst[64 * mb + kr + 8 * k] = E(o[mb][2 * k + i] * inv);
     } else {
-      const int64_t ridx = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows +
-                           row + (c == 1 ? p.rows - p.half_row : 0);  // (second CTA: shadow rows)
-      float* dst = p.part + ridx * D;
+      const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows + row +
+                        (c == 1 ? p.rows - p.half_row : 0);  // (CTA 1: shadow rows)
+      float* dst = p.part + r * D;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) dst[64 * mb + kr + 8 * h] = v[mb][h];
-      if (wi == 0 && lane < 2) p.lse[ridx] = lt > 0.f ? mm + __log2f(lt) : neg_inf();
+        for (int k = 0; k < 2; ++k) dst[64 * mb + kr + 8 * k] = o[mb][2 * k + i] * inv;
+      if (wi == 0 && lane < 2) p.lse[r] = l > 0.f ? m_run[i] + __log2f(l) : neg_inf();
     }
   }
-}
-
-// Warpgroup w's 64 keys of a tile's K or V descriptor.
-__device__ __forceinline__ uint64_t kt_keys(uint64_t d, int w) {
-  return d + static_cast<uint64_t>(w * (8 * KV_GROUP >> 4));
-}
-
-// One consumer step, tile j >= 1: S_j = Q K_j^T issued together with O += P_{j-1} V_{j-1}
-// (`pc`); the online softmax of S_j (into `pn`) runs while the latter is on the tensor cores;
-// then stage j-1 is released and O rescaled by alpha_j.
-// The key tail (WideTail, kt_softmax) rides in two kinds of step of its CTA: KTS, a tile of its
-// parity: S^T_j = K_j Q^T in a group of its own right after S_j's, so it retires before P_{j-1}
-// V_{j-1} (the rows' softmax waits for S_j only, and the stage's release for both); KTM, the tile
-// after: the tail's softmax of S^T_{j-1} runs once S_j is issued, in the shadow of its MMAs, and
-// O^T += V_{j-1}^T P_{j-1}^T joins P_{j-1} V_{j-1}'s group (the same stage). So the turn is handed
-// on after the softmax, and no wait of the step is for the tail alone.
-template <class C, typename E, int KTS = 0, int KTM = 0>
-__device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
-                                             uint32_t (&pc)[C::KS][4], uint32_t (&pn)[C::KS][4],
-                                             float& m_run0, float& m_run1, float& l_run0,
-                                             float& l_run1, const Params& p, const TileSeq& ts,
-                                             int b, int tile, int row0, int row1, int q4,
-                                             uint64_t dq, uint64_t dk0, uint64_t dv0,
-                                             uint32_t sBar, int turns, int w,
-                                             ClocksOf<C>& clk, KTail& kt, uint32_t sKT) {
-  constexpr int STAGES = C::STAGES;
-  const int n = ts.n_tiles;
-  const int st = tile % STAGES;
-  const int pst = (tile - 1) % STAGES;  // the previous tile's stage
-  uint64_t bits0[C::WORDS], bits1[C::WORDS];
-  tile_bits<C>(bits0, p, ts, b, tile, row0);
-  tile_bits<C>(bits1, p, ts, b, tile, row1);
-  const uint64_t dk = dk0 + st * C::STAGE_STEP, dv = dv0 + pst * C::STAGE_STEP;
-  mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
-  fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
-  clk.stamp(0);
-  pin(o);              // the rescale and P_{j-1} complete before the batch starts
-  pin(pc);
-  if constexpr (KTS) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) kt.s[i] = 0.f;  // (fresh: else every wgmma is serialised, C7511)
-    pin(kt.s);
-  }
-  if constexpr (KTM) {
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-  }
-  if (turns) named_sync(BAR_TURN + w, 256);  // the previous warpgroup issued its batch
-  wg_fence();
-  issue_scores<C, E>(s, dq, dk);
-  wg_commit();
-  if constexpr (KTS && KT_MMAS) {
-    kt_issue_scores<E>(kt.s, kt_keys(dk, w), wg_desc(sKT, 16, 1024));
-    wg_commit();
-  }
-  if constexpr (C::KEY_TAIL) clk.stamp(7);  // (the turn and S_j's issue)
-  float kt_sum[2] = {0.f, 0.f}, kt_alpha[2] = {1.f, 1.f};
-  if constexpr (KTM && KT_SOFTMAX) {
-    kt_softmax<C, E>(kt, p, ts, b, tile - 1, w, threadIdx.x & 127, sKT, kt_sum, kt_alpha);
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-    wg_fence();
-  }
-  if constexpr (C::KEY_TAIL) clk.stamp(6);  // (the tail's softmax)
-  issue_pv<C, E>(o, pc, dv);
-  if constexpr (KTM && KT_MMAS)
-    kt_issue_pv<E>(kt.o, kt_keys(dv, w), wg_desc(sKT + KT_P, 16, 1024));
-  wg_commit();
-  // hand the turn to the next warpgroup of the ring (the last one's last batch has no taker:
-  // warpgroup 0 is done issuing)
-  if (turns && !(w == turns - 1 && tile == n - 1))
-    named_arrive(BAR_TURN + (w + 1 == turns ? 0 : w + 1), 256);
-  if constexpr (KTM && KT_SOFTMAX) kt_sums(kt_sum, kt_alpha, w, threadIdx.x & 127, sKT);
-  clk.stamp(1);
-  if constexpr (KTS && KT_MMAS)
-    wg_wait<2>();  // S_j done (groups retire in order)
-  else
-    wg_wait<1>();
-  pin(s);
-  clk.stamp(2);
-  // online softmax of S_j (base 2, the scale folded into the exponent's multiply-add)
-  float alpha0 = 1.f, alpha1 = 1.f;
-  if (p.ablate & 8) {
-#pragma unroll
-    for (int kk = 0; kk < C::KS; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pn[kk][i] = Mma<E>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
-  } else {
-    const float scale = p.qk_scale;
-    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, tile), bits0, bits1, q4);
-    const float mnew0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
-    const float mnew1 = fmaxf(m_run1, mx.y * scale);
-    const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
-    alpha0 = exp2f(m_run0 - off0);
-    alpha1 = exp2f(m_run1 - off1);
-    m_run0 = mnew0;
-    m_run1 = mnew1;
-    const float2 sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
-    l_run0 = l_run0 * alpha0 + sum.x;
-    l_run1 = l_run1 * alpha1 + sum.y;
-  }
-  clk.stamp(3);
-  wg_wait<0>();  // P_{j-1} V_{j-1} done (and the tail's MMAs)
-  pin(o);
-  if constexpr (KTS) pin(kt.s);
-  if constexpr (KTM) {
-    pin(kt.o[0]);
-    pin(kt.o[1]);
-  }
-  clk.stamp(4);
-  if (tile - 1 + STAGES < n) named_arrive(BAR_EMPTY + pst, C::THREADS);  // tile j-1 released
-  // O *= alpha_j (skipped when no row of the warp moved)
-  if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      o[4 * j + 0] *= alpha0;
-      o[4 * j + 1] *= alpha0;
-      o[4 * j + 2] *= alpha1;
-      o[4 * j + 3] *= alpha1;
-    }
-  }
-  clk.stamp(5);
-}
-
-// The last tile's O += P V (a whole fence / MMA / commit / wait sequence: callable from either
-// side of a branch without ptxas serialising it).
-template <class C, typename E>
-__device__ __forceinline__ void finish_pv(float (&o)[64], uint32_t (&pc)[C::KS][4], uint64_t dv) {
-  pin(o);
-  pin(pc);
-  wg_fence();
-  issue_pv<C, E>(o, pc, dv);
-  wg_commit();
-  wg_wait<0>();
-  pin(o);
-}
-
-// The last tile's O += P V with the key tail's O^T += V^T P^T of that tile (its parity's: its
-// softmax first), a whole sequence as finish_pv.
-template <class C, typename E>
-__device__ __forceinline__ void finish_pv_kt(float (&o)[64], uint32_t (&pc)[C::KS][4],
-                                             uint64_t dv, KTail& kt, const Params& p,
-                                             const TileSeq& ts, int b, int tile, int w,
-                                             uint32_t sKT) {
-  pin(o);
-  pin(pc);
-  pin(kt.o[0]);
-  pin(kt.o[1]);
-  float kt_sum[2], kt_alpha[2];
-  kt_softmax<C, E>(kt, p, ts, b, tile, w, threadIdx.x & 127, sKT, kt_sum, kt_alpha);
-  pin(kt.o[0]);
-  pin(kt.o[1]);
-  wg_fence();
-  issue_pv<C, E>(o, pc, dv);
-  kt_issue_pv<E>(kt.o, kt_keys(dv, w), wg_desc(sKT + KT_P, 16, 1024));
-  wg_commit();
-  kt_sums(kt_sum, kt_alpha, w, threadIdx.x & 127, sKT);
-  wg_wait<0>();
-  pin(o);
-  pin(kt.o[0]);
-  pin(kt.o[1]);
 }
 
 // SWAP: the stage layout with V before K in each key group (Params::kv_swap).
@@ -1442,16 +1222,15 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   constexpr int CONSUMERS = C::CONSUMERS, THREADS = C::THREADS;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
-  // (the key tail takes all 227 KB: no slack; dynamic shared memory starts 1024-aligned)
+  // (WideTail takes all 227 KB: no slack; dynamic shared memory starts 1024-aligned)
   const uint32_t base =
       C::KEY_TAIL ? raw : (raw + ALIGN - 1) & ~static_cast<uint32_t>(ALIGN - 1);
   if (C::KEY_TAIL && (raw & (ALIGN - 1)) != 0) __trap();
   const uint32_t sQ = base;
   const uint32_t sKV = sQ + C::SMEM_Q;
-  // the key tail's Q^T and P^T (WideTail)
-  const uint32_t sKT = sKV + STAGES * C::SMEM_STAGE;
-  // STAGES mbarriers ("full"), then Q's (used by the -DKDTREE_GQA_PRODUCER_Q build only); the
-  // key tail's in P^T's unused rows
+  const uint32_t sKT = sKV + STAGES * C::SMEM_STAGE;  // the tail warpgroup's Q^T and P^T
+  // STAGES mbarriers ("full"), then Q's (used by the -DKDTREE_GQA_PRODUCER_Q build only); in
+  // WideTail in Q^T's unused rows
   const uint32_t sBar = C::KEY_TAIL ? sKT + KT_BAR : sKV + STAGES * C::SMEM_STAGE;
 
   const int tid = threadIdx.x;
@@ -1502,6 +1281,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   }
   __syncthreads();
 
+  if (C::KEY_TAIL && tid >= CONSUMERS + 128) {
+    // ================= the tail warpgroup (WideTail) =======================================
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::TAIL_REGS));
+    griddep_wait();  // Q, the tree mask, the workspace: after the kernel before completes
+    kt_warpgroup<C, E, SWAP>(p, ts, b, kvh, split, sKV, sKT, sBar, tid - CONSUMERS - 128);
+    GQA_TL_EXIT();
+    return;
+  }
   if (tid >= CONSUMERS) {
     // ================= producer warpgroup ==================================================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
@@ -1578,16 +1365,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     GQA_TL_EXIT();
     return;
   }
-  // the key tail's CTA (WideTail): 0 or 1, the split's two CTAs (the launcher's check), else -1
-  const int kc = C::KEY_TAIL ? static_cast<int>(blockIdx.x) - p.ktail_first : -1;
 #ifndef KDTREE_GQA_PRODUCER_Q
-  if (C::KEY_TAIL && kc >= 0) kt_init(w, tid & 127, sKT);  // (ordered by load_q's barrier)
   if (n > 0)
-    load_q<E>(sQ + w * 2 * Q_REGION, p, b, kvh, first, tail ? TAIL_N : WG_ROWS, w, tid & 127,
-              kc >= 0 ? sKT : 0u);
+    load_q<E>(sQ + w * 2 * Q_REGION, p, b, kvh, first, tail ? TAIL_N : WG_ROWS, w, tid & 127);
 #endif
 #ifndef KDTREE_GQA_NO_TAIL
-  if (!C::KEY_TAIL && tail) {  // (WideTail has no tail warpgroup)
+  if (tail) {
     // (m64n8 MMAs for at most 8 rows: 32q/8kv, T=65 has 4; -DKDTREE_GQA_TAIL_N16, a measurement
     // build, keeps m64n16 for any count)
 #ifdef KDTREE_GQA_TAIL_N16
@@ -1611,9 +1394,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   // the stride byte offset between 8-key groups (the MLA kernels' V layout, probed in session 9)
   const uint64_t dv0 = wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP);
 
-  KTail kt;  // (the key tail's CTAs, kc >= 0)
-#pragma unroll
-  for (int i = 0; i < 4; ++i) kt.o[0][i] = kt.o[1][i] = 0.f;
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
@@ -1621,8 +1401,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
   if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
     store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-    if (C::KEY_TAIL && kc >= 0)
-      kt_finish<E>(kt, p, b, kvh, split, kc, w, tid & 127, sKT, sQ + 2 * Q_REGION, false);
     GQA_TL_EXIT();
     return;
   }
@@ -1645,7 +1423,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const bool ring = p.pingpong == 2 || (p.pingpong == 1 && C::CWG == 2);
   const int turns = ring && with_rows >= 2 ? with_rows : 0;
   if (turns && w == turns - 1 && n > 1) named_arrive(BAR_TURN, 256);
-  // ---- tile 0: S_0 (and the key tail's S^T_0 in CTA 0 of its two) and its softmax
+  // ---- tile 0: S_0 and its softmax
   tile_bits<C>(bits0, p, ts, b, 0, row0);
   tile_bits<C>(bits1, p, ts, b, 0, row1);
 #ifdef KDTREE_GQA_PRODUCER_Q
@@ -1654,25 +1432,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   mbar_wait(sBar, 0);
   GQA_TL_STAMP(3, w == 0);
   fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
-  if (C::KEY_TAIL && kc == 0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) kt.s[i] = 0.f;
-    pin(kt.s);
-    wg_fence();
-    issue_scores<C, E>(s, dq, dk0);
-    wg_commit();
-    kt_issue_scores<E>(kt.s, kt_keys(dk0, w), wg_desc(sKT, 16, 1024));
-    wg_commit();
-    wg_wait<0>();
-    pin(s);
-    pin(kt.s);
-  } else {
-    wg_fence();
-    issue_scores<C, E>(s, dq, dk0);
-    wg_commit();
-    wg_wait<0>();
-    pin(s);
-  }
+  wg_fence();
+  issue_scores<C, E>(s, dq, dk0);
+  wg_wait<0>();
+  pin(s);
   {
     const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
     m_run0 = mx.x * scale;
@@ -1682,52 +1445,21 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     l_run1 = sum.y;
   }
 
-  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn); the key
-  // tail's CTA kc takes the tiles of parity kc (a round's first tile is odd): S^T in the step of
-  // such a tile (KTS), its softmax and O^T in the next step (KTM)
-#define GQA_CONSUME(KTS, KTM, PA, PB, TILE)                                                   \
-  consume_tile<C, E, KTS, KTM>(o, s, PA, PB, m_run0, m_run1, l_run0, l_run1, p, ts, b, TILE, \
-                               row0, row1, q4, dq, dk0, dv0, sBar, turns, w, clk, kt, sKT)
+  // ---- tiles j >= 1, two a round so P_{j-1} and P_j live in named registers (pc, pn)
   int tile = 1;
   for (; tile + 1 < n; tile += 2) {
-    if constexpr (C::KEY_TAIL) {
-      if (kc == 1) {
-        GQA_CONSUME(1, 0, pc, pn, tile);
-        GQA_CONSUME(0, 1, pn, pc, tile + 1);
-      } else {
-        GQA_CONSUME(0, 1, pc, pn, tile);
-        GQA_CONSUME(1, 0, pn, pc, tile + 1);
-      }
-    } else {
-      GQA_CONSUME(0, 0, pc, pn, tile);
-      GQA_CONSUME(0, 0, pn, pc, tile + 1);
-    }
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
+    consume_tile<C, E>(o, s, pn, pc, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile + 1, row0,
+                       row1, q4, dq, dk0, dv0, sBar, turns, w, clk);
   }
   const uint64_t dv_last = dv0 + ((n - 1) % STAGES) * C::STAGE_STEP;
   if (tile < n) {  // an even tile count: the last tile's P lands in pn
-    if constexpr (C::KEY_TAIL) {
-      if (kc == 1)
-        GQA_CONSUME(1, 0, pc, pn, tile);
-      else
-        GQA_CONSUME(0, 1, pc, pn, tile);
-    } else {
-      GQA_CONSUME(0, 0, pc, pn, tile);
-    }
-  }
-#undef GQA_CONSUME
-  // the last tile's P V (with the tail's softmax and O^T of the last tile if it is of the CTA's
-  // parity; else the step of that tile took the one before)
-  const bool kt_last = C::KEY_TAIL && ((n - 1) & 1) == kc;
-  if (tile < n) {
-    if (kt_last)
-      finish_pv_kt<C, E>(o, pn, dv_last, kt, p, ts, b, n - 1, w, sKT);
-    else
-      finish_pv<C, E>(o, pn, dv_last);
+    consume_tile<C, E>(o, s, pc, pn, m_run0, m_run1, l_run0, l_run1, p, ts, b, tile, row0, row1,
+                       q4, dq, dk0, dv0, sBar, turns, w, clk);
+    finish_pv<C, E>(o, pn, dv_last);
   } else {
-    if (kt_last)
-      finish_pv_kt<C, E>(o, pc, dv_last, kt, p, ts, b, n - 1, w, sKT);
-    else
-      finish_pv<C, E>(o, pc, dv_last);
+    finish_pv<C, E>(o, pc, dv_last);
   }
 
   GQA_TL_STAMP(5, w == 0);
@@ -1737,8 +1469,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
   store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-  if (C::KEY_TAIL && kc >= 0)
-    kt_finish<E>(kt, p, b, kvh, split, kc, w, tid & 127, sKT, sQ + 2 * Q_REGION, n > kc);
   GQA_TL_EXIT();
 }
 #undef GQA_TL_EXIT
@@ -1867,11 +1597,11 @@ const char* kdtree_gqa_error_string(int code) {
     case -14: return "split_tail: needs 3 warpgroups, tail_blocks 2, an even count >= 4 of whole "
                      "64-row blocks with 1 .. 16 rows past them, num_splits > 1 and the CUDA merge "
                      "(at most 1024 splits)";
-    case -15: return "split_tail 2 (the key tail): needs 2 warpgroups, tail_blocks 2, an even count "
-                     ">= 4 of whole 64-row blocks with 1 .. 4 rows past them, num_splits > 1 and "
-                     "the CUDA merge (at most 1024 splits)";
-    case -16: return "split_tail 2 (the key tail) is not in the CTA-timeline build (KDTREE_TIMELINE): "
-                     "its static shared memory leaves less than the key tail's 227 KB";
+    case -15: return "split_tail 2 (the tail warpgroup): needs 2 warpgroups, tail_blocks 2, four "
+                     "whole 64-row blocks with 1 .. 4 rows past them, num_splits > 1 and the CUDA "
+                     "merge (at most 1024 splits)";
+    case -16: return "split_tail 2 (the tail warpgroup) is not built into the CTA timeline's "
+                     "measurement build (its static shared memory leaves less than 227 KB)";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1884,8 +1614,10 @@ const char* kdtree_gqa_error_string(int code) {
 // CTA of their own). `split_tail` 1 (3 warpgroups, tail_blocks 2, an even number >= 4 of whole
 // blocks): the last two CTAs' free warpgroups share the tail by tile parity (even: the one before
 // the last), the odd half's partials in TAIL_N shadow rows a split (workspace [B, Hkv, S, rows +
-// TAIL_N, D] and LSE), added by the CUDA merge. 0, a negative argument error or a cudaError_t
-// value.
+// TAIL_N, D] and LSE), added by the CUDA merge. `split_tail` 2 (2 warpgroups, tail_blocks 2,
+// four whole blocks and 1-4 rows): WideTail, two CTAs a KV head whose tail warpgroups take the
+// tail's tiles by parity, CTA 1's partials in the shadow rows. 0, a negative argument error or a
+// cudaError_t value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
                            const int64_t* tree_mask, void* out, float* part, float* lse,
@@ -1967,21 +1699,18 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     }
   }
   p.tail_even_cta = p.half_row = -1;
-  p.ktail_first = -1;
   p.ws_rows = p.rows;
-  if (split_tail == 2) {  // the key tail (WideTail): no tail warpgroup
+  if (split_tail == 2) {  // WideTail: the tail in a warpgroup of its own in both CTAs
     const int n_full = p.full_rows / WG_ROWS;
-    if (wgs != 2 || tail_blocks != 2 || n_full != 4 ||
-        p.rows - p.full_rows > KEY_TAIL_ROWS || num_splits < 2 || merge == MERGE_BY_CALLER ||
-        2 * num_splits > MERGE_MAX_SPLITS)
+    if (wgs != 2 || tail_blocks != 2 || n_full != 4 || p.rows - p.full_rows > KEY_TAIL_ROWS ||
+        num_splits < 2 || merge == MERGE_BY_CALLER || 2 * num_splits > MERGE_MAX_SPLITS)
       return -15;
 #ifdef KDTREE_TIMELINE
-    return -16;  // (its static shared memory leaves less than the key tail's 227 KB)
+    return -16;
 #endif
-    row_ctas = n_full / 2;
+    row_ctas = 2;
     p.tail_cta = p.tail_wg = -1;
-    p.ktail_first = row_ctas - 2;
-    p.half_row = p.full_rows;  // the second CTA's partials: shadow rows
+    p.half_row = p.full_rows;  // CTA 1's partials: shadow rows
     p.ws_rows = p.rows + TAIL_N;
   } else if (split_tail) {
     const int n_full = p.full_rows / WG_ROWS;

@@ -238,12 +238,12 @@ def _key_tail_rows(rows: int) -> bool:
 
 def key_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     """Whether the launch runs the two-warpgroup shape (two CTAs of two whole blocks a KV head,
-    128-key tiles) with the 1-4 rows past them in their consumer warpgroups
-    (``kernels/gqa_tree_sm90.cu``, ``WideTail``: CTA c takes the tiles of parity c, each of its
-    warpgroups 64 of their keys, by swapped-operand wgmma in its own MMA batches), e.g. 32q/8kv
-    at T=65 (260 rows). ``KDTREE_GQA_KEY_TAIL=1`` turns it on (measured before it becomes a
-    default). The second CTA's partials go to :data:`TAIL_ROWS` shadow rows a split, added by the
-    CUDA merge, so it needs ``num_splits > 1`` and the CUDA merge (at most 1024 splits)."""
+    128-key tiles) with the 1-4 rows past them in a tail warpgroup of each CTA
+    (``kernels/gqa_tree_sm90.cu``, ``WideTail``: CTA c's takes the tiles of parity c, by
+    swapped-operand wgmma), e.g. 32q/8kv at T=65 (260 rows). ``KDTREE_GQA_KEY_TAIL=1`` turns it
+    on (measured before it becomes a default). CTA 1's partials go to :data:`TAIL_ROWS` shadow
+    rows a split, added by the CUDA merge, so it needs ``num_splits > 1`` and the CUDA merge (at
+    most 1024 splits)."""
     if not _key_tail_rows(rows):
         return False
     merge = merge_for(num_splits) if merge is None else merge
