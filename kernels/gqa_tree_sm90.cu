@@ -1303,7 +1303,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
 #endif
-    int next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
+    int next_slot = !C::KEY_TAIL && pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
     for (int tile = 0; tile < n; ++tile) {
       // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the
       // prefix tiles (and the page table, the prefix lengths) are read before it has finished,
@@ -1312,8 +1312,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;
       const uint32_t stage = sKV + st * C::SMEM_STAGE;
-      const int slot = next_slot;
-      next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
+      // (WideTail's producer, at 24 registers, reads this tile's slot here, before the wait for
+      // the stage as the others' read of the next one: no value carried across tiles)
+      const int slot = C::KEY_TAIL ? (pt < 32 ? run_slot<C>(p, pt_row, ts, tile, pt) : 0)
+                                   : next_slot;
+      if (!C::KEY_TAIL) next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {

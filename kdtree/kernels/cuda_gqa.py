@@ -230,20 +230,22 @@ KEY_TAIL_ROWS = 4
 def _key_tail_rows(rows: int) -> bool:
     """The row condition of :func:`key_tail` (whatever the split count)."""
     forced = _env_int("KDTREE_GQA_KEY_TAIL", (0, 1))
-    if forced != 1 or _env_int("KDTREE_GQA_WARPGROUPS", (2, 3)) == 3:
+    if forced == 0 or _env_int("KDTREE_GQA_WARPGROUPS", (2, 3)) == 3:
         return False
     n_full, rest = divmod(rows, 64)
-    return n_full == 4 and 1 <= rest <= KEY_TAIL_ROWS
+    fits = n_full == 4 and 1 <= rest <= KEY_TAIL_ROWS
+    return fits and (forced == 1 or launch_plan(rows) == (3, 3))
 
 
 def key_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     """Whether the launch runs the two-warpgroup shape (two CTAs of two whole blocks a KV head,
     128-key tiles) with the 1-4 rows past them in a tail warpgroup of each CTA
     (``kernels/gqa_tree_sm90.cu``, ``WideTail``: CTA c's takes the tiles of parity c, by
-    swapped-operand wgmma), e.g. 32q/8kv at T=65 (260 rows). ``KDTREE_GQA_KEY_TAIL=1`` turns it
-    on (measured before it becomes a default). CTA 1's partials go to :data:`TAIL_ROWS` shadow
-    rows a split, added by the CUDA merge, so it needs ``num_splits > 1`` and the CUDA merge (at
-    most 1024 splits)."""
+    swapped-operand wgmma), e.g. 32q/8kv at T=65 (260 rows). The default where the row layout
+    is not forced (session 21: 6-17 % faster than :func:`split_tail` at 32q/8kv, T=65);
+    ``KDTREE_GQA_KEY_TAIL=0`` never, ``=1`` whatever the layout knobs say (not with three
+    warpgroups forced). CTA 1's partials go to :data:`TAIL_ROWS` shadow rows a split, added by
+    the CUDA merge, so it needs ``num_splits > 1`` and the CUDA merge (at most 1024 splits)."""
     if not _key_tail_rows(rows):
         return False
     merge = merge_for(num_splits) if merge is None else merge
@@ -254,7 +256,8 @@ def split_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     """Whether the launch splits the tail by tile parity between two CTAs of two whole blocks
     (``[2 blocks + the tail's even tiles] [2 blocks + its odd tiles]``). By default where
     :func:`launch_plan` gives ``[3 blocks] [1 block + tail]`` (four whole 64-row blocks and 1-16
-    rows past them, e.g. 32q/8kv, T=65: measured 7-13 % faster, session 16);
+    rows past them, e.g. 32q/8kv, T=65: measured 7-13 % faster, session 16) and :func:`key_tail`
+    does not take them (5-16 rows, or one split);
     ``KDTREE_GQA_SPLIT_TAIL=1`` also for any even number of whole blocks >= 4 (two-block CTAs),
     ``=0`` never. The odd half's partials go to :data:`TAIL_ROWS` shadow rows a split, added by
     the CUDA merge: it needs ``num_splits > 1`` and ``merge`` not the Triton merge (at most 1024

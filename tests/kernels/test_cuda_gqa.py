@@ -39,6 +39,12 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
         assert name.endswith("@sm_90a"), name
+        if "ELb1ELi40E" in name:  # WideTail (Cfg<..., KEY_TAIL, 40>): its producer at 24 registers
+            # spills its tile counter and a barrier address (~5 local accesses a tile, measured
+            # in session 21 with the tail warpgroup 6-17 % faster than the split tail); no more
+            assert info["spill_stores"] <= 24 and info["spill_loads"] <= 40, (name, info)
+            assert info["stack"] <= 24, (name, info)
+            continue
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (name, info)
         assert info["stack"] == 0, (name, info)  # a local array would be a per-tile round trip
 
@@ -51,6 +57,9 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     assert sum("gqa_split_kernel" in k for k in kernels) == 12
     assert sum("merge_splits" in k for k in kernels) == 4
     for name, info in kernels.items():
+        if "ELb1ELi40E" in name:  # WideTail: its producer's spills (see the default build's test)
+            assert info["spill_stores"] <= 24 and info["stack"] <= 24, (name, info)
+            continue
         assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
 
 
@@ -203,11 +212,12 @@ def test_launch_plan_and_row_ctas(monkeypatch):
 
 def test_split_tail(monkeypatch):
     """The tail split by tile parity between two two-block CTAs only where the layout would be
-    [3 blocks] [1 block + tail] (four whole blocks), with splits and the CUDA merge; its
-    workspace holds TAIL_ROWS shadow rows a split."""
+    [3 blocks] [1 block + tail] (four whole blocks), with splits and the CUDA merge, and the tail
+    warpgroup (key_tail) off; its workspace holds TAIL_ROWS shadow rows a split."""
     for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL", raising=False)
+    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "0")
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
     assert cuda_gqa.split_tail(260, 8) and cuda_gqa.split_tail(272, 2)
     # what a launch runs: the split tail's layout, else launch_plan's
@@ -237,18 +247,21 @@ def test_split_tail(monkeypatch):
 
 
 def test_key_tail(monkeypatch):
-    """The key tail (KDTREE_GQA_KEY_TAIL=1) takes 1-4 rows past four whole blocks into the
-    consumer warpgroups of the two two-block CTAs: the second's partials in shadow rows, so
-    splits and the CUDA merge; it comes before the split tail, and never with the
-    three-warpgroup shape forced."""
+    """The tail warpgroup (WideTail, the default; KDTREE_GQA_KEY_TAIL=0 turns it off) takes 1-4
+    rows past four whole blocks beside two two-block CTAs: the second's partials in shadow rows,
+    so splits and the CUDA merge; it comes before the split tail, and never with the
+    three-warpgroup shape or another row layout forced."""
     for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("KDTREE_GQA_SPLIT_TAIL", raising=False)
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
     monkeypatch.delenv("KDTREE_GQA_KEY_TAIL", raising=False)
-    assert not cuda_gqa.key_tail(260, 8)  # not a default (yet)
-    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "1")
     assert cuda_gqa.key_tail(260, 8) and cuda_gqa.launch_layout(260, 8) == (2, 2, 2)
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "0")  # another layout forced: not by default
+    assert not cuda_gqa.key_tail(260, 8)
+    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "1")
+    assert cuda_gqa.key_tail(260, 8)
+    monkeypatch.delenv("KDTREE_GQA_TAIL")
     assert cuda_gqa.workspace_rows(260, 8) == 260 + cuda_gqa.TAIL_ROWS
     assert not cuda_gqa.key_tail(260, 1)  # two CTAs share it: no merge to add the halves
     assert cuda_gqa.launch_layout(260, 1) == (3, 3, 0)
@@ -451,6 +464,7 @@ def test_split_tail_matches_fp64(on, case, gen, monkeypatch):
     the odd half's partials in shadow rows added by the CUDA merge) and not split (=0) both
     match fp64, eager and graph-captured, in both dtypes, with and without turns."""
     lens, t, hq, hkv, ps, splits = case
+    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "0")  # (the tail warpgroup comes first)
     monkeypatch.setenv("KDTREE_GQA_SPLIT_TAIL", on)
     assert cuda_gqa.split_tail(t * hq // hkv, splits) == (on == "1")
     _run(case, torch.bfloat16, gen)

@@ -2,13 +2,16 @@
 cp.async tiles (page sizes 16 / 64 and 1), forced and automatic splits, splits with no keys,
 T 1..257, an idle second consumer warpgroup, batch 3, the tail warpgroup (KDTREE_GQA_TAIL=1
 puts it in every case with 1-16 rows past the whole 64-row blocks), the tail split between two
-CTAs (cuda_gqa.split_tail: the sixth case and the last three); each checked against the
+CTAs (cuda_gqa.split_tail, with the tail warpgroup off: KDTREE_GQA_KEY_TAIL=0), the tail in a
+warpgroup of its own beside two two-block CTAs (cuda_gqa.key_tail, the default at 257-260 rows
+with splits); each checked against the
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
 reference's + 2e-3). argv[1] keeps only the first N cases (racecheck is slow). Exits 1 on a
 mismatch."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -22,12 +25,16 @@ CASES = [  # prefix lengths, T, Hq, Hkv, page size, splits
     ([1000], 257, 8, 2, 1, 2),
     ([129], 1, 16, 16, 16, None),
     ([4096], 9, 12, 4, 16, 40),
-    ([2000, 500], 65, 32, 8, 16, None),  # 260 rows: the tail warpgroup in the last CTA
+    ([2000, 500], 65, 32, 8, 16, None),  # 260 rows: the tail warpgroup beside two-block CTAs
     ([800, 300], 257, 8, 2, 16, 2),  # 1028 rows: five three-block CTAs, the tail in the sixth
     # 260 / 272 rows with splits: the tail split by tile parity (cuda_gqa.split_tail)
-    ([977, 1900], 65, 32, 8, 16, 3),
-    ([2000], 65, 4, 1, 16, 40),  # one-tile splits: the odd half has none
+    ([977, 1900], 65, 32, 8, 16, 3, {"KDTREE_GQA_KEY_TAIL": "0"}),
+    ([2000], 65, 4, 1, 16, 40, {"KDTREE_GQA_KEY_TAIL": "0"}),  # one-tile splits: the odd half none
     ([0, 100], 17, 16, 1, 16, 4),  # an empty prefix, 16 rows in the tail
+    # 257-260 rows with splits: the tail warpgroup (cuda_gqa.key_tail)
+    ([977, 1900], 65, 32, 8, 16, 3),
+    ([2000, 7], 65, 4, 1, 1, 40),  # page size 1 (cp.async), one-tile and empty splits
+    ([1234], 257, 1, 1, 64, 5),  # 257 rows (MHA, T=257): one row past the blocks
 ]
 
 
@@ -59,7 +66,9 @@ def main() -> int:
     cases = CASES[: int(sys.argv[1])] if len(sys.argv) > 1 else CASES
     scale = 128**-0.5
     bad = 0
-    for lens, t, hq, hkv, ps, splits in cases:
+    for lens, t, hq, hkv, ps, splits, *env in cases:
+        saved = {name: os.environ.get(name) for name in (env[0] if env else {})}
+        os.environ.update(env[0] if env else {})
         cpu = _inputs(lens, t, hq, hkv, ps, gen)
         q, k, v, pt, plen, mask = (x.cuda() for x in cpu)
         out = cuda_gqa.tree_attention_gqa_cuda(
@@ -77,9 +86,14 @@ def main() -> int:
         rows = t * hq // hkv
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         used = splits or cuda_gqa.choose_splits(len(lens), hkv, rows, pt.shape[1] * ps, sms)
-        split = cuda_gqa.split_tail(rows, used)
-        print(f"L={lens} T={t} {hq}q/{hkv}kv ps={ps} splits={splits} split_tail={int(split)}: "
+        split = cuda_gqa.launch_layout(rows, used)[2]
+        print(f"L={lens} T={t} {hq}q/{hkv}kv ps={ps} splits={splits} split_tail={split}: "
               f"err {err:.2e} tol {tol:.2e} {'ok' if ok else 'FAIL'}", flush=True)  # fmt: skip
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
     return 1 if bad else 0
 
 
