@@ -1055,6 +1055,82 @@ __device__ __forceinline__ void kt_issue_pv(float (&o)[2][4], uint64_t dv, uint6
                          dpt + kk * 2, 1);
 }
 
+// Measurement builds of the tail warpgroup (wrong results, timing only): KDTREE_GQA_KT_IDLE, it
+// only waits for each tile and releases it; KDTREE_GQA_KT_NO_MMA, no tail MMAs.
+#ifdef KDTREE_GQA_KT_IDLE
+constexpr bool KT_IDLE = true;
+#else
+constexpr bool KT_IDLE = false;
+#endif
+#ifdef KDTREE_GQA_KT_NO_MMA
+constexpr bool KT_MMA = false;
+#else
+constexpr bool KT_MMA = true;
+#endif
+
+// The online softmax of the tail's S^T over keys 64 h .. 64 h + 63 of tile `tile` (done, in
+// s4): their visibility, the column maxima across the four warps (one barrier), P^T as E into
+// rows 0-3 of the P^T atom, the running max / this thread's sums, O^T rescaled, and P^T published
+// to the next MMA (a second barrier, which also orders every warp's reads of the maxima before
+// the next half's stores).
+template <class C, typename E>
+__device__ __forceinline__ void kt_half_softmax(float (&s4)[4], float (&o)[2][4],
+                                                float (&m_run)[2], float (&l_run)[2],
+                                                const Params& p, const TileSeq& ts, int b,
+                                                int tile, int h, bool full, uint32_t sKT, int t) {
+  const int lane = t & 31, wi = t >> 5, q4 = lane & 3;
+  const int kr = wi * 16 + (lane >> 2);
+  const bool live = 2 * q4 < KEY_TAIL_ROWS;
+  const uint32_t red = sKT + KT_RED;
+  const float scale = p.qk_scale;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!full) {
+      uint64_t bits[C::WORDS];
+      tile_bits<C>(bits, p, ts, b, tile, p.full_rows + 2 * q4 + i);
+      const uint64_t word = h ? bits[1] : bits[0];  // (no local array: h is not a constant)
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        if (!((word >> (kr + 8 * k)) & 1ull)) s4[2 * k + i] = neg_inf();
+    }
+    float mx = fmaxf(s4[i], s4[2 + i]);
+#pragma unroll
+    for (int o4 = 4; o4 < 32; o4 <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o4));
+    if (lane < 2) st_shared_f32(red + (wi * 4 + 2 * q4 + i) * 4, mx);  // (q4 0, 1)
+  }
+  named_sync(BAR_TAIL, 128);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int col = 2 * q4 + i;
+    float m = neg_inf();
+    if (live) {
+#pragma unroll
+      for (int v = 0; v < 4; ++v) m = fmaxf(m, ld_shared_f32(red + (v * 4 + col) * 4));
+    }
+    const float mnew = live ? fmaxf(m_run[i], m * scale) : 0.f;  // scale > 0: order kept
+    const float off = wg_offset(mnew);
+    const float alpha = live ? exp2f(m_run[i] - off) : 1.f;  // (0 from -inf)
+    m_run[i] = mnew;
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float e = exp2f(fmaf(s4[2 * k + i], scale, -off));
+      sum += e;
+      const int key = kr + 8 * k;
+      if (live)
+        st_shared_u16(sKT + KT_P + swz(col, key >> 3) + (key & 7) * 2, Mma<E>::pack(e, 0.f));
+    }
+    l_run[i] = l_run[i] * alpha + sum;
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb) {
+      o[mb][i] *= alpha;
+      o[mb][2 + i] *= alpha;
+    }
+  }
+  fence_async_smem();  // P^T (generic stores) -> the wgmma reads, after everyone's stores
+  named_sync(BAR_TAIL, 128);
+}
+
 // The tail warpgroup's whole split (thread t of 128): Q^T, its tiles' two 64-key halves in turn
 // (one S^T and one O^T accumulator: 12 registers of MMA state), its rows' output.
 template <class C, typename E, int SWAP>
@@ -1089,7 +1165,6 @@ __device__ __forceinline__ void kt_warpgroup(const Params& p, const TileSeq& ts,
     cp_async_wait<0>();
     fence_async_smem();
     named_sync(BAR_TAIL, 128);
-    const float scale = p.qk_scale;
 #pragma unroll 1
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
@@ -1100,77 +1175,34 @@ __device__ __forceinline__ void kt_warpgroup(const Params& p, const TileSeq& ts,
       }
       fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
       const bool full = tile_is_full<C>(ts, tile);
+      const uint64_t dk = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP) + st * C::STAGE_STEP;
+      const uint64_t dv =
+          wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP) + st * C::STAGE_STEP;
+      const uint64_t dqt = wg_desc(sKT, 16, 1024), dpt = wg_desc(sKT + KT_P, 16, 1024);
+      if constexpr (!KT_IDLE) {
+        // each 64-key half: S^T, its softmax, O^T += V^T P^T, each waited for (issuing the
+        // second half's S^T with the first's O^T needs four more registers than the 40: spills)
 #pragma unroll 1
-      for (int h = 0; h < 2; ++h) {
-        float s4[4];
+        for (int h = 0; h < 2; ++h) {
+          float s4[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s4[i] = 0.f;
-        pin(s4);
-        wg_fence();
-        kt_issue_scores<E>(s4, kt_keys(wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP) +
-                                           st * C::STAGE_STEP, h),
-                           wg_desc(sKT, 16, 1024));
-        wg_commit();
-        wg_wait<0>();
-        pin(s4);
-        // visibility, then the column maxima across the warps
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          if (!full) {
-            uint64_t bits[C::WORDS];
-            tile_bits<C>(bits, p, ts, b, tile, p.full_rows + 2 * q4 + i);
-            const uint64_t word = h ? bits[1] : bits[0];  // (no local array: h is not unrolled)
-#pragma unroll
-            for (int k = 0; k < 2; ++k)
-              if (!((word >> (kr + 8 * k)) & 1ull)) s4[2 * k + i] = neg_inf();
-          }
-          float mx = fmaxf(s4[i], s4[2 + i]);
-#pragma unroll
-          for (int o4 = 4; o4 < 32; o4 <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o4));
-          if (lane < 2) st_shared_f32(red + (wi * 4 + 2 * q4 + i) * 4, mx);  // (q4 0, 1)
+          for (int i = 0; i < 4; ++i) s4[i] = 0.f;
+          pin(s4);
+          wg_fence();
+          if constexpr (KT_MMA) kt_issue_scores<E>(s4, kt_keys(dk, h), dqt);
+          wg_commit();
+          wg_wait<0>();
+          pin(s4);
+          kt_half_softmax<C, E>(s4, o, m_run, l_run, p, ts, b, tile, h, full, sKT, t);
+          pin(o[0]);
+          pin(o[1]);
+          wg_fence();
+          if constexpr (KT_MMA) kt_issue_pv<E>(o, kt_keys(dv, h), dpt);
+          wg_commit();
+          wg_wait<0>();
+          pin(o[0]);
+          pin(o[1]);
         }
-        named_sync(BAR_TAIL, 128);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int col = 2 * q4 + i;
-          float m = neg_inf();
-          if (live) {
-#pragma unroll
-            for (int v = 0; v < 4; ++v) m = fmaxf(m, ld_shared_f32(red + (v * 4 + col) * 4));
-          }
-          const float mnew = live ? fmaxf(m_run[i], m * scale) : 0.f;  // scale > 0: order kept
-          const float off = wg_offset(mnew);
-          const float alpha = live ? exp2f(m_run[i] - off) : 1.f;  // (0 from -inf)
-          m_run[i] = mnew;
-          float sum = 0.f;
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            const float e = exp2f(fmaf(s4[2 * k + i], scale, -off));
-            sum += e;
-            const int key = kr + 8 * k;
-            if (live)
-              st_shared_u16(sKT + KT_P + swz(col, key >> 3) + (key & 7) * 2, Mma<E>::pack(e, 0.f));
-          }
-          l_run[i] = l_run[i] * alpha + sum;
-#pragma unroll
-          for (int mb = 0; mb < 2; ++mb) {
-            o[mb][i] *= alpha;
-            o[mb][2 + i] *= alpha;
-          }
-        }
-        fence_async_smem();  // P^T (generic stores) -> the wgmma reads, after everyone's stores
-        named_sync(BAR_TAIL, 128);  // (also: every warp's maxima read before the next half's)
-        pin(o[0]);
-        pin(o[1]);
-        wg_fence();
-        kt_issue_pv<E>(o,
-                       kt_keys(wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP) +
-                                   st * C::STAGE_STEP, h),
-                       wg_desc(sKT + KT_P, 16, 1024));
-        wg_commit();
-        wg_wait<0>();
-        pin(o[0]);
-        pin(o[1]);
       }
       if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, C::THREADS);
     }
