@@ -17,6 +17,9 @@
 //     tiles in 5 stages, so fewer CTAs read each KV tile from L2 when there are >= 3 row blocks
 //     of 64 that do not fill whole 128-row CTAs (the launcher's `wgs` and `tail_blocks`, chosen
 //     by kdtree.kernels.cuda_gqa.launch_plan; Wide there measured 5-26 % faster, session 16).
+//     WideTail (session 21): Wide's two CTAs a KV head for four whole blocks, with the 1-4 rows
+//     past them in a fourth warpgroup of each (kt_warpgroup), which takes the tiles of its CTA's
+//     parity (the launcher's split_tail 2).
 //   * Grid (row CTAs, num_splits, B * Hkv); the row blocks of one split are the
 //     fastest axis, so they run together and read the split's KV from DRAM once (L2 serves the
 //     rest). Split s streams prefix keys [s*chunk, min((s+1)*chunk, L)) (chunk a multiple of the
@@ -67,7 +70,10 @@
 // (launch_plan now takes Wide for whole 128-row CTAs); Tall's two-block CTAs with the tail idle
 // ran 17 % faster than [3] [1], and the tail split by tile parity between them (tail_even_cta,
 // not one tile ahead: tail_step_serial) 7-13 % faster at 32q/8kv, T=65; the tail's MMAs at
-// m64n8 for <= 8 rows another 0.5-1.3 %.
+// m64n8 for <= 8 rows another 0.5-1.3 %. Sessions 19-20: Wide's two-block CTAs with the rows
+// past them in the producer warps (mma.sync, then wgmma) or in the block warpgroups' own steps
+// (four forms) were all slower than the split tail. Session 21: in a warpgroup of their own
+// (WideTail, 512 threads) 6-17 % faster at 32q/8kv, T=65.
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>

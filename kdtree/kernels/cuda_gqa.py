@@ -222,8 +222,9 @@ def _split_tail_rows(rows: int) -> bool:
     return fits and n_full == 4 and launch_plan(rows) == (3, 3)
 
 
-#: The most rows past the last whole 64-row block the key tail takes (``KEY_TAIL_ROWS`` in the
-#: kernel: the other four columns of its S^T MMAs hold its barriers).
+#: The most rows past the last whole 64-row block the tail warpgroup takes (``KEY_TAIL_ROWS`` in
+#: the kernel: the other four rows of its Q^T atoms hold the stage barriers; named for sessions
+#: 19-20's "key tail", the same rows in the producer's or the block warpgroups' own steps).
 KEY_TAIL_ROWS = 4
 
 
@@ -534,11 +535,6 @@ def tree_attention_gqa_cuda(
 #: measurement build only (``KDTREE_CUDA_DEFINES=KDTREE_GQA_TALL_CLOCKS``: compiled in, they
 #: cost the default kernel 2-7 % at T=65; its producer keeps none: at 32 registers they spill).
 CONSUMER_PHASES = ("wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale")
-#: The key tail's consumers (``KDTREE_GQA_KEY_TAIL=1``, their measurement build
-#: ``KDTREE_CUDA_DEFINES=KDTREE_GQA_WT_CLOCKS``) split "issue" three ways: the turn and S_j's
-#: MMAs (``turn_s``), the tail's softmax in its next step (``kt_softmax``), and "issue", the
-#: rest (P V and the tail's O^T, the turn handed on, the tail's sums).
-KEY_TAIL_PHASES = ("kt_softmax", "turn_s")
 #: Phases of the producer's clocks: wait for a free stage, issue the tile's copies.
 PRODUCER_PHASES = ("wait_empty", "copies")
 
@@ -568,9 +564,6 @@ def phase_clocks() -> dict[str, float]:
         key = "prod" if w == 3 else f"wg{w}"
         for i, name in enumerate(names):
             out[f"{key}.{name}"] = buf[10 * w + i] / tiles
-        if w < 3 and buf[10 * w + 7]:  # the key tail's clocks (slots 6, 7)
-            for i, name in enumerate(KEY_TAIL_PHASES):
-                out[f"{key}.{name}"] = buf[10 * w + 6 + i] / tiles
     out.update(tiles=int(buf[8]), ctas=int(buf[9]))
     return out
 
