@@ -915,6 +915,34 @@ def wgmma_rate_table(text: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def wgmma_mix_table(text: str) -> pd.DataFrame:
+    """The output of ``tools/gpu/wgmma_mix_probe.cu`` (small ``wgmma`` among the rows' big ones)
+    as a table: ``warpgroups`` (1 or 2 a CTA), ``wg0`` (warpgroup 0's pattern), ``others`` (the
+    other warpgroup's, ``-`` with one), ``wg0_cycles`` / ``wg1_cycles`` (cycles a round, NaN
+    without a second warpgroup), ``tensor_work`` (the cycles the homogeneous rates predict for
+    the CTA's round) and ``busiest_vs_work`` (the busier warpgroup's cycles over it). Raises
+    ``ValueError`` when no line parses."""
+    import re
+
+    pat = re.compile(
+        r"^(\d) WG \| wg0: (.+?)\s*\| others: (.+?)\s*\| wg0\s+([\d.]+)(?: wg1\s+([\d.]+))?"
+        r" cycles a round \| tensor work\s+(\d+)"
+    )
+    rows = []
+    for line in text.splitlines():
+        m = pat.match(line.strip())
+        if m:
+            wg1 = float(m.group(5)) if m.group(5) else float("nan")
+            rows.append({"warpgroups": int(m.group(1)), "wg0": m.group(2), "others": m.group(3),
+                         "wg0_cycles": float(m.group(4)), "wg1_cycles": wg1,
+                         "tensor_work": int(m.group(6))})  # fmt: skip
+    if not rows:
+        raise ValueError("no wgmma_mix_probe lines in the text")
+    t = pd.DataFrame(rows)
+    t["busiest_vs_work"] = t[["wg0_cycles", "wg1_cycles"]].max(axis=1) / t["tensor_work"]
+    return t
+
+
 def read_floor_table(
     read: pd.DataFrame, bench: pd.DataFrame, call: str | None = None
 ) -> pd.DataFrame:

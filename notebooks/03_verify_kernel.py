@@ -709,6 +709,41 @@ else:
     nb.note("The session-20 key-tail rows are not shipped (data/bench/logs/*session20*).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 21): the tail rows in a warpgroup of their own (shipped)
+# First a probe (`tools/gpu/wgmma_mix_probe.cu`, call a): small `m64n8k16` MMAs among the rows'
+# `m64n128k16` batch cost the tensor cores what their own rate says (`busiest_vs_work` ~1 with
+# two warpgroups), so the tail's cost in sessions 19-20 sat on the warpgroups' own paths.
+# * Call b: form e (commit b7a0187), the tail's softmax moved into the shadow of the next S MMAs
+#   against a lazily moved running max, was slower still (`new`).
+# * Call c: its ablations (`side`) put ~15 µs at 64k in the step structure alone (`neither`).
+# * Call d (commit 9a26783): the tail rows in a fourth warpgroup of each two-block CTA
+#   (`WideTail`, 512 threads; block warpgroups at 224 registers, the tail warpgroup at 40, the
+#   producer at 24), each CTA's tail warpgroup taking the tiles of its parity, 64 keys at a
+#   time: 6-17 % faster than the split tail (`new`, T=65); T=64 is the Wide layout, unchanged.
+# * Call g: the tail warpgroup's cost over the tail-less layout (T=64): `idle` (it only waits
+#   and releases), `no_mma`, the default. Call h: its final code against call d's: equal.
+
+# %%
+ab21_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session21.csv")
+abl21_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session21.csv")
+mix21 = nb.data_path("bench", "logs", "wgmma_mix_probe_session21_calla.txt")
+if ab21_csv.exists() and abl21_csv.exists() and mix21.exists():
+    mix = ns.wgmma_mix_table(mix21.read_text())
+    display(mix[mix["warpgroups"] == 2].round(2))
+    ab21 = pd.read_csv(ab21_csv)
+    for call in ("b", "d", "h"):
+        one = ab21[ab21["call"] == call]
+        print(f"call {call}: {one.loc[one['side'] == 'new', 'variant'].iloc[0]} (new) against "
+              f"{one.loc[one['side'] == 'old', 'variant'].iloc[0]} (old)")  # fmt: skip
+        display(ns.ab_commits_table(ab21, call=call).round(3))
+    abl21 = pd.read_csv(abl21_csv)
+    for call in ("c", "g"):
+        print(f"call {call} ({abl21.loc[abl21['call'] == call, 'form'].iloc[0]})")
+        display(ns.ab_commits_table(abl21, call=call).round(3))
+else:
+    nb.note("The session-21 tail rows are not shipped (data/bench/logs/*session21*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

@@ -553,6 +553,21 @@ m64n16 k16 A MN-major  warpgroups 2  chains 4      20.0 cycles a MMA (SM)     81
         ns.wgmma_rate_table("nothing here")
 
 
+def test_wgmma_mix_table():
+    text = """one CTA a SM (132), 128 rounds; cycles a round of each warpgroup (clock64)
+1 WG | wg0: rows                               | others: -                      | wg0  1135.3 cycles a round | tensor work   1024
+2 WG | wg0: rows + S^T + O^T                   | others: rows                   | wg0  2388.1 wg1  1681.3 cycles a round | tensor work   2336
+"""
+    t = ns.wgmma_mix_table(text)
+    assert list(t["warpgroups"]) == [1, 2]
+    assert list(t["wg0"]) == ["rows", "rows + S^T + O^T"] and list(t["others"]) == ["-", "rows"]
+    assert t.loc[0, "wg0_cycles"] == pytest.approx(1135.3) and pd.isna(t.loc[0, "wg1_cycles"])
+    assert t.loc[1, "wg1_cycles"] == pytest.approx(1681.3) and t.loc[1, "tensor_work"] == 2336
+    assert t.loc[1, "busiest_vs_work"] == pytest.approx(2388.1 / 2336)
+    with pytest.raises(ValueError, match="no wgmma_mix_probe lines"):
+        ns.wgmma_mix_table("nothing here")
+
+
 def test_timeline_spans_table():
     spans = dict(first_tile=2.5, stream=10.0, epilogue=1.5, straggle=0.5, gap_merge=1.5,
                  merge=3.0, gap_next=2.0)  # fmt: skip

@@ -105,8 +105,11 @@ def main() -> None:
         os.environ.pop("KDTREE_GQA_PINGPONG")
         del wl, ti
         torch.cuda.empty_cache()
-    if a.out:
-        write_dicts(Path(a.out) / "gqa_phases.csv", rows)
+    if a.out:  # (points of different shapes stamp different phases: the union of the columns)
+        keys = dict.fromkeys(k for r in rows for k in r)
+        write_dicts(
+            Path(a.out) / "gqa_phases.csv", [{k: r.get(k, "") for k in keys} for r in rows]
+        )
 
 
 if __name__ == "__main__":
