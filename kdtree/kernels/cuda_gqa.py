@@ -42,7 +42,7 @@ import threading
 import torch
 
 from kdtree.kernels._common import launch_merge
-from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc
+from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc, measurement_defines
 from kdtree.kernels.cuda_common import (
     MERGE_MAX_SPLITS,
     aligned16,
@@ -233,6 +233,8 @@ def _key_tail_rows(rows: int) -> bool:
     forced = _env_int("KDTREE_GQA_KEY_TAIL", (0, 1))
     if forced == 0 or _env_int("KDTREE_GQA_WARPGROUPS", (2, 3)) == 3:
         return False
+    if "KDTREE_TIMELINE" in measurement_defines():  # (its static shared memory: no 227 KB left)
+        return False
     n_full, rest = divmod(rows, 64)
     fits = n_full == 4 and 1 <= rest <= KEY_TAIL_ROWS
     return fits and (forced == 1 or launch_plan(rows) == (3, 3))
@@ -245,7 +247,8 @@ def key_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     swapped-operand wgmma), e.g. 32q/8kv at T=65 (260 rows). The default where the row layout
     is not forced (session 21: 6-15 % faster than :func:`split_tail` at 32q/8kv, T=65);
     ``KDTREE_GQA_KEY_TAIL=0`` never, ``=1`` whatever the layout knobs say (not with three
-    warpgroups forced). CTA 1's partials go to :data:`TAIL_ROWS` shadow rows a split, added by
+    warpgroups forced, nor in the CTA timeline's build, whose stamps take shared memory the
+    tail warpgroup needs: the split tail runs there). CTA 1's partials go to :data:`TAIL_ROWS` shadow rows a split, added by
     the CUDA merge, so it needs ``num_splits > 1`` and the CUDA merge (at most 1024 splits)."""
     if not _key_tail_rows(rows):
         return False

@@ -273,6 +273,9 @@ def test_key_tail(monkeypatch):
         assert not cuda_gqa.key_tail(rows, 8), rows
     # choose_splits counts two-block CTAs: 32q/8kv T=65 at 128k, 2 CTAs a head -> 8 splits
     assert cuda_gqa.choose_splits(1, 8, 260, 131072, 132) * 16 <= 132
+    monkeypatch.setenv("KDTREE_CUDA_DEFINES", "KDTREE_TIMELINE")  # no room in that build
+    assert not cuda_gqa.key_tail(260, 8) and cuda_gqa.launch_layout(260, 8) == (3, 2, 1)
+    monkeypatch.delenv("KDTREE_CUDA_DEFINES")
     monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")
     assert not cuda_gqa.key_tail(260, 8)
     monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "0")
