@@ -112,9 +112,10 @@ constexpr int CLOCK_BYTES = 4 * 8 * 4;  // SmemClocks: 8 words for each of 4 war
 // warpgroup of its own beside Wide's two, in the 3 KB Wide's Q and stages leave of the 227 KB
 // (no alignment slack: dynamic shared memory starts 1024-aligned, session 19's probe): after the
 // stages, Q^T of the tail rows (two 128B-swizzled atoms of 8 rows x 64 dims, 2 KB; rows 0-3 the
-// tail rows) and P^T (one atom of 8 rows x 64 keys, 1 KB: the tile's keys 0-63 in rows 0-3, keys
-// 64-127 in rows 4-7). Q^T's rows 4-7 -- columns of the S^T MMAs no tail row uses -- hold the
-// stage mbarriers and the column maxima / sums.
+// tail rows) and P^T (one atom of 8 rows x 64 keys, 1 KB: a 64-key half's P^T in rows 0-3; rows
+// 4-7 are never written, and the O^T columns they feed are never read). Q^T's rows 4-7 --
+// columns of the S^T MMAs no tail row uses -- hold the stage mbarriers and the column maxima /
+// sums.
 constexpr int KEY_TAIL_ROWS = 4;
 constexpr int KEY_TAIL_BYTES = 3072;
 constexpr int KT_P = 2048;          // P^T's atom
@@ -1023,14 +1024,14 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
 // ------------------------------------------------------------------ the tail warpgroup (WideTail)
 //
 // The 1-4 rows past four whole 64-row blocks (G rows at 32q/8kv, T = 65) beside Wide's two
-// 128-row CTAs a KV head: each CTA has a fourth warpgroup (after the producer, 72 registers)
+// 128-row CTAs a KV head: each CTA has a fourth warpgroup (after the producer, 40 registers)
 // that takes the tail's tiles of the CTA's parity (x), CTA 1's partials to the merge's shadow
-// rows. A tile of its own: S^T (two 64-key halves x 8 columns) = K Q^T by swapped-operand
-// m64n8k16 MMAs (A = the stage's K, B = Q^T), waited for; the online softmax down the columns
-// (the four warps' maxima meet in shared memory); P^T (the halves in rows 0-3 / 4-7 of one atom)
-// published by a barrier; O^T (128 dims x 8) += V^T P^T, one accumulator a half (its real columns
-// 0-3 / 4-7), waited for; then the stage released. A tile of the other parity is released once
-// it has landed (the producer has then passed the stage's previous release). Off the block
+// rows. A tile of its own, a 64-key half at a time: S^T (64 keys x 8 columns) = K Q^T by
+// swapped-operand m64n8k16 MMAs (A = the stage's K, B = Q^T), waited for; the online softmax
+// down the columns (the four warps' maxima meet in shared memory); P^T published by a barrier;
+// O^T (128 dims x 8) += V^T P^T, waited for; after both halves the stage released. A tile of the
+// other parity is released once it has landed (the producer has then passed the stage's
+// previous release). Off the block
 // warpgroups' critical path (sessions 19-20 ran these steps in the producer's and in the block
 // warpgroups' own paths, each slower than the Tall split tail), its MMAs take the tensor cores
 // ~290 cycles a tile on average, beside the blocks' 2048.
