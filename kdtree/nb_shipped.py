@@ -895,23 +895,28 @@ def wgmma_rate_table(text: str) -> pd.DataFrame:
     shared memory), ``warpgroups``, ``chains`` (accumulators in turn), ``cycles`` (SM cycles a MMA
     of the busiest SM), ``mac_per_cycle`` and ``pct_of_peak`` (of 2048 dense bf16 MACs a cycle
     an SM). Raises ``ValueError`` when no line parses."""
+    pat = (r"^(m64n\d+\s*k16)\s*(A MN-major)?\s+warpgroups (\d+)\s+chains (\d+)\s+([\d.]+) cycles"
+           r" a MMA \(SM\)\s+(\d+) MAC a cycle\s+([\d.]+) %")  # fmt: skip
+
+    def row(m) -> dict:
+        return {"mma": m.group(1).replace(" ", ""),
+                "a": "MN-major" if m.group(2) else "K-major",
+                "warpgroups": int(m.group(3)), "chains": int(m.group(4)),
+                "cycles": float(m.group(5)), "mac_per_cycle": int(m.group(6)),
+                "pct_of_peak": float(m.group(7))}  # fmt: skip
+
+    return _probe_table(text, pat, row, "wgmma_rate_probe")
+
+
+def _probe_table(text: str, pattern: str, row, what: str) -> pd.DataFrame:
+    """The lines of a probe's output that match ``pattern`` (stripped), each made a dict by
+    ``row(match)``, as a table; ``ValueError`` naming ``what`` when none does."""
     import re
 
-    pat = re.compile(
-        r"^(m64n\d+\s*k16)\s*(A MN-major)?\s+warpgroups (\d+)\s+chains (\d+)\s+([\d.]+) cycles"
-        r" a MMA \(SM\)\s+(\d+) MAC a cycle\s+([\d.]+) %"
-    )
-    rows = []
-    for line in text.splitlines():
-        m = pat.match(line.strip())
-        if m:
-            rows.append({"mma": m.group(1).replace(" ", ""),
-                         "a": "MN-major" if m.group(2) else "K-major",
-                         "warpgroups": int(m.group(3)), "chains": int(m.group(4)),
-                         "cycles": float(m.group(5)), "mac_per_cycle": int(m.group(6)),
-                         "pct_of_peak": float(m.group(7))})  # fmt: skip
+    pat = re.compile(pattern)
+    rows = [row(m) for m in (pat.match(line.strip()) for line in text.splitlines()) if m]
     if not rows:
-        raise ValueError("no wgmma_rate_probe lines in the text")
+        raise ValueError(f"no {what} lines in the text")
     return pd.DataFrame(rows)
 
 
@@ -922,23 +927,16 @@ def wgmma_mix_table(text: str) -> pd.DataFrame:
     without a second warpgroup), ``tensor_work`` (the cycles the homogeneous rates predict for
     the CTA's round) and ``busiest_vs_work`` (the busier warpgroup's cycles over it). Raises
     ``ValueError`` when no line parses."""
-    import re
+    pat = (r"^(\d) WG \| wg0: (.+?)\s*\| others: (.+?)\s*\| wg0\s+([\d.]+)(?: wg1\s+([\d.]+))?"
+           r" cycles a round \| tensor work\s+(\d+)")  # fmt: skip
 
-    pat = re.compile(
-        r"^(\d) WG \| wg0: (.+?)\s*\| others: (.+?)\s*\| wg0\s+([\d.]+)(?: wg1\s+([\d.]+))?"
-        r" cycles a round \| tensor work\s+(\d+)"
-    )
-    rows = []
-    for line in text.splitlines():
-        m = pat.match(line.strip())
-        if m:
-            wg1 = float(m.group(5)) if m.group(5) else float("nan")
-            rows.append({"warpgroups": int(m.group(1)), "wg0": m.group(2), "others": m.group(3),
-                         "wg0_cycles": float(m.group(4)), "wg1_cycles": wg1,
-                         "tensor_work": int(m.group(6))})  # fmt: skip
-    if not rows:
-        raise ValueError("no wgmma_mix_probe lines in the text")
-    t = pd.DataFrame(rows)
+    def row(m) -> dict:
+        return {"warpgroups": int(m.group(1)), "wg0": m.group(2), "others": m.group(3),
+                "wg0_cycles": float(m.group(4)),
+                "wg1_cycles": float(m.group(5)) if m.group(5) else float("nan"),
+                "tensor_work": int(m.group(6))}  # fmt: skip
+
+    t = _probe_table(text, pat, row, "wgmma_mix_probe")
     t["busiest_vs_work"] = t[["wg0_cycles", "wg1_cycles"]].max(axis=1) / t["tensor_work"]
     return t
 

@@ -54,6 +54,19 @@ __device__ __forceinline__ void tail_ot(float (&u)[4], uint64_t dv, uint64_t dpt
   for (int ks = 0; ks < 8; ++ks) Wgmma<E>::ss_n8_ta(u, dv + (ks & 3) * (2048 >> 4), dpt + (ks & 3) * 2, 1);
 }
 
+// S^T, then O^T, each a round trip (a fence before the first is the caller's).
+__device__ __forceinline__ void tail_round_trips(float (&t)[4], float (&u)[4], uint64_t dk,
+                                                 uint64_t dv, uint64_t dt) {
+  tail_st(t, dk, dt);
+  wg_commit();
+  wg_wait<0>();
+  pin(t);
+  wg_fence();
+  tail_ot(u, dv, dt);
+  wg_commit();
+  wg_wait<0>();
+}
+
 // One warpgroup's rounds of pattern PAT (a compile-time pattern: a run-time one makes ptxas
 // serialise every wgmma, C7520); its cycles into cycles[w].
 template <int PAT>
@@ -79,14 +92,7 @@ __device__ __forceinline__ void rounds(uint32_t base, int w, unsigned long long*
     pin(u);
     wg_fence();
     if constexpr (PAT == TAIL_ONLY) {
-      tail_st(t, dk, dt);
-      wg_commit();
-      wg_wait<0>();
-      pin(t);
-      wg_fence();
-      tail_ot(u, dv, dt);
-      wg_commit();
-      wg_wait<0>();
+      tail_round_trips(t, u, dk, dv, dt);
       continue;
     }
     if constexpr (PAT == ST_ROWS) {
@@ -112,14 +118,7 @@ __device__ __forceinline__ void rounds(uint32_t base, int w, unsigned long long*
     if constexpr (PAT == ROWS_THEN_RT) {
       pin(t);
       wg_fence();
-      tail_st(t, dk, dt);
-      wg_commit();
-      wg_wait<0>();
-      pin(t);
-      wg_fence();
-      tail_ot(u, dv, dt);
-      wg_commit();
-      wg_wait<0>();
+      tail_round_trips(t, u, dk, dv, dt);
     }
   }
   wg_wait<0>();
