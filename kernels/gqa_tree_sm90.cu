@@ -73,7 +73,7 @@
 // m64n8 for <= 8 rows another 0.5-1.3 %. Sessions 19-20: Wide's two-block CTAs with the rows
 // past them in the producer warps (mma.sync, then wgmma) or in the block warpgroups' own steps
 // (four forms) were all slower than the split tail. Session 21: in a warpgroup of their own
-// (WideTail, 512 threads) 6-15 % faster at 32q/8kv, T=65.
+// (WideTail, 512 threads) 6-15 % less time at 32q/8kv, T=65.
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>

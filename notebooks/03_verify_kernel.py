@@ -719,7 +719,7 @@ else:
 # * Call d (commit 9a26783): the tail rows in a fourth warpgroup of each two-block CTA
 #   (`WideTail`, 512 threads; block warpgroups at 224 registers, the tail warpgroup at 40, the
 #   producer at 24), each CTA's tail warpgroup taking the tiles of its parity, 64 keys at a
-#   time: 6-17 % faster than the split tail (`new`, T=65); T=64 is the Wide layout, unchanged.
+#   time: 6-15 % less time than the split tail (`new`, T=65); T=64 is the Wide layout, unchanged.
 # * Call g: the tail warpgroup's cost over the tail-less layout (T=64): `idle` (it only waits
 #   and releases), `no_mma`, the default. Call h: its final code against call d's: equal.
 

@@ -245,7 +245,7 @@ def key_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     128-key tiles) with the 1-4 rows past them in a tail warpgroup of each CTA
     (``kernels/gqa_tree_sm90.cu``, ``WideTail``: CTA c's takes the tiles of parity c, by
     swapped-operand wgmma), e.g. 32q/8kv at T=65 (260 rows). The default where the row layout
-    is not forced (session 21: 6-15 % faster than :func:`split_tail` at 32q/8kv, T=65);
+    is not forced (session 21: 6-15 % less time than :func:`split_tail` at 32q/8kv, T=65);
     ``KDTREE_GQA_KEY_TAIL=0`` never, ``=1`` whatever the layout knobs say (not with three
     warpgroups forced, nor in the CTA timeline's build, whose stamps take shared memory the
     tail warpgroup needs: the split tail runs there). CTA 1's partials go to :data:`TAIL_ROWS` shadow rows a split, added by

@@ -41,7 +41,7 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
         assert name.endswith("@sm_90a"), name
         if "ELb1ELi40E" in name:  # WideTail (Cfg<..., KEY_TAIL, 40>): its producer at 24 registers
             # spills its tile counter and a barrier address (~5 local accesses a tile, measured
-            # in session 21 with the tail warpgroup 6-15 % faster than the split tail); no more
+            # in session 21 with the tail warpgroup 6-15 % less time than the split tail); no more
             assert info["spill_stores"] <= 24 and info["spill_loads"] <= 40, (name, info)
             assert info["stack"] <= 24, (name, info)
             continue
