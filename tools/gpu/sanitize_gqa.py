@@ -6,7 +6,8 @@ CTAs (cuda_gqa.split_tail, with the tail warpgroup off: KDTREE_GQA_KEY_TAIL=0), 
 warpgroup of its own beside two two-block CTAs (cuda_gqa.key_tail, the default at 257-260 rows
 with splits); each checked against the
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
-reference's + 2e-3). argv[1] keeps only the first N cases (racecheck is slow). Exits 1 on a
+reference's + 2e-3). argv[1] keeps only N cases (racecheck is slow), from case argv[2]
+(default 0; the tail warpgroup's are the last three: `sanitize_gqa.py 3 10`). Exits 1 on a
 mismatch."""
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def _inputs(lens, t, hq, hkv, ps, gen):
 
 def main() -> int:
     gen = torch.Generator().manual_seed(5)
-    cases = CASES[: int(sys.argv[1])] if len(sys.argv) > 1 else CASES
+    first = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    cases = CASES[first : first + int(sys.argv[1])] if len(sys.argv) > 1 else CASES
     scale = 128**-0.5
     bad = 0
     for lens, t, hq, hkv, ps, splits, *env in cases:
