@@ -1036,7 +1036,7 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
 // warpgroups' own paths, each slower than the Tall split tail), its MMAs take the tensor cores
 // ~290 cycles a tile on average, beside the blocks' 2048.
 
-// Warpgroup-relative 64 keys `h` of a tile's K or V descriptor.
+// The descriptor of a tile's K or V at its keys 64 h .. 64 h + 63.
 __device__ __forceinline__ uint64_t kt_keys(uint64_t d, int h) {
   return d + static_cast<uint64_t>(h * (8 * KV_GROUP >> 4));
 }

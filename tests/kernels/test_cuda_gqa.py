@@ -511,10 +511,9 @@ def test_key_tail_matches_fp64(case, gen, monkeypatch):
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_key_tail_rescales_match_fp64(dtype, gen, monkeypatch):
-    """The key tail's softmax moves its running max only when a score rises more than its margin
-    (KT_RESCALE) above it: keys scaled by 1/4 .. 8 a page make scores jump up and down across
-    the tiles of every split, so the exact step runs mid-split too, and the result still matches
-    fp64."""
+    """Keys scaled by 1/4 .. 8 a page make scores jump up and down across the tiles and 64-key
+    halves of every split, so the tail warpgroup's running max moves (and its O^T and sums
+    rescale) mid-split, not only at its first half; the result still matches fp64."""
     monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "1")
     case = ([7000, 3100], 65, 4, 1, 16, 3)
     assert cuda_gqa.key_tail(260, 3)
