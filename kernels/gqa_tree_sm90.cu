@@ -83,10 +83,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include <mutex>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
 #include "sm90_common.cuh"
 
@@ -103,7 +100,6 @@ constexpr int BAR_EMPTY = 1;                    // + stage: consumers arrive, th
 constexpr int BAR_TURN = BAR_EMPTY + MAX_STAGES;  // + warpgroup: its turn to issue MMAs (256)
 constexpr int BAR_TAIL = BAR_TURN + 3;  // the tail warpgroup's own barrier (128)
 constexpr int BAR_Q = BAR_TAIL + 1;     // + warpgroup: its Q rows copied (128)
-constexpr int BAR_RED = BAR_Q + 3;     // the cluster merge: the consumer warps (CONSUMERS)
 // The tail warpgroup (tail_rows): up to TAIL_N query rows past the last whole 64-row block, as
 // the N of swapped-operand MMAs (m64n8 for at most 8 rows, else m64n16); its P buffers and
 // reduction scratch sit in the unused part of its Q region (rows >= TAIL_N of each 64-dim half).
@@ -279,9 +275,6 @@ struct Params {
   int pingpong;              // turns issuing MMAs: 0 none, 1 two-warpgroup shape, 2 both shapes
                              // (KDTREE_GQA_PINGPONG, default 1)
   int clocks;                // accumulate phase clocks (KDTREE_GQA_CLOCKS=1)
-  int cluster_merge;         // 1: this launch's clusters of its splits merge them (cluster_merge)
-  unsigned* pair_sem;        // WideTail's cluster merge: a word a (request, KV head), zero
-                             // between calls (g_pair_sem's slot of the launch's stream)
   int ablate;                // measurement only (KDTREE_GQA_ABLATE, wrong results; the tail
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
@@ -1260,154 +1253,6 @@ __device__ __forceinline__ void kt_warpgroup(const Params& p, const TileSeq& ts,
   }
 }
 
-// ------------------------------------------------------------------ the cluster merge
-// (Session 22.) With 2-8 splits in the two-warpgroup shapes the launcher makes each row CTA's
-// splits one thread-block cluster of (1, S, 1) CTAs (kdtree_gqa_tree_launch, cluster_merge).
-// Every CTA writes its partials as before; once all of its cluster have (barrier.cluster,
-// release / acquire: exited threads count as arrived), CTA s merges rows lo + s * chunk .. of the
-// cluster's 128 -- a row a warp, two at once, as merge_splits_warp_kernel does -- and writes the
-// output. No merge kernel and no kernel boundary: the merge of one cluster's rows starts when its
-// own CTAs are done. WideTail's tail rows have partials in both row CTAs' clusters (the tiles by
-// parity): the last split's CTA of each cluster reduces its cluster's to one (in split 0's slot
-// of the same rows), counts in on pair_sem, and the second to count in merges the two and resets
-// the word (the first publishes with a fence before its count, the classic last-block pattern;
-// neither waits for the other).
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// A named barrier of n threads that also returns whether any of them passed `pred`.
-__device__ __forceinline__ bool named_sync_or(int id, int n, bool pred) {
-  int r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.s32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n"
-      " selp.s32 %0, 1, 0, q;\n}\n"
-      : "=r"(r)
-      : "r"(static_cast<int>(pred)), "r"(id), "r"(n)
-      : "memory");
-  return r != 0;
-}
-
-constexpr int CM_MAX_SPLITS = 8;  // a portable cluster
-
-// Up to two rows a warp (lane c: float4 column c): row k's ne[k] entries (0: none) are workspace
-// rows base[k] + e * step[k]. Every partial and LSE is loaded before the weights, as in
-// merge_splits_warp_kernel. Gives each row's weighted sum, the weights' sum and their max (base 2).
-__device__ __forceinline__ void cm_merge2(const Params& p, const int64_t (&base)[2],
-                                          const int64_t (&step)[2], const int (&ne)[2], int lane,
-                                          float4 (&acc)[2], float (&sum)[2], float (&mx)[2]) {
-  float4 v[2][CM_MAX_SPLITS];
-  float l[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-#pragma unroll
-    for (int e = 0; e < CM_MAX_SPLITS; ++e)
-      if (e < ne[k])
-        v[k][e] = __ldcg(reinterpret_cast<const float4*>(p.part + (base[k] + e * step[k]) * D) + lane);
-    l[k] = lane < ne[k] ? __ldcg(p.lse + base[k] + lane * step[k]) : neg_inf();
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    float m = l[k];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float muse = m == neg_inf() ? 0.f : m;
-    const float w = lane < ne[k] ? exp2f(l[k] - muse) : 0.f;  // 0 for a split without keys
-    float s = w;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int e = 0; e < CM_MAX_SPLITS; ++e) {
-      const float we = __shfl_sync(0xffffffffu, w, e);
-      if (e < ne[k]) merge_fma(acc[k], we, v[k][e]);
-    }
-    sum[k] = s;
-    mx[k] = muse;
-  }
-}
-
-template <typename E>
-__device__ __forceinline__ void cm_store_out(const Params& p, int b, int kvh, int row, int lane,
-                                             float4 acc, float sum) {
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
-           (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 4 * lane;
-  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
-  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
-}
-
-// The consumer warps' part, after this CTA's partials are written. (Everything it needs is read
-// again from the special registers: values kept live across the main loop spill it.)
-template <class C, typename E>
-__device__ __forceinline__ void cluster_merge(const Params& p) {
-  constexpr int NW = C::CONSUMERS / 32;
-  cluster_arrive();
-  cluster_wait();
-  const int ct = static_cast<int>(threadIdx.x);  // 0 .. CONSUMERS - 1
-  const int split = static_cast<int>(blockIdx.y);
-  const int b = static_cast<int>(blockIdx.z) / p.Hkv, kvh = static_cast<int>(blockIdx.z) % p.Hkv;
-  const int S = p.num_splits, lane = ct & 31, warp = ct >> 5;
-  const int hb = b * p.Hkv + kvh;
-  const int64_t head = static_cast<int64_t>(hb) * S * p.ws_rows;  // split 0's row 0
-  const int x = static_cast<int>(blockIdx.x);
-  const int lo = x * C::BLOCK_M, hi = min(p.full_rows, lo + C::BLOCK_M);
-  const int chunk = (hi - lo + S - 1) / S;
-  const int r0 = lo + split * chunk, r1 = min(hi, r0 + chunk);
-  const bool tail_rank = C::KEY_TAIL && split == S - 1;
-  const int64_t shadow = p.rows - p.half_row;  // (WideTail) a tail row's shadow row, rows on
-  float4 acc[2];
-  float sum[2], mx[2];
-  unsigned before = 0;
-  if (tail_rank) {  // this cluster's tail partials -> one, in split 0's slot
-    if (warp < p.rows - p.full_rows) {
-      const int64_t at = head + p.full_rows + warp + (x == 1 ? shadow : 0);
-      const int64_t base[2] = {at, 0}, step[2] = {p.ws_rows, 0};
-      const int ne[2] = {S, 0};
-      cm_merge2(p, base, step, ne, lane, acc, sum, mx);
-      const float inv = sum[0] > 0.f ? 1.f / sum[0] : 0.f;
-      reinterpret_cast<float4*>(p.part + at * D)[lane] =
-          make_float4(acc[0].x * inv, acc[0].y * inv, acc[0].z * inv, acc[0].w * inv);
-      if (lane == 0) p.lse[at] = sum[0] > 0.f ? mx[0] + __log2f(sum[0]) : neg_inf();
-      __threadfence();
-    }
-    named_sync(BAR_RED, C::CONSUMERS);
-    if (ct == 0) before = atomicAdd(p.pair_sem + hb, 1u);
-  }
-#pragma unroll 1
-  for (int r = r0 + warp; r < r1; r += 2 * NW) {
-    const int64_t base[2] = {head + r, head + r + NW}, step[2] = {p.ws_rows, p.ws_rows};
-    const int ne[2] = {S, r + NW < r1 ? S : 0};
-    cm_merge2(p, base, step, ne, lane, acc, sum, mx);
-    cm_store_out<E>(p, b, kvh, r, lane, acc[0], sum[0]);
-    if (r + NW < r1) cm_store_out<E>(p, b, kvh, r + NW, lane, acc[1], sum[1]);
-  }
-  if (tail_rank) {  // the second cluster to count in merges both clusters' tail partials
-    if (ct == 0 && before == 1u) {
-      __threadfence();
-      atomicExch(p.pair_sem + hb, 0u);
-    }
-    if (!named_sync_or(BAR_RED, C::CONSUMERS, ct == 0 && before == 1u)) return;
-    __threadfence();
-    if (warp < p.rows - p.full_rows) {
-      const int row = p.full_rows + warp;
-      const int64_t base[2] = {head + row, 0}, step[2] = {shadow, 0};
-      const int ne[2] = {2, 0};
-      cm_merge2(p, base, step, ne, lane, acc, sum, mx);
-      cm_store_out<E>(p, b, kvh, row, lane, acc[0], sum[0]);
-    }
-  }
-}
-
-// The same from the consumers' early exits (no rows, or a split without keys): not inlined
-// there, where its code made ptxas spill the main loop's registers (408-520 bytes).
-template <class C, typename E>
-__device__ __noinline__ void cluster_merge_early(const Params& p) {
-  cluster_merge<C, E>(p);
-}
-
 // SWAP: the stage layout with V before K in each key group (Params::kv_swap).
 template <class C, typename E, int SWAP>
 __global__ void __launch_bounds__(C::THREADS, 1)
@@ -1480,7 +1325,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::TAIL_REGS));
     griddep_wait();  // Q, the tree mask, the workspace: after the kernel before completes
     kt_warpgroup<C, E, SWAP>(p, ts, b, kvh, split, sKV, sKT, sBar, tid - CONSUMERS - 128);
-    if (p.cluster_merge) cluster_arrive();  // (its partials released to the cluster's merge)
     GQA_TL_EXIT();
     return;
   }
@@ -1560,8 +1404,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
       if (tile + STAGES < n) named_arrive(BAR_EMPTY + st, THREADS);
     }
-    if constexpr (C::CWG == 2)
-      if (p.cluster_merge) cluster_merge_early<C, E>(p);
     GQA_TL_EXIT();
     return;
   }
@@ -1601,8 +1443,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   float l_run0 = 0.f, l_run1 = 0.f;  // this thread's keys of a row (quad-reduced at the end)
   if (n == 0) {  // a split past the prefix: an empty partial (before any wgmma: no divergent MMAs)
     store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-    if constexpr (C::CWG == 2)
-      if (p.cluster_merge) cluster_merge_early<C, E>(p);
     GQA_TL_EXIT();
     return;
   }
@@ -1671,8 +1511,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
   store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
-  if constexpr (C::CWG == 2)
-    if (p.cluster_merge) cluster_merge<C, E>(p);
   GQA_TL_EXIT();
 }
 #undef GQA_TL_EXIT
@@ -1688,66 +1526,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 static inline bool split_pdl() {
   const char* env = getenv("KDTREE_CUDA_SPLIT_PDL");
   return env == nullptr || env[0] != '0';
-}
-
-// The cluster merge (cluster_merge above). KDTREE_GQA_CLUSTER_MERGE=0 keeps the merge kernel
-// (read at every launch; a graph keeps what it captured).
-static inline bool cluster_merge_allowed() {
-  const char* env = getenv("KDTREE_GQA_CLUSTER_MERGE");
-  return env == nullptr || env[0] != '0';
-}
-// WideTail's pair words: a slot of SEM_WORDS a stream (calls on one stream run in order, so they
-// share it; a word is back to zero when its call ends). Zero at module load.
-constexpr int SEM_SLOTS = 64, SEM_WORDS = 2048;
-__device__ unsigned g_pair_sem[SEM_SLOTS][SEM_WORDS];
-// The slot of (device, stream): the first SEM_SLOTS pairs get one each; -1 once all are taken
-// (those launches keep the merge kernel). Graphs replay with the slot of the stream they were
-// captured on.
-static int sem_slot_of(int dev, cudaStream_t stream) {
-  static std::mutex mu;
-  static std::vector<std::pair<int, cudaStream_t>> owners;
-  std::lock_guard<std::mutex> lock(mu);
-  for (size_t i = 0; i < owners.size(); ++i)
-    if (owners[i].first == dev && owners[i].second == stream) return static_cast<int>(i);
-  if (static_cast<int>(owners.size()) >= SEM_SLOTS) return -1;
-  owners.emplace_back(dev, stream);
-  return static_cast<int>(owners.size()) - 1;
-}
-// Which merge the last launch in this process ran (kdtree_gqa_last_merge): -1 none (one split),
-// MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL, or MERGE_CLUSTER.
-constexpr int MERGE_CLUSTER = 3;
-static int g_last_merge = -1;
-
-// Clusters of (1, S, 1) CTAs of this kernel the device holds at once (cudaOccupancyMax-
-// ActiveClusters, asked once a device and S; -1 when it cannot tell). The launch config's
-// shared memory must be raised first (launch_swap).
-template <class C, typename E, int SWAP>
-int cluster_capacity(int dev, int S) {
-  static int known[128][CM_MAX_SPLITS + 1] = {};  // 0: not asked yet
-  if (dev < 0 || dev >= 128 || S < 1 || S > CM_MAX_SPLITS) return -1;
-  if (known[dev][S] == 0) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1, S, 1);
-    cfg.blockDim = dim3(C::THREADS);
-    cfg.dynamicSmemBytes = C::SMEM_TOTAL;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = S;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaFuncSetAttribute(gqa_split_kernel<C, E, SWAP>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             C::SMEM_TOTAL) != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&n, gqa_split_kernel<C, E, SWAP>, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      n = -1;
-    }
-    known[dev][S] = n > 0 ? n : -1;
-  }
-  return known[dev][S];
 }
 
 template <class C, typename E, int SWAP>
@@ -1768,55 +1546,13 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
   cfg.blockDim = dim3(C::THREADS);
   cfg.dynamicSmemBytes = C::SMEM_TOTAL;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = split_pdl() ? 1 : 0;
-  if constexpr (C::CWG == 2) {
-    // The cluster merge where the layout allows it (p.cluster_merge 1 from the launcher: Wide's
-    // rows, or WideTail's), 2-8 splits, the CUDA merge in stream order, a pair-word slot for
-    // WideTail, and every cluster of the grid resident at once (one wave: otherwise the merge
-    // kernel; the count asked once a device and split count)
-    const int S = p.num_splits;
-    if (p.cluster_merge && merge == MERGE_PLAIN && S >= 2 && S <= CM_MAX_SPLITS &&
-        cluster_merge_allowed()) {
-      Params pc = p;
-      bool ok = true;
-      if (C::KEY_TAIL) {
-        const int slot = B * p.Hkv <= SEM_WORDS ? sem_slot_of(dev, stream) : -1;
-        static unsigned* sem_base[128] = {};
-        if (slot >= 0 && sem_base[dev] == nullptr) {
-          void* addr = nullptr;
-          if (cudaGetSymbolAddress(&addr, g_pair_sem) != cudaSuccess) {
-            (void)cudaGetLastError();
-          } else {
-            sem_base[dev] = static_cast<unsigned*>(addr);
-          }
-        }
-        ok = slot >= 0 && sem_base[dev] != nullptr;
-        if (ok) pc.pair_sem = sem_base[dev] + static_cast<size_t>(slot) * SEM_WORDS;
-      }
-      attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-      attr[cfg.numAttrs].val.clusterDim.x = 1;
-      attr[cfg.numAttrs].val.clusterDim.y = S;
-      attr[cfg.numAttrs].val.clusterDim.z = 1;
-      cfg.numAttrs += 1;
-      if (ok && static_cast<int64_t>(row_ctas) * B * p.Hkv <= cluster_capacity<C, E, SWAP>(dev, S)) {
-        pc.cluster_merge = 1;
-        err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<C, E, SWAP>, pc);
-        if (err != cudaSuccess) return static_cast<int>(err);
-        g_last_merge = MERGE_CLUSTER;
-        return 0;
-      }
-      cfg.numAttrs -= 1;
-    }
-  }
-  Params pm = p;
-  pm.cluster_merge = 0;
-  err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<C, E, SWAP>, pm);
+  err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<C, E, SWAP>, p);
   if (err != cudaSuccess) return static_cast<int>(err);
-  g_last_merge = p.num_splits == 1 ? -1 : merge;
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
   MergeParams mp = merge_params_of(p, p.Hkv, p.G);
   mp.ws_rows = p.ws_rows;
@@ -1880,21 +1616,6 @@ int kdtree_gqa_timeline(unsigned long long* host, int cap) {
 #endif
 }
 int kdtree_gqa_timeline_words() { return kdtree_sm90::TL_WORDS; }
-
-// Which merge the last launch in this process ran: -1 none (one split), 0 the caller's, 1 the
-// merge kernel in stream order, 2 as a programmatic dependent, 3 the cluster merge.
-int kdtree_gqa_last_merge() { return kdtree_gqa::g_last_merge; }
-
-// Clusters of `splits` CTAs (1 .. 8) of the two-warpgroup split kernel (WideTail with key_tail
-// 1, else Wide; bf16) the current device holds at once: what decides whether a launch takes the
-// cluster merge (every cluster of its grid at once). -1 when the runtime cannot tell.
-int kdtree_gqa_cluster_capacity(int key_tail, int splits) {
-  using namespace kdtree_gqa;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return -1;
-  return key_tail ? cluster_capacity<WideTail, __nv_bfloat16, 0>(dev, splits)
-                  : cluster_capacity<Wide, __nv_bfloat16, 0>(dev, splits);
-}
 
 const char* kdtree_gqa_error_string(int code) {
   switch (code) {
@@ -2042,13 +1763,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     p.half_row = p.full_rows;
     p.ws_rows = p.rows + TAIL_N;
   }
-  // the cluster merge's layouts (launch_swap decides the rest): Wide's rows in whole or padded
-  // blocks, or WideTail's
-  p.cluster_merge = wgs == 2 && (tail_blocks == 0 || split_tail == 2);
-#ifdef KDTREE_TIMELINE
-  p.cluster_merge = 0;  // (the timeline's records assume the merge kernel)
-#endif
-  p.pair_sem = nullptr;
   p.max_pages = max_pages;
   p.page_shift = shift;
   p.num_splits = num_splits;

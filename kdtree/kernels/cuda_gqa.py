@@ -15,9 +15,7 @@ at T = 8k + 1) can go to a tail warpgroup that runs the MMAs with swapped operan
 the N = 16 of ``m64n16k16``) instead of padding them to a 64-row block, where that measured
 faster. Partials of several KV splits are merged by the
 shared CUDA merge (``kernels/sm90_common.cuh``; ``KDTREE_CUDA_MERGE``,
-:func:`kdtree.kernels.cuda_common.merge_mode`, picks another), or, with 2-8 splits of the
-two-warpgroup layouts, inside the split kernel by each thread-block cluster of a row CTA's
-splits (:func:`cluster_merge`). Built with ``nvcc`` on first use like the MLA
+:func:`kdtree.kernels.cuda_common.merge_mode`, picks another). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
 the split count depends on static shapes only, so a call can be captured in a CUDA graph (pass
 ``workspace`` to keep allocations out of the call, see :func:`workspace_numel`).
@@ -66,9 +64,6 @@ __all__ = [
     "available_on",
     "build",
     "choose_splits",
-    "cluster_capacity",
-    "cluster_merge",
-    "last_merge",
     "compile_only",
     "consumer_warpgroups",
     "launch_args",
@@ -146,10 +141,6 @@ def _load() -> ctypes.CDLL:
         lib.kdtree_gqa_timeline.argtypes = [ptr, i32]
         lib.kdtree_gqa_timeline_words.restype = i32
         lib.kdtree_gqa_timeline_words.argtypes = []
-        lib.kdtree_gqa_last_merge.restype = i32
-        lib.kdtree_gqa_last_merge.argtypes = []
-        lib.kdtree_gqa_cluster_capacity.restype = i32
-        lib.kdtree_gqa_cluster_capacity.argtypes = [i32, i32]
         _LIB = lib
         return lib
 
@@ -333,49 +324,6 @@ def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sm
     }
     best = min(costs.values())
     return min(s for s, c in costs.items() if c <= best * 1.03)
-
-
-#: The most splits the cluster merge takes (a portable thread-block cluster of 8 CTAs).
-CLUSTER_MERGE_MAX_SPLITS = 8
-#: :func:`last_merge` values: the merge kernel in stream order (1), as a programmatic dependent
-#: (2), the caller's Triton merge (0), the cluster merge (3), no merge (-1: one split).
-MERGE_CLUSTER = 3
-
-
-def cluster_merge(rows: int, num_splits: int, merge: int | None = None) -> bool:
-    """Whether a launch may merge its splits inside the split kernel (``kernels/gqa_tree_sm90.cu``,
-    ``cluster_merge``, session 22): each row CTA's splits are one thread-block cluster of
-    ``(1, S, 1)`` CTAs that, once all have written their partials, merge the CTA's 128 rows
-    between them (a row a warp) and write the output -- no merge kernel, no kernel boundary.
-    WideTail's tail rows (partials in both row CTAs' clusters) are merged by the second of the
-    two clusters to finish. Where: the two-warpgroup layouts (:func:`launch_plan`'s ``(2, 0)``,
-    or :func:`key_tail`), 2 to :data:`CLUSTER_MERGE_MAX_SPLITS` splits and the CUDA merge in
-    stream order (``KDTREE_CUDA_MERGE=plain``, the default); ``KDTREE_GQA_CLUSTER_MERGE=0`` never.
-    The launcher still keeps the merge kernel when the device cannot hold every cluster of the
-    grid at once (one wave), or all 64 of WideTail's per-stream word slots are taken, or B * Hkv
-    is above 2048: :func:`last_merge` says what ran."""
-    if os.environ.get("KDTREE_GQA_CLUSTER_MERGE", "1")[:1] == "0":
-        return False
-    if "KDTREE_TIMELINE" in measurement_defines():  # (the timeline's records assume the kernel)
-        return False
-    merge = merge_for(num_splits) if merge is None else merge
-    wgs, tail_blocks, split = launch_layout(rows, num_splits, merge)
-    layout = wgs == 2 and (tail_blocks == 0 or split == 2)
-    return layout and 2 <= num_splits <= CLUSTER_MERGE_MAX_SPLITS and merge == 1
-
-
-def last_merge() -> int:
-    """Which merge the last CUDA GQA launch in this process ran (:data:`MERGE_CLUSTER`, 1, 2, 0
-    or -1; see there)."""
-    return int(_load().kdtree_gqa_last_merge())
-
-
-def cluster_capacity(splits: int, key_tail: bool = True) -> int:
-    """Clusters of ``splits`` CTAs of the two-warpgroup split kernel (WideTail, or Wide with
-    ``key_tail=False``) the current device holds at once (``cudaOccupancyMaxActiveClusters``;
-    -1 when the runtime cannot tell). A launch takes the cluster merge only when every cluster of
-    its grid fits at once."""
-    return int(_load().kdtree_gqa_cluster_capacity(int(key_tail), int(splits)))
 
 
 def workspace_rows(rows: int, num_splits: int) -> int:

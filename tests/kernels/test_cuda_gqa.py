@@ -283,37 +283,6 @@ def test_key_tail(monkeypatch):
     assert not cuda_gqa.key_tail(260, 8) and cuda_gqa.launch_layout(260, 8) == (3, 2, 1)
 
 
-def test_cluster_merge(monkeypatch):
-    """The cluster merge applies to the two-warpgroup layouts (Wide's padded blocks, WideTail)
-    with 2-8 splits and the CUDA merge in stream order; not to the three-warpgroup shape, the
-    split tail, one split, more than 8, the PDL or Triton merge, the timeline build, or with
-    KDTREE_GQA_CLUSTER_MERGE=0."""
-    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS",
-                 "KDTREE_GQA_SPLIT_TAIL", "KDTREE_GQA_KEY_TAIL", "KDTREE_GQA_CLUSTER_MERGE",
-                 "KDTREE_CUDA_DEFINES"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
-    for rows in (256, 260, 68, 36, 128, 257):  # Wide (2, 0) or WideTail
-        for s in range(2, 9):
-            assert cuda_gqa.cluster_merge(rows, s), (rows, s)
-        assert not cuda_gqa.cluster_merge(rows, 1) and not cuda_gqa.cluster_merge(rows, 9)
-    # the three-warpgroup shape: 8q/1kv T=65 (520), T=17 (136), 32q/8kv T=129 (516)
-    for rows in (520, 136, 516, 192):
-        assert cuda_gqa.launch_layout(rows, 8)[0] == 3 and not cuda_gqa.cluster_merge(rows, 8)
-    assert not cuda_gqa.cluster_merge(260, 8, merge=2) and not cuda_gqa.cluster_merge(256, 8, 0)
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "pdl")
-    assert not cuda_gqa.cluster_merge(256, 8)
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
-    monkeypatch.setenv("KDTREE_GQA_KEY_TAIL", "0")  # 260 rows on the split tail: no
-    assert cuda_gqa.launch_layout(260, 8) == (3, 2, 1) and not cuda_gqa.cluster_merge(260, 8)
-    monkeypatch.delenv("KDTREE_GQA_KEY_TAIL")
-    monkeypatch.setenv("KDTREE_GQA_CLUSTER_MERGE", "0")
-    assert not cuda_gqa.cluster_merge(256, 8) and not cuda_gqa.cluster_merge(260, 8)
-    monkeypatch.delenv("KDTREE_GQA_CLUSTER_MERGE")
-    monkeypatch.setenv("KDTREE_CUDA_DEFINES", "KDTREE_TIMELINE")
-    assert not cuda_gqa.cluster_merge(256, 8)
-
-
 def test_registered_as_gqa_backend():
     from kdtree.attention import available_backends, resolve_backend
 
@@ -550,87 +519,6 @@ def test_key_tail_rescales_match_fp64(dtype, gen, monkeypatch):
     assert cuda_gqa.key_tail(260, 3)
     _run(case, dtype, gen, key_scale=[0.25, 1.0, 4.0, 8.0])
     _run(case, dtype, gen, graph=True, key_scale=[8.0, 0.25, 0.5, 1.0])
-
-
-CLUSTER_CASES = [  # the two-warpgroup layouts with 2-8 splits: a cluster of a row CTA's splits
-    # (every cluster of the grid resident at once, else the launcher keeps the merge kernel:
-    # 32q/8kv with 8 splits is 16 clusters of 8 at batch 1)
-    ([3000], 64, 32, 8, 16, 8),  # 256 rows: Wide's two CTAs a KV head, eight splits
-    ([777], 32, 8, 1, 64, 2),  # 256 rows, one KV head, two splits
-    ([1900], 65, 32, 8, 16, 8),  # 260: WideTail, the tail rows across the two clusters
-    ([2000, 5], 65, 4, 1, 16, 7),  # WideTail, a 5-key prefix: splits with no keys
-    ([0, 100], 65, 4, 1, 1, 3),  # WideTail, an empty prefix, page size 1 (cp.async only)
-    ([4096], 9, 32, 8, 16, 6),  # 36 rows: warpgroup 1 has none (it merges rows all the same)
-    ([5, 4000], 17, 32, 8, 64, 5),  # 68 rows, a padded block, splits with no keys
-]
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("on", ["1", "0"])
-@pytest.mark.parametrize(
-    "case", CLUSTER_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-ps{c[4]}-s{c[5]}"
-)
-def test_cluster_merge_matches_fp64(on, case, gen, monkeypatch):
-    """The splits merged inside the split kernel by thread-block clusters
-    (KDTREE_GQA_CLUSTER_MERGE=1, the default where it applies) and by the merge kernel (=0)
-    both match fp64, eager and graph-captured, in both dtypes; the launch says which ran."""
-    lens, t, hq, hkv, ps, splits = case
-    monkeypatch.setenv("KDTREE_GQA_CLUSTER_MERGE", on)
-    assert cuda_gqa.cluster_merge(t * hq // hkv, splits) == (on == "1")
-    _run(case, torch.bfloat16, gen)
-    assert cuda_gqa.last_merge() == (cuda_gqa.MERGE_CLUSTER if on == "1" else 1)
-    _run(case, torch.float16, gen, graph=True)
-    assert cuda_gqa.last_merge() == (cuda_gqa.MERGE_CLUSTER if on == "1" else 1)
-
-
-@pytest.mark.gpu
-@needs_sm90
-def test_cluster_merge_keeps_the_merge_kernel_beyond_one_wave(gen):
-    """32 clusters of 8 CTAs (32q/8kv at T=65, batch 2, 8 splits: 256 CTAs) do not fit the
-    device at once: the launcher keeps the merge kernel, and the result matches fp64."""
-    case = ([977, 1900], 65, 32, 8, 16, 8)
-    assert cuda_gqa.cluster_merge(260, 8)
-    _run(case, torch.bfloat16, gen)
-    assert cuda_gqa.last_merge() == 1
-
-
-@pytest.mark.gpu
-@needs_sm90
-def test_cluster_merge_replays_and_streams(gen):
-    """WideTail's pair words are back at zero after every call: a graph of three back-to-back
-    calls replayed five times, and eager calls on two streams at once (a word slot each), give
-    the eager result bit for bit every time (the merge's order of terms is fixed)."""
-    dev = [x.cuda() for x in gqa_inputs([9000], 65, 32, 8, 128, 16, torch.bfloat16, gen)]
-    want = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=8)
-    assert cuda_gqa.key_tail(260, 8) and cuda_gqa.last_merge() == cuda_gqa.MERGE_CLUSTER
-    ws = torch.empty(cuda_gqa.workspace_numel(1, 8, 260, 8), dtype=torch.float32, device="cuda")
-    outs = [torch.empty_like(want) for _ in range(3)]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # (warm on a side stream before capture)
-        cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=8, workspace=ws)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for o in outs:
-            cuda_gqa.tree_attention_gqa_cuda(
-                *dev, sm_scale=SCALE, out=o, num_splits=8, workspace=ws
-            )
-    for _ in range(5):
-        for o in outs:
-            o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(o, want) for o in outs)
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    got = []
-    for st in streams:
-        st.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(st):
-            got.append(cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=8))
-    torch.cuda.synchronize()
-    assert all(torch.equal(x, want) for x in got)
 
 
 @pytest.mark.gpu

@@ -41,8 +41,7 @@ from kdtree.kernels import cuda_gqa, cuda_mla
 
 #: setting -> environment (``split`` also turns the Triton merge call into a no-op)
 MODES = {
-    "plain": {"KDTREE_CUDA_MERGE": "plain", "KDTREE_GQA_CLUSTER_MERGE": "0"},
-    "cluster": {"KDTREE_CUDA_MERGE": "plain", "KDTREE_GQA_CLUSTER_MERGE": "1"},
+    "plain": {"KDTREE_CUDA_MERGE": "plain"},
     "pdl": {"KDTREE_CUDA_MERGE": "pdl"},
     "triton": {"KDTREE_CUDA_MERGE": "triton"},
     "split": {"KDTREE_CUDA_MERGE": "triton"},
@@ -76,16 +75,14 @@ def setting(mode: str):
 
 
 def capture(wl, ti, mode: str, splits: int | None = None):
-    """``(replay, calls a replay, split count, merge that ran)`` of the CUDA backend under
-    ``mode`` (the merge: :func:`kdtree.kernels.cuda_gqa.last_merge`, GQA only, else None)."""
+    """``(replay, calls a replay, split count)`` of the CUDA backend under ``mode``."""
     with setting(mode):
         if wl.layout.kind == "mla":
             fn, used = _cuda_mla_fn(wl, ti, cuda_mla.DEFAULT_KERNEL, num_splits=splits)
         else:
             fn, used = _cuda_gqa_fn(wl, ti, num_splits=splits)
         replay, per = _graphed(fn, wl.n_rot, wl.device)
-        ran = cuda_gqa.last_merge() if wl.layout.kind != "mla" else None
-    return replay, per, used, ran
+    return replay, per, used
 
 
 def time_modes(name: str, length: int, t: int, modes, rounds: int, splits: int | None = None):
@@ -96,13 +93,12 @@ def time_modes(name: str, length: int, t: int, modes, rounds: int, splits: int |
     graphs = {m: capture(wl, ti, m, splits) for m in modes}
     times = {m: [] for m in modes}
     for _ in range(rounds):
-        for m, (replay, per, _, _) in graphs.items():
+        for m, (replay, per, _) in graphs.items():
             times[m].append(time_cuda(lambda replay=replay: replay(0)).p50 / per * 1e3)
     used = next(iter(graphs.values()))[2]
-    ran = {m: g[3] for m, g in graphs.items()}
     del graphs, wl, ti
     torch.cuda.empty_cache()
-    return {m: statistics.median(v) for m, v in times.items()}, used, ran
+    return {m: statistics.median(v) for m, v in times.items()}, used
 
 
 def main() -> None:
@@ -121,20 +117,14 @@ def main() -> None:
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
     modes = a.modes.split(",")
-    if "cluster" in modes:  # what decides whether a launch takes the cluster merge
-        print("clusters held at once (WideTail / Wide), by splits: " + ", ".join(
-            f"{s}: {cuda_gqa.cluster_capacity(s)} / {cuda_gqa.cluster_capacity(s, False)}"
-            for s in range(2, cuda_gqa.CLUSTER_MERGE_MAX_SPLITS + 1)), flush=True)  # fmt: skip
     for spec in filter(None, a.points.split(",")):
-        name, length, t, *forced = spec.split(":")  # (layout:L:T[:splits])
-        got, splits, ran = time_modes(
-            name, int(length), int(t), modes, a.rounds, int(forced[0]) if forced else None
-        )
+        name, length, t = spec.split(":")
+        got, splits = time_modes(name, int(length), int(t), modes, a.rounds)
         for mode, us in got.items():
             rows.append({"part": "modes", "point": spec, "mode": mode, "splits": splits,
-                         "tiles_per_cta": None, "us": us, "merge_ran": ran[mode], **env})  # fmt: skip
-        print(f"{spec} ({splits} splits): " + ", ".join(f"{m} {v:.1f} (ran {ran[m]})"
-              for m, v in got.items()) + " us", flush=True)  # fmt: skip
+                         "tiles_per_cta": None, "us": us, **env})  # fmt: skip
+        print(f"{spec} ({splits} splits): " + ", ".join(f"{m} {v:.1f}" for m, v in got.items())
+              + " us", flush=True)  # fmt: skip
     for spec in filter(None, a.sweep.split(",")):
         name, t, splits = spec.split(":")
         lay = LAYOUTS[name]
@@ -142,7 +132,7 @@ def main() -> None:
         tile = cuda_gqa.SHAPES[cuda_gqa.launch_plan(rows_packed)[0]][1]
         pts = []
         for length in SWEEP_LENGTHS:
-            got, _, _ = time_modes(name, length, int(t), ["split"], 1, int(splits))
+            got, _ = time_modes(name, length, int(t), ["split"], 1, int(splits))
             us = got["split"]
             tiles = math.ceil(math.ceil((length + int(t)) / int(splits)) / tile)
             pts.append((tiles, us))
