@@ -39,8 +39,9 @@
 //     intra-warpgroup overlap), then stage j-1 is released and O rescaled. Wide's consumer
 //     warpgroups take turns issuing their MMAs (KDTREE_GQA_PINGPONG=1, the default; =2 makes
 //     Tall's three take turns in a ring too, measured no faster).
-//   * One split: the CTA writes the normalised output. Several: normalised fp32 partials
-//     [B, Hkv, S, G*T, 128] + base-2 LSE [B, Hkv, S, G*T], merged by the shared merge kernel
+//   * One split: the CTA writes the normalised output. Several: normalised partials in the
+//     input dtype (session 22: half the bytes of fp32 to write and merge; the merge adds them in
+//     fp32) [B, Hkv, S, G*T, 128] + fp32 base-2 LSE [B, Hkv, S, G*T], merged by the shared merge kernel
 //     (sm90_common.cuh, launched by kdtree_gqa_tree_launch) or the caller.
 //
 // Everything depends only on shapes and device pointers: graph-capturable.
@@ -245,7 +246,7 @@ struct Params {
   const int32_t* prefix_lens;
   const int64_t* tree_mask;
   void* out;
-  float* part;  // [B, Hkv, S, ws_rows, D] (num_splits > 1)
+  void* part;   // [B, Hkv, S, ws_rows, D] in the input dtype (num_splits > 1)
   float* lse;   // [B, Hkv, S, ws_rows]
   int64_t sq_b, sq_t, sq_h;  // q strides (elements); last dim contiguous
   int64_t sk_slot, sk_h;     // k_cache: between slots (stride(1)), between KV heads (stride(2))
@@ -497,18 +498,16 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
     return;
   }
   const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows;
-  if (ok0) {
-    float* dst = p.part + (rbase + row0) * D + col0;
+  if (ok0) {  // (partials in the input dtype: session 22)
+    E* dst = static_cast<E*>(p.part) + (rbase + row0) * D + col0;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
-      *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+    for (int j = 0; j < 16; ++j) Mma<E>::store2(dst + 8 * j, o[4 * j] * inv0, o[4 * j + 1] * inv0);
   }
   if (ok1) {
-    float* dst = p.part + (rbase + row1) * D + col0;
+    E* dst = static_cast<E*>(p.part) + (rbase + row1) * D + col0;
 #pragma unroll
     for (int j = 0; j < 16; ++j)
-      *reinterpret_cast<float2*>(dst + 8 * j) =
-          make_float2(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+      Mma<E>::store2(dst + 8 * j, o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
   }
   if (q4 == 0) {
     if (ok0) p.lse[rbase + row0] = l0 > 0.f ? m0 + __log2f(l0) : neg_inf();
@@ -1010,12 +1009,12 @@ __device__ __forceinline__ void tail_rows(const Params& p, const TileSeq& ts, in
     } else {
       const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows + row +
                         (t0 == 1 ? p.rows - p.half_row : 0);  // (the odd half: shadow rows)
-      float* dst = p.part + r * D;
+      E* dst = static_cast<E*>(p.part) + r * D;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          dst[64 * mb + kr + 8 * h] = o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv;
+          dst[64 * mb + kr + 8 * h] = E(o[mb][4 * (i >> 1) + 2 * h + (i & 1)] * inv);
       if (wi == 0 && lane < 4) p.lse[r] = l > 0.f ? m_run[i] + __log2f(l) : neg_inf();
     }
   }
@@ -1243,11 +1242,11 @@ __device__ __forceinline__ void kt_warpgroup(const Params& p, const TileSeq& ts,
     } else {
       const int64_t r = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows + row +
                         (c == 1 ? p.rows - p.half_row : 0);  // (CTA 1: shadow rows)
-      float* dst = p.part + r * D;
+      E* dst = static_cast<E*>(p.part) + r * D;
 #pragma unroll
       for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-        for (int k = 0; k < 2; ++k) dst[64 * mb + kr + 8 * k] = o[mb][2 * k + i] * inv;
+        for (int k = 0; k < 2; ++k) dst[64 * mb + kr + 8 * k] = E(o[mb][2 * k + i] * inv);
       if (wi == 0 && lane < 2) p.lse[r] = l > 0.f ? m_run[i] + __log2f(l) : neg_inf();
     }
   }
@@ -1557,7 +1556,7 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
   MergeParams mp = merge_params_of(p, p.Hkv, p.G);
   mp.ws_rows = p.ws_rows;
   mp.half_row = p.half_row;
-  return launch_merge_splits<E, D>(mp, B, stream, merge == MERGE_PDL);
+  return launch_merge_splits<E, D, E>(mp, B, stream, merge == MERGE_PDL);
 }
 
 template <class C, typename E>
@@ -1662,7 +1661,7 @@ const char* kdtree_gqa_error_string(int code) {
 // cudaError_t value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
-                           const int64_t* tree_mask, void* out, float* part, float* lse,
+                           const int64_t* tree_mask, void* out, void* part, float* lse,
                            int64_t sq_b, int64_t sq_t, int64_t sq_h, int64_t sk_slot,
                            int64_t sk_h, int64_t sv_slot, int64_t sv_h, int64_t spt_b,
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdlib.h>  // getenv (the merge's measurement knob)
 
+#include <type_traits>
+
 namespace kdtree_sm90 {
 
 // ------------------------------------------------------------------ small PTX wrappers
@@ -67,6 +69,11 @@ struct Mma<__nv_bfloat16> {
   static __device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
   }
+  static __device__ __forceinline__ float2 unpack2(uint32_t u) {  // pack's inverse
+    __nv_bfloat162 v;
+    *reinterpret_cast<uint32_t*>(&v) = u;
+    return __bfloat1622float2(v);
+  }
 };
 
 template <>
@@ -85,6 +92,11 @@ struct Mma<__half> {
   }
   static __device__ __forceinline__ void store2(__half* p, float a, float b) {
     *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  }
+  static __device__ __forceinline__ float2 unpack2(uint32_t u) {
+    __half2 v;
+    *reinterpret_cast<uint32_t*>(&v) = u;
+    return __half22float2(v);
   }
 };
 
@@ -676,7 +688,7 @@ __device__ __forceinline__ void griddep_wait() {
 // rows .. rows + 63 of each split (the workspace's row stride is then ws_rows = rows + 64); those
 // rows merge 2 S partials.
 struct MergeParams {
-  const float* part;
+  const void* part;  // P elements (merge kernels' P: float, or the GQA kernel's input dtype)
   const float* lse;
   void* out;
   int64_t so_b, so_t, so_h;  // out strides (elements)
@@ -755,13 +767,26 @@ __device__ __forceinline__ void merge_record(unsigned long long entry, unsigned 
 }
 #endif
 
+// Four consecutive partial elements (element offset i, a multiple of 4) as fp32, read through L2:
+// fp32 partials (the MLA kernels) or 16-bit ones in the input dtype (the GQA kernel, session 22).
+template <typename P>
+__device__ __forceinline__ float4 ld_part4(const void* part, int64_t i) {
+  if constexpr (std::is_same<P, float>::value) {
+    return __ldcg(reinterpret_cast<const float4*>(static_cast<const float*>(part) + i));
+  } else {
+    const uint2 u = __ldcg(reinterpret_cast<const uint2*>(static_cast<const P*>(part) + i));
+    const float2 a = Mma<P>::unpack2(u.x), b = Mma<P>::unpack2(u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+  }
+}
+
 // A row a CTA (many entries): the weights 2^(lse_s - max lse) go to shared memory, thread
 // (g, c) sums float4 column c over splits s = g (mod GROUPS) -- GROUPS independent loads in
 // flight a column -- and the groups are added in shared memory. (Session 17, call b: loading
 // the first partials before the weights, in batches of 6, was 0.4-0.7 us slower at 43-129
 // splits; this is the measured form. Its sum written through merge_fma compiles to different
 // SASS, untested, so it stays spelled out here; through merge_store its SASS is the same.)
-template <typename E, int D>
+template <typename E, int D, typename P>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const MergeParams p) {
   static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
   constexpr int COLS = D / 4;
@@ -814,10 +839,10 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
 #endif
   const int c = tid % COLS, g = tid / COLS;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const auto add = [&](const float* src, const float* w_of) {
+  const auto add = [&](int64_t src, const float* w_of) {  // (src: an element offset)
 #pragma unroll 4
     for (int s = g; s < S; s += GROUPS) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + s * stride * D));
+      const float4 v = ld_part4<P>(p.part, src + s * stride * D);
       const float w = w_of[s];
       const bool use = w > 0.f;  // an empty split's partial is never read into the sum
       acc.x += use ? w * v.x : 0.f;
@@ -826,8 +851,8 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
       acc.w += use ? w * v.w : 0.f;
     }
   };
-  add(p.part + own * D + 4 * c, w_s);
-  if (shared) add(p.part + shadow * D + 4 * c, w_s + S);
+  add(own * D + 4 * c, w_s);
+  if (shared) add(shadow * D + 4 * c, w_s + S);
   if (g > 0) red[g - 1][c] = acc;
   __syncthreads();
   if (g != 0) return;
@@ -850,7 +875,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
 // every partial is loaded before the weights, the weights and their sum are warp shuffles, so
 // a row costs one round trip to L2 and no block barrier. MERGE_THREADS / 32 rows a CTA.
 constexpr int MERGE_WARP_ENTRIES = 16;
-template <typename E>
+template <typename E, typename P>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const MergeParams p) {
   griddep_wait();  // the split kernel's partials
   griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
@@ -864,11 +889,10 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const 
   if (row < p.rows) {
     const MergeRow mr(p, hb, row);
     const int NE = mr.NE;
-    const float* src = p.part + 4 * lane;
     float4 v[MERGE_WARP_ENTRIES];
 #pragma unroll
     for (int e = 0; e < MERGE_WARP_ENTRIES; ++e)
-      if (e < NE) v[e] = __ldcg(reinterpret_cast<const float4*>(src + mr.at(e) * 128));
+      if (e < NE) v[e] = ld_part4<P>(p.part, mr.at(e) * 128 + 4 * lane);
     const float l = lane < NE ? p.lse[mr.at(lane)] : neg_inf();
     float mx = l;
 #pragma unroll
@@ -922,7 +946,7 @@ static inline bool merge_by_warp_allowed() {
 // Launch the merge on `stream` (grid (rows / 8 rounded up or rows, B * Hkv)); `pdl`: as a
 // programmatic dependent of the kernel before it (the split kernel, which triggers early). 0 or
 // a cudaError_t.
-template <typename E, int D>
+template <typename E, int D, typename P = float>
 static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl) {
   const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
   if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
@@ -940,8 +964,8 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  if (by_warp) return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_warp_kernel<E>, p));
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D>, p));
+  if (by_warp) return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_warp_kernel<E, P>, p));
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P>, p));
 }
 
 }  // namespace kdtree_sm90

@@ -335,12 +335,14 @@ def workspace_rows(rows: int, num_splits: int) -> int:
 
 
 def workspace_numel(batch: int, num_kv_heads: int, rows: int, num_splits: int) -> int:
-    """fp32 elements of the split workspace (partials ``[B, Hkv, S, R, 128]`` + LSE
-    ``[B, Hkv, S, R]``, R = :func:`workspace_rows`); 0 with one split."""
+    """fp32 elements of the split workspace: the partials ``[B, Hkv, S, R, 128]`` in the
+    input dtype (16-bit: two to an fp32 element) and the fp32 LSE ``[B, Hkv, S, R]``,
+    R = :func:`workspace_rows`; 0 with one split. (Partials in the input dtype since session
+    22: half the bytes of fp32 to write and to merge; the merges add them in fp32.)"""
     if num_splits <= 1:
         return 0
     n = batch * num_kv_heads * num_splits * workspace_rows(rows, num_splits)
-    return n * HEAD_DIM + n
+    return n * (HEAD_DIM // 2) + n
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -512,8 +514,9 @@ def tree_attention_gqa_cuda(
         workspace = split_workspace(workspace, need, device)
         ws_rows = workspace_rows(rows, num_splits)
         n = b * hkv * num_splits * ws_rows
-        part = workspace[: n * HEAD_DIM].view(b, hkv, num_splits, ws_rows, HEAD_DIM)
-        lse = workspace[n * HEAD_DIM : n * HEAD_DIM + n].view(b, hkv, num_splits, ws_rows)
+        half = n * (HEAD_DIM // 2)  # (the partials: q's dtype, two to an fp32 element)
+        part = workspace[:half].view(q.dtype).view(b, hkv, num_splits, ws_rows, HEAD_DIM)
+        lse = workspace[half : half + n].view(b, hkv, num_splits, ws_rows)
     lib = _load()
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
