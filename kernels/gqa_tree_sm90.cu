@@ -498,16 +498,31 @@ __device__ __forceinline__ void store_out(const Params& p, const float (&o)[64],
     return;
   }
   const int64_t rbase = ((static_cast<int64_t>(b) * p.Hkv + kvh) * S + split) * p.ws_rows;
-  if (ok0) {  // (partials in the input dtype: session 22)
-    E* dst = static_cast<E*>(p.part) + (rbase + row0) * D + col0;
+  // Partials in the input dtype (session 22), stored a whole 32-byte sector a quad: thread q4
+  // holds columns 8 j + 2 q4 (+1) of each 8; a quad's values of 16 columns go round so that it
+  // stores columns 16 J + 4 q4 .. + 3 (8 bytes) -- four threads, one sector.
+  const int quad = (threadIdx.x & 31) & ~3;
+  const int src = quad + 2 * (q4 & 1);  // (the source of the first word; + 1 the second's)
+  E* dst0 = static_cast<E*>(p.part) + (rbase + row0) * D + 4 * q4;
+  E* dst1 = static_cast<E*>(p.part) + (rbase + row1) * D + 4 * q4;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) Mma<E>::store2(dst + 8 * j, o[4 * j] * inv0, o[4 * j + 1] * inv0);
-  }
-  if (ok1) {
-    E* dst = static_cast<E*>(p.part) + (rbase + row1) * D + col0;
+  for (int J = 0; J < 8; ++J) {
+    const uint32_t a0 = Mma<E>::pack(o[8 * J] * inv0, o[8 * J + 1] * inv0);
+    const uint32_t b0 = Mma<E>::pack(o[8 * J + 4] * inv0, o[8 * J + 5] * inv0);
+    const uint32_t a1 = Mma<E>::pack(o[8 * J + 2] * inv1, o[8 * J + 3] * inv1);
+    const uint32_t b1 = Mma<E>::pack(o[8 * J + 6] * inv1, o[8 * J + 7] * inv1);
+    uint32_t w[4];  // row0's two words, row1's
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
-      Mma<E>::store2(dst + 8 * j, o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t xa0 = __shfl_sync(0xffffffffu, a0, src + h);
+      const uint32_t xb0 = __shfl_sync(0xffffffffu, b0, src + h);
+      const uint32_t xa1 = __shfl_sync(0xffffffffu, a1, src + h);
+      const uint32_t xb1 = __shfl_sync(0xffffffffu, b1, src + h);
+      w[h] = q4 < 2 ? xa0 : xb0;
+      w[2 + h] = q4 < 2 ? xa1 : xb1;
+    }
+    if (ok0) *reinterpret_cast<uint2*>(dst0 + 16 * J) = make_uint2(w[0], w[1]);
+    if (ok1) *reinterpret_cast<uint2*>(dst1 + 16 * J) = make_uint2(w[2], w[3]);
   }
   if (q4 == 0) {
     if (ok0) p.lse[rbase + row0] = l0 > 0.f ? m0 + __log2f(l0) : neg_inf();
