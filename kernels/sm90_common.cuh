@@ -767,18 +767,44 @@ __device__ __forceinline__ void merge_record(unsigned long long entry, unsigned 
 }
 #endif
 
-// Four consecutive partial elements (element offset i, a multiple of 4) as fp32, read through L2:
-// fp32 partials (the MLA kernels) or 16-bit ones in the input dtype (the GQA kernel, session 22).
+// Four consecutive partial elements (element offset i, a multiple of 4), read through L2 as
+// they are stored (`Raw`: fp32 partials, the MLA kernels; or 16-bit ones in the input dtype, the
+// GQA kernel since session 22) and made fp32 by to4 -- apart, so a merge issues every load
+// before it converts any (a conversion right after its load serialised the row-a-warp merge's
+// loads: session 22, call d).
 template <typename P>
-__device__ __forceinline__ float4 ld_part4(const void* part, int64_t i) {
-  if constexpr (std::is_same<P, float>::value) {
-    return __ldcg(reinterpret_cast<const float4*>(static_cast<const float*>(part) + i));
-  } else {
-    const uint2 u = __ldcg(reinterpret_cast<const uint2*>(static_cast<const P*>(part) + i));
+struct PartLoad {  // 16-bit partials: four in 8 bytes
+  using Raw = uint2;
+  static __device__ __forceinline__ Raw load(const void* part, int64_t i) {
+    return __ldcg(reinterpret_cast<const uint2*>(static_cast<const P*>(part) + i));
+  }
+  // The load under a predicate, without a branch (zeros when `on` is false): a branch around a
+  // load let the compiler put the conversion inside it, right after the load.
+  static __device__ __forceinline__ Raw load_if(const void* part, int64_t i, bool on) {
+    uint2 u = make_uint2(0u, 0u);
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n"
+        " @p ld.global.cg.v2.u32 {%0, %1}, [%2];\n}\n"
+        : "+r"(u.x), "+r"(u.y)
+        : "l"(static_cast<const P*>(part) + i), "r"(static_cast<int>(on)));
+    return u;
+  }
+  static __device__ __forceinline__ float4 to4(Raw u) {
     const float2 a = Mma<P>::unpack2(u.x), b = Mma<P>::unpack2(u.y);
     return make_float4(a.x, a.y, b.x, b.y);
   }
-}
+};
+template <>
+struct PartLoad<float> {
+  using Raw = float4;
+  static __device__ __forceinline__ Raw load(const void* part, int64_t i) {
+    return __ldcg(reinterpret_cast<const float4*>(static_cast<const float*>(part) + i));
+  }
+  static __device__ __forceinline__ Raw load_if(const void* part, int64_t i, bool on) {
+    return on ? load(part, i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  static __device__ __forceinline__ float4 to4(Raw v) { return v; }
+};
 
 // A row a CTA (many entries): the weights 2^(lse_s - max lse) go to shared memory, thread
 // (g, c) sums float4 column c over splits s = g (mod GROUPS) -- GROUPS independent loads in
@@ -842,7 +868,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const Merge
   const auto add = [&](int64_t src, const float* w_of) {  // (src: an element offset)
 #pragma unroll 4
     for (int s = g; s < S; s += GROUPS) {
-      const float4 v = ld_part4<P>(p.part, src + s * stride * D);
+      const float4 v = PartLoad<P>::to4(PartLoad<P>::load(p.part, src + s * stride * D));
       const float w = w_of[s];
       const bool use = w > 0.f;  // an empty split's partial is never read into the sum
       acc.x += use ? w * v.x : 0.f;
@@ -889,10 +915,10 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const 
   if (row < p.rows) {
     const MergeRow mr(p, hb, row);
     const int NE = mr.NE;
-    float4 v[MERGE_WARP_ENTRIES];
+    typename PartLoad<P>::Raw v[MERGE_WARP_ENTRIES];  // (every load before any conversion)
 #pragma unroll
     for (int e = 0; e < MERGE_WARP_ENTRIES; ++e)
-      if (e < NE) v[e] = ld_part4<P>(p.part, mr.at(e) * 128 + 4 * lane);
+      v[e] = PartLoad<P>::load_if(p.part, mr.at(e) * 128 + 4 * lane, e < NE);
     const float l = lane < NE ? p.lse[mr.at(lane)] : neg_inf();
     float mx = l;
 #pragma unroll
@@ -906,7 +932,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const 
 #pragma unroll
     for (int e = 0; e < MERGE_WARP_ENTRIES; ++e) {
       const float we = __shfl_sync(0xffffffffu, w, e);
-      if (e < NE) merge_fma(acc, we, v[e]);
+      if (e < NE) merge_fma(acc, we, PartLoad<P>::to4(v[e]));
     }
     merge_store<E>(p, hb, row, lane, acc, sum);
   }
