@@ -744,6 +744,35 @@ else:
     nb.note("The session-21 tail rows are not shipped (data/bench/logs/*session21*).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 22): a merge inside clusters (taken out), 16-bit partials (shipped)
+# * Calls a-b (commit 854f689): each row CTA's splits one thread-block cluster that merges its own
+#   rows once all have written their partials. The H200 holds only 15 clusters of 8 CTAs at once
+#   (the capacities below), so 32q/8kv, T=65 at 8 splits (16 clusters) kept the merge kernel
+#   (`merge_ran` 1); where the cluster merge ran (`merge_ran` 3: 16 clusters of 4-6 splits, split
+#   counts forced) it was slower than the merge kernel (`plain`). Taken out.
+# * Calls c-e: the partials in the input dtype (half the bytes of fp32), against fp32 partials
+#   (`old`, commit 058b17e). Call c's stores filled half a 32-byte sector each and its row-a-warp
+#   merge loaded one entry at a time: slower. Call d stores a whole sector a quad; call e (the
+#   shipped form) also issues every load of the row-a-warp merge before converting any.
+
+# %%
+cm22_csv = nb.data_path("bench", "logs", "cluster_merge_session22.csv")
+cm22_log = nb.data_path("bench", "logs", "cluster_merge_session22_callb.log")
+ab22_csv = nb.data_path("bench", "logs", "gqa_ab_partials_session22.csv")
+if cm22_csv.exists() and cm22_log.exists() and ab22_csv.exists():
+    print(cm22_log.read_text().splitlines()[0])
+    cm22 = pd.read_csv(cm22_csv)
+    display(cm22.pivot_table(index=["point", "splits"], columns="mode", values=["us", "merge_ran"],
+                             sort=False).round(1))  # fmt: skip
+    ab22 = pd.read_csv(ab22_csv)
+    for call in ("c", "d", "e"):
+        new = ab22.loc[(ab22["call"] == call) & (ab22["side"] == "new"), "git_sha"].iloc[0]
+        print(f"call {call}: {new} (new) against 058b17e (old, fp32 partials)")
+        display(ns.ab_commits_table(ab22, call=call).round(3))
+else:
+    nb.note("The session-22 rows are not shipped (data/bench/logs/*session22*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
