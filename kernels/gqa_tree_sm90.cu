@@ -40,9 +40,9 @@
 //     warpgroups take turns issuing their MMAs (KDTREE_GQA_PINGPONG=1, the default; =2 makes
 //     Tall's three take turns in a ring too, measured no faster).
 //   * One split: the CTA writes the normalised output. Several: normalised partials in the
-//     input dtype (session 22: half the bytes of fp32 to write and merge; the merge adds them in
-//     fp32) [B, Hkv, S, G*T, 128] + fp32 base-2 LSE [B, Hkv, S, G*T], merged by the shared merge kernel
-//     (sm90_common.cuh, launched by kdtree_gqa_tree_launch) or the caller.
+//     input dtype [B, Hkv, S, G*T, 128] (session 22: half the bytes of fp32 to write and merge;
+//     the merges add them in fp32) + fp32 base-2 LSE [B, Hkv, S, G*T], merged by the shared
+//     merge kernel (sm90_common.cuh, launched by kdtree_gqa_tree_launch) or the caller.
 //
 // Everything depends only on shapes and device pointers: graph-capturable.
 //

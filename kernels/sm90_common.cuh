@@ -676,7 +676,8 @@ __device__ __forceinline__ void griddep_wait() {
 
 // ------------------------------------------------------------------ split merge
 //
-// part [B, Hkv, S, rows, D] fp32 normalised partials and lse [B, Hkv, S, rows] (base 2, -inf
+// part [B, Hkv, S, rows, D] normalised partials (P: fp32 from the MLA kernels, the input dtype
+// from the GQA kernel) and fp32 lse [B, Hkv, S, rows] (base 2, -inf
 // for a split without keys) -> out row r of KV head h of request b: token r / G, query head
 // h * G + r % G, weighted by 2^(lse_s - max lse). Two kernels (launch_merge_splits picks):
 // merge_splits_warp_kernel, a row a warp, where a row's entries fit a warp's registers (at most

@@ -52,15 +52,21 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
 @needs_nvcc
 def test_timeline_build_compiles_without_spills(tmp_path):
     """The CTA timeline's measurement build (KDTREE_TIMELINE) stays buildable: every kernel of
-    the default build plus the stamps, no spills, no stack."""
+    the default build plus the stamps. Since session 22's 16-bit partials (the split kernels'
+    whole-sector stores, the row-a-CTA merge's loads) the stamps' registers push one value of
+    the split kernels and of the row-a-CTA merge to the stack there (4-8 bytes; WideTail 4 more
+    than its producer's 24): bounded here, so a timeline that starts to spill more is caught.
+    The default build has none beyond WideTail's producer (the test above)."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
     assert sum("gqa_split_kernel" in k for k in kernels) == 12
     assert sum("merge_splits" in k for k in kernels) == 4
     for name, info in kernels.items():
-        if "ELb1ELi40E" in name:  # WideTail: its producer's spills (see the default build's test)
-            assert info["spill_stores"] <= 24 and info["stack"] <= 24, (name, info)
-            continue
-        assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
+        if "merge_splits_warp_kernel" in name:
+            assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
+        elif "ELb1ELi40E" in name:  # WideTail: its producer's spills (the default build's test)
+            assert info["spill_stores"] <= 28 and info["stack"] <= 24, (name, info)
+        else:
+            assert info["spill_stores"] <= 8 and info["stack"] <= 8, (name, info)
 
 
 @needs_nvcc
@@ -230,7 +236,7 @@ def test_split_tail(monkeypatch):
     for rows in (256, 273, 520, 1028, 68, 136):  # no tail, padded, or not four blocks
         assert not cuda_gqa.split_tail(rows, 8), rows
     assert cuda_gqa.workspace_rows(260, 8) == 276 and cuda_gqa.workspace_rows(520, 8) == 520
-    assert cuda_gqa.workspace_numel(1, 8, 260, 8) == 8 * 8 * 276 * 129
+    assert cuda_gqa.workspace_numel(1, 8, 260, 8) == 8 * 8 * 276 * 65  # 16-bit partials
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "triton")
     assert not cuda_gqa.split_tail(260, 8) and cuda_gqa.workspace_rows(260, 8) == 260
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
