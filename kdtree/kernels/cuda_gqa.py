@@ -76,6 +76,7 @@ __all__ = [
     "phase_clocks",
     "tree_attention_gqa_cuda",
     "workspace_numel",
+    "workspace_views",
     "workspace_rows",
 ]
 
@@ -345,6 +346,22 @@ def workspace_numel(batch: int, num_kv_heads: int, rows: int, num_splits: int) -
     return n * (HEAD_DIM // 2) + n
 
 
+def workspace_views(
+    workspace: torch.Tensor, batch: int, num_kv_heads: int, rows: int, num_splits: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The split workspace (a float32 tensor of at least :func:`workspace_numel` elements) as
+    the kernel reads it: the partials ``[B, Hkv, S, R, 128]`` in ``dtype`` (the input's, bf16 or
+    fp16: two to an fp32 element) and after them the fp32 LSE ``[B, Hkv, S, R]``,
+    R = :func:`workspace_rows`."""
+    ws_rows = workspace_rows(rows, num_splits)
+    n = batch * num_kv_heads * num_splits * ws_rows
+    half = n * (HEAD_DIM // 2)
+    part = workspace[:half].view(dtype).view(batch, num_kv_heads, num_splits, ws_rows, HEAD_DIM)
+    lse = workspace[half : half + n].view(batch, num_kv_heads, num_splits, ws_rows)
+    return part, lse
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -512,11 +529,7 @@ def tree_attention_gqa_cuda(
     wgs, tail_blocks, split = launch_layout(rows, num_splits, merge)
     if need:
         workspace = split_workspace(workspace, need, device)
-        ws_rows = workspace_rows(rows, num_splits)
-        n = b * hkv * num_splits * ws_rows
-        half = n * (HEAD_DIM // 2)  # (the partials: q's dtype, two to an fp32 element)
-        part = workspace[:half].view(q.dtype).view(b, hkv, num_splits, ws_rows, HEAD_DIM)
-        lse = workspace[half : half + n].view(b, hkv, num_splits, ws_rows)
+        part, lse = workspace_views(workspace, b, hkv, rows, num_splits, q.dtype)
     lib = _load()
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream

@@ -160,6 +160,27 @@ def test_choose_splits_is_static_and_bounded():
     assert cuda_gqa.workspace_numel(2, 8, 68, 3) == 2 * 8 * 3 * 68 * 65  # 16-bit partials
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("rows, splits", [(68, 3), (260, 8), (520, 43), (1028, 2)])
+def test_workspace_views(rows, splits, dtype, monkeypatch):
+    """The partials (16-bit, the input's dtype) and the fp32 LSE tile the workspace without
+    overlap, the LSE 16-byte aligned after them, both within workspace_numel; with the split
+    tail's or tail warpgroup's shadow rows too (260 rows)."""
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
+    b, hkv = 2, 3
+    need = cuda_gqa.workspace_numel(b, hkv, rows, splits)
+    ws = torch.zeros(need, dtype=torch.float32)
+    part, lse = cuda_gqa.workspace_views(ws, b, hkv, rows, splits, dtype)
+    r = cuda_gqa.workspace_rows(rows, splits)
+    assert part.dtype == dtype and part.shape == (b, hkv, splits, r, 128) and part.is_contiguous()
+    assert lse.dtype == torch.float32 and lse.shape == (b, hkv, splits, r)
+    assert part.data_ptr() == ws.data_ptr()
+    assert lse.data_ptr() == ws.data_ptr() + part.numel() * 2  # right after the partials
+    assert lse.data_ptr() % 16 == 0 and part.numel() * 2 + lse.numel() * 4 == need * 4
+    part.fill_(1.0)  # the partials never reach the LSE
+    assert (lse == 0).all()
+
+
 def test_consumer_warpgroups(monkeypatch):
     monkeypatch.delenv("KDTREE_GQA_WARPGROUPS", raising=False)
     # whole 128-row CTAs but not whole 192-row ones: the two-warpgroup shape
