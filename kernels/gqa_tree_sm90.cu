@@ -254,7 +254,9 @@ struct Params {
   int64_t spt_b;             // page_table row stride
   int64_t sm_b, sm_t;        // tree_mask strides (words)
   int64_t so_b, so_t, so_h;  // out strides
-  int T, G, Hkv, rows;       // rows = G * T
+  int T, G, Hkv, rows;       // rows = G * T; Hkv the launch's KV heads (q_groups a cache head)
+  int q_groups;              // launch heads a KV head of the cache: launch head h reads cache
+                             // head h / q_groups (1, or 2 at 8q/1kv, T=65: two WideTail halves)
   int blocks;                // 64-row blocks a CTA's consumer warpgroups take (<= CWG)
   int full_rows;             // rows those blocks cover (rows, or the tail's first row)
   int tail_cta, tail_wg;     // the tail warpgroup (tail_rows): CTA x and warpgroup; -1 none
@@ -1346,8 +1348,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // ================= producer warpgroup ==================================================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::PRODUCER_REGS));
     const int pt = tid - CONSUMERS;
-    const E* kbase = static_cast<const E*>(p.k) + kvh * p.sk_h;
-    const E* vbase = static_cast<const E*>(p.v) + kvh * p.sv_h;
+    const int kv_head = kvh / p.q_groups;  // (the cache's)
+    const E* kbase = static_cast<const E*>(p.k) + kv_head * p.sk_h;
+    const E* vbase = static_cast<const E*>(p.v) + kv_head * p.sv_h;
     ProducerClocksOf<C> clk(p.clocks && pt == 0, sBar + 8 * (STAGES + 1) + 32 * 3);
 #ifdef KDTREE_GQA_PRODUCER_Q
     if (n > 0) {
@@ -1381,7 +1384,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         if (pt < 32) __syncwarp();
         if (pt * p.tma_rows < BN) {
           const uint32_t dst = stage + (pt * p.tma_rows >> 3) * KV_GROUP;
-          tma_load_5d(dst, &p.kv_map, 0, 0, 2 * kvh, 0, slot >> 3, bar);
+          tma_load_5d(dst, &p.kv_map, 0, 0, 2 * kv_head, 0, slot >> 3, bar);
         }
         if (pt != 0) mbar_arrive(bar);
       } else {
@@ -1641,7 +1644,7 @@ const char* kdtree_gqa_error_string(int code) {
     case -6: return "num_splits > 1 needs the part / lse workspace";
     case -7: return "alignment: q, k, v and part 16-byte aligned, their strides multiples of 8 "
                     "elements, out 4-byte aligned with even strides";
-    case -8: return "grid: B * Hkv, num_splits <= 65535 and G * T <= 2^30";
+    case -8: return "grid: B * Hkv * q_groups, num_splits <= 65535 and G * T <= 2^30";
     case -9: return "device ordinal above 127";
     case -10: return "consumer warpgroups: expected 2 (128-key tiles) or 3 (64-key tiles)";
     case -11: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
@@ -1658,6 +1661,7 @@ const char* kdtree_gqa_error_string(int code) {
                      "merge (at most 1024 splits)";
     case -16: return "split_tail 2 (the tail warpgroup) is not built into the CTA timeline's "
                      "measurement build (its static shared memory leaves less than 227 KB)";
+    case -17: return "q_groups: expected >= 1, dividing the Hq / Hkv query heads of a KV head";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1672,7 +1676,10 @@ const char* kdtree_gqa_error_string(int code) {
 // the last), the odd half's partials in TAIL_N shadow rows a split (workspace [B, Hkv, S, rows +
 // TAIL_N, D] and LSE), added by the CUDA merge. `split_tail` 2 (2 warpgroups, tail_blocks 2,
 // four whole blocks and 1-4 rows): WideTail, two CTAs a KV head whose tail warpgroups take the
-// tail's tiles by parity, CTA 1's partials in the shadow rows. 0, a negative argument error or a
+// tail's tiles by parity, CTA 1's partials in the shadow rows. `q_groups` R: the Hq / Hkv query
+// heads of a KV head are launched as R heads of G = Hq / (Hkv R) (rows G * T each, the grid's
+// and the workspace's Hkv R heads; launch head h reads the cache's head h / R), so e.g. 8q/1kv
+// at T=65 runs as two WideTail halves of 260 rows. 0, a negative argument error or a
 // cudaError_t value.
 int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* v,
                            const int32_t* page_table, const int32_t* prefix_lens,
@@ -1682,7 +1689,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
                            int64_t sm_b, int64_t sm_t, int64_t so_b, int64_t so_t, int64_t so_h,
                            int B, int T, int Hq, int Hkv, int head_dim, int page_size,
                            int max_pages, int num_splits, float sm_scale, int64_t num_slots,
-                           int wgs, int tail_blocks, int split_tail, int merge,
+                           int wgs, int tail_blocks, int split_tail, int q_groups, int merge,
                            uintptr_t stream) {
   using namespace kdtree_gqa;
   if (dtype != 0 && dtype != 1) return -1;
@@ -1693,6 +1700,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   if (head_dim != D) return -2;
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) return -3;
   if (B < 1 || T < 1 || Hq < 1 || Hkv < 1 || max_pages < 1 || Hq % Hkv != 0) return -4;
+  if (q_groups < 1 || (Hq / Hkv) % q_groups != 0) return -17;
   if (num_splits < 1) return -5;
   if (num_splits > 1 && (part == nullptr || lse == nullptr)) return -6;
   const auto mis16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) != 0; };
@@ -1700,8 +1708,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
       (sk_slot | sk_h | sv_slot | sv_h) & 7 || (reinterpret_cast<uintptr_t>(out) & 3) ||
       (so_b | so_t | so_h) & 1)
     return -7;
-  const int G = Hq / Hkv;
-  if (static_cast<int64_t>(B) * Hkv > 65535 || num_splits > 65535 ||
+  const int G = Hq / (Hkv * q_groups);  // a launch head's query heads
+  if (static_cast<int64_t>(B) * Hkv * q_groups > 65535 || num_splits > 65535 ||
       static_cast<int64_t>(G) * T > (1 << 30))
     return -8;
   int shift = 0;
@@ -1731,7 +1739,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.so_h = so_h;
   p.T = T;
   p.G = G;
-  p.Hkv = Hkv;
+  p.Hkv = Hkv * q_groups;
+  p.q_groups = q_groups;
   p.rows = G * T;
   int row_ctas;  // grid.x
   p.tail_cta = p.tail_wg = -1;

@@ -625,7 +625,8 @@ __device__ __forceinline__ float2 wg_exp_pack(float (&s)[N], uint32_t (&pc)[N / 
 // TL_WORDS words to a device ring when its last warpgroup leaves, taken at the end so no stamp
 // waits on a global atomic. Stamps are %globaltimer (ns, one clock for all SMs):
 //   [0] kind (TL_SPLIT, TL_MERGE) | smid << 8 | tiles << 32   [1] blockIdx x | y << 24 | z << 44
-//   [2] entry   [3] first KV tile landed (consumer warpgroup 0) / merge weights ready
+//   [2] entry   [3] first KV tile landed (consumer warpgroup 0) / the row-a-CTA merge's
+//   partials summed (the row-a-warp merge: its entry)
 //   [4] producer's first tile issued   [5] warpgroup 0's last MMA retired
 //   [6] the last warpgroup's exit   [7] clock64 cycles entry -> exit (thread 0's SM clock)
 // The default build has none of it (the stamp macros are empty).
@@ -702,7 +703,9 @@ constexpr int MERGE_THREADS = 256;
 // this kernel launched in stream order (the default), or this kernel as a programmatic
 // dependent (measured no faster: session 12, calls b-d).
 constexpr int MERGE_BY_CALLER = 0, MERGE_PLAIN = 1, MERGE_PDL = 2;
-constexpr int MERGE_MAX_SPLITS = 2048;  // the weights' shared-memory array (8 KB)
+// The most entries the merges take (sessions 12-22: the row-a-CTA merge's weights array in shared
+// memory; since session 23 it has none, the bound stays where the launchers check it).
+constexpr int MERGE_MAX_SPLITS = 2048;
 
 template <int N>
 __device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_max) {
@@ -790,6 +793,15 @@ struct PartLoad {  // 16-bit partials: four in 8 bytes
         : "l"(static_cast<const P*>(part) + i), "r"(static_cast<int>(on)));
     return u;
   }
+  // The load where it stands (volatile: the compiler neither sinks it past a branch nor next to
+  // its use, so a batch of them goes out back to back).
+  static __device__ __forceinline__ Raw load_now(const void* part, int64_t i) {
+    uint2 u;
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(u.x), "=r"(u.y)
+                 : "l"(static_cast<const P*>(part) + i));
+    return u;
+  }
   static __device__ __forceinline__ float4 to4(Raw u) {
     const float2 a = Mma<P>::unpack2(u.x), b = Mma<P>::unpack2(u.y);
     return make_float4(a.x, a.y, b.x, b.y);
@@ -804,96 +816,107 @@ struct PartLoad<float> {
   static __device__ __forceinline__ Raw load_if(const void* part, int64_t i, bool on) {
     return on ? load(part, i) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  static __device__ __forceinline__ Raw load_now(const void* part, int64_t i) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(static_cast<const float*>(part) + i));
+    return v;
+  }
   static __device__ __forceinline__ float4 to4(Raw v) { return v; }
 };
 
-// A row a CTA (many entries): the weights 2^(lse_s - max lse) go to shared memory, thread
-// (g, c) sums float4 column c over splits s = g (mod GROUPS) -- GROUPS independent loads in
-// flight a column -- and the groups are added in shared memory. (Session 17, call b: loading
-// the first partials before the weights, in batches of 6, was 0.4-0.7 us slower at 43-129
-// splits; this is the measured form. Its sum written through merge_fma compiles to different
-// SASS, untested, so it stays spelled out here; through merge_store its SASS is the same.)
-template <typename E, int D, typename P>
-__global__ void __launch_bounds__(MERGE_THREADS) merge_splits_kernel(const MergeParams p) {
+__device__ __forceinline__ float load_lse_now(const float* lse, int64_t i) {  // (as load_now)
+  float l;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(l) : "l"(lse + i));
+  return l;
+}
+
+// A row a CTA (many entries), in one round trip to L2: thread (g, c) takes float4 column c of
+// entries e = g (mod GROUPS), issuing each batch's LSE and partial loads (MERGE_BATCH entries,
+// the last ones clamped to a valid entry and then ignored) before using any, and keeps an online
+// max / sum / weighted sum over its entries; the GROUPS states are combined once, through shared
+// memory. (Until session 23 it took two round trips and four block barriers: the LSEs, a block
+// max, the weights and a block sum, then the partials.)
+// BATCH (8 or 16) entries a thread loads at once: the launcher takes 8 where that is all of a
+// thread's (then four CTAs an SM: one wave at 520 rows), else 16.
+template <typename E, int D, typename P, int BATCH>
+__global__ void __launch_bounds__(MERGE_THREADS, BATCH <= 8 ? 4 : 2)
+    merge_splits_kernel(const MergeParams p) {
   static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
   constexpr int COLS = D / 4;
   constexpr int GROUPS = MERGE_THREADS / COLS;
-  __shared__ float w_s[MERGE_MAX_SPLITS];
-  __shared__ float scratch[MERGE_THREADS / 32];
   __shared__ float4 red[GROUPS > 1 ? GROUPS - 1 : 1][COLS];
+  __shared__ float2 red_ms[GROUPS];  // each group's (max, sum)
   griddep_wait();  // the split kernel's partials
   griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
   const int tid = threadIdx.x;
 #ifdef KDTREE_TIMELINE
   const unsigned long long tl_entry = tl_now();
   const long long tl_clock = clock64();
-  unsigned long long tl_ready = 0;
 #endif
   const int row = blockIdx.x;
   const int hb = blockIdx.y;  // b * Hkv + kvh
-  const int S = p.num_splits;
-  // split s's partial of this row is entry s; a shared block's row also has split s's shadow
-  // row, entry S + s. The shadow entries get loops of their own, so a row without them (all
-  // but <= 64 rows of a shared-block launch) indexes as before the shadow rows (session 16).
-  const bool shared = p.half_row >= 0 && row >= p.half_row && row < p.half_row + 64;
-  const int64_t stride = p.ws_rows;  // a split's rows
-  const int64_t own = static_cast<int64_t>(hb) * S * stride + row;  // + s * stride
-  const int64_t shadow = own - row + p.rows + row - p.half_row;     // (shared rows only)
-  float mx = neg_inf();
-  for (int s = tid; s < S; s += MERGE_THREADS) {
-    const float l = p.lse[own + s * stride];
-    w_s[s] = l;
-    mx = fmaxf(mx, l);
-  }
-  if (shared)
-    for (int s = tid; s < S; s += MERGE_THREADS) {
-      const float l = p.lse[shadow + s * stride];
-      w_s[S + s] = l;
-      mx = fmaxf(mx, l);
-    }
-  mx = block_reduce<MERGE_THREADS>(mx, scratch, true);
-  const float muse = mx == neg_inf() ? 0.f : mx;
-  const int NE = shared ? 2 * S : S;
-  float sum = 0.f;
-  for (int e = tid; e < NE; e += MERGE_THREADS) {
-    const float w = exp2f(w_s[e] - muse);  // 0 for a split without keys
-    w_s[e] = w;
-    sum += w;
-  }
-  sum = block_reduce<MERGE_THREADS>(sum, scratch, false);  // its barrier publishes w_s
-#ifdef KDTREE_TIMELINE
-  if (tid == 0) tl_ready = tl_now();
-#endif
+  const MergeRow mr(p, hb, row);
+  const int NE = mr.NE;
   const int c = tid % COLS, g = tid / COLS;
+  // mx: the largest LSE so far (-inf: no split with keys yet); acc and sum are scaled by 2^-mx
+  float mx = neg_inf(), sum = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const auto add = [&](int64_t src, const float* w_of) {  // (src: an element offset)
-#pragma unroll 4
-    for (int s = g; s < S; s += GROUPS) {
-      const float4 v = PartLoad<P>::to4(PartLoad<P>::load(p.part, src + s * stride * D));
-      const float w = w_of[s];
-      const bool use = w > 0.f;  // an empty split's partial is never read into the sum
-      acc.x += use ? w * v.x : 0.f;
-      acc.y += use ? w * v.y : 0.f;
-      acc.z += use ? w * v.z : 0.f;
-      acc.w += use ? w * v.w : 0.f;
+  for (int e0 = g; e0 < NE; e0 += BATCH * GROUPS) {
+    typename PartLoad<P>::Raw v[BATCH];
+    float l[BATCH];
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {  // every load of the batch before any use
+      const int64_t at = mr.at(min(e0 + k * GROUPS, NE - 1));
+      l[k] = load_lse_now(p.lse, at);
+      v[k] = PartLoad<P>::load_now(p.part, at * D + 4 * c);
     }
-  };
-  add(own * D + 4 * c, w_s);
-  if (shared) add(shadow * D + 4 * c, w_s + S);
+    float bm = mx;
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      if (e0 + k * GROUPS >= NE) l[k] = neg_inf();  // a clamped load: not an entry
+      bm = fmaxf(bm, l[k]);
+    }
+    const float scale = mx == neg_inf() ? 0.f : exp2f(mx - bm);  // (-inf - -inf is NaN)
+    mx = bm;
+    if (bm == neg_inf()) bm = 0.f;  // no keys so far: every weight below is 0
+    acc.x *= scale;
+    acc.y *= scale;
+    acc.z *= scale;
+    acc.w *= scale;
+    sum *= scale;
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      const float w = exp2f(l[k] - bm);  // 0 for a split without keys: never read into the sum
+      merge_fma(acc, w, PartLoad<P>::to4(v[k]));
+      sum += w;
+    }
+  }
   if (g > 0) red[g - 1][c] = acc;
+  if (c == 0) red_ms[g] = make_float2(mx, sum);
   __syncthreads();
   if (g != 0) return;
+  float m_all = mx;
 #pragma unroll
-  for (int k = 0; k < GROUPS - 1; ++k) {
-    const float4 v = red[k][c];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
+  for (int k = 1; k < GROUPS; ++k) m_all = fmaxf(m_all, red_ms[k].x);
+  if (m_all == neg_inf()) m_all = 0.f;  // no keys in any split: sum 0, out 0
+  const float s0 = exp2f(mx - m_all);
+  acc.x *= s0;
+  acc.y *= s0;
+  acc.z *= s0;
+  acc.w *= s0;
+  sum *= s0;
+#pragma unroll
+  for (int k = 1; k < GROUPS; ++k) {
+    const float2 ms = red_ms[k];
+    const float w = exp2f(ms.x - m_all);  // 0 for a group without keys
+    merge_fma(acc, w, red[k - 1][c]);
+    sum += w * ms.y;
   }
   merge_store<E>(p, hb, row, c, acc, sum);
 #ifdef KDTREE_TIMELINE
-  if (tid == 0) merge_record(tl_entry, tl_ready, tl_clock, NE);
+  if (tid == 0) merge_record(tl_entry, tl_now(), tl_clock, NE);
 #endif
 }
 
@@ -992,7 +1015,10 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   if (by_warp) return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_warp_kernel<E, P>, p));
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P>, p));
+  constexpr int GROUPS = MERGE_THREADS / (D / 4);  // a thread's entries: ceil(entries / GROUPS)
+  if (entries <= 8 * GROUPS)
+    return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P, 8>, p));
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P, 16>, p));
 }
 
 }  // namespace kdtree_sm90

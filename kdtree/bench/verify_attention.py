@@ -456,7 +456,7 @@ def setup_ours_seesaw_graph(wl, ti, opts):
 
 def _cuda_gqa_fn(wl: Workload, ti: TreeInputs, num_splits: int | None = None):
     """The sm_90 CUDA C++ GQA kernel (``kernels/gqa_tree_sm90.cu``) with its workspace and
-    split count (default :func:`~kdtree.kernels.cuda_gqa.choose_splits`) fixed up front."""
+    split count (default :func:`~kdtree.kernels.cuda_gqa.plan_launch`'s) fixed up front."""
     lay = wl.layout
     if lay.kind != "gqa" or lay.d != 128:
         raise Skip("the CUDA C++ GQA kernel is GQA with head dim 128")
@@ -464,17 +464,9 @@ def _cuda_gqa_fn(wl: Workload, ti: TreeInputs, num_splits: int | None = None):
 
     if not cuda_gqa.available():
         raise Skip("CUDA GQA kernel unavailable (needs sm_90 and nvcc)")
-    from kdtree.kernels.workspace import device_sm_count
-
-    rows = ti.t * (lay.hq // lay.hkv)
-    splits = num_splits or cuda_gqa.choose_splits(
-        wl.batch, lay.hkv, rows, wl.pages_per_req * wl.page_size, device_sm_count(wl.device)
-    )
-    ws = torch.empty(
-        max(cuda_gqa.workspace_numel(wl.batch, lay.hkv, rows, splits), 4),
-        dtype=torch.float32,
-        device=wl.device,
-    )
+    plan = _gqa_plan(wl, ti, num_splits)
+    splits = plan.num_splits
+    ws = torch.empty(max(plan.workspace_numel, 4), dtype=torch.float32, device=wl.device)
     head = _head_tensors(wl, ti)
     out = torch.empty_like(head[0])
 
@@ -487,17 +479,30 @@ def _cuda_gqa_fn(wl: Workload, ti: TreeInputs, num_splits: int | None = None):
     return fn, splits
 
 
+def _gqa_plan(wl: Workload, ti: TreeInputs, num_splits: int | None = None):
+    """The CUDA GQA kernel's launch for this workload (:func:`~kdtree.kernels.cuda_gqa.plan_launch`)."""
+    from kdtree.kernels import cuda_gqa
+    from kdtree.kernels.workspace import device_sm_count
+
+    lay = wl.layout
+    return cuda_gqa.plan_launch(
+        wl.batch, ti.t, lay.hq, lay.hkv, wl.pages_per_req * wl.page_size,
+        device_sm_count(wl.device), num_splits,
+    )  # fmt: skip
+
+
 def setup_ours_gqa_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_gqa_fn(wl, ti)
-    from kdtree.kernels.cuda_gqa import launch_layout, split_pdl
+    plan = _gqa_plan(wl, ti, splits)
+    from kdtree.kernels.cuda_gqa import split_pdl
 
-    wgs, tail_blocks, split = launch_layout(ti.t * (wl.layout.hq // wl.layout.hkv), splits)
     return (
         *_graphed(fn, wl.n_rot, wl.device),
-        {"splits": splits, "kernel": "gqa_sm90", "warpgroups": wgs, "tail_blocks": tail_blocks,
-         "split_tail": split, "split_pdl": split_pdl()},
+        {"splits": plan.num_splits, "kernel": "gqa_sm90", "warpgroups": plan.wgs,
+         "tail_blocks": plan.tail_blocks, "split_tail": plan.split, "q_groups": plan.q_groups,
+         "split_pdl": split_pdl()},
     )  # fmt: skip
 
 

@@ -26,8 +26,8 @@ __all__ = [
 #: ``KDTREE_CUDA_MERGE`` values -> the launchers' ``merge`` argument (kernels/sm90_common.cuh
 #: MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL).
 MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2}
-#: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS: its weights live in
-#: shared memory); above it the backends use the Triton merge.
+#: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS; the bound of its
+#: weights' shared-memory array until session 23, kept); above it the backends use the Triton merge.
 MERGE_MAX_SPLITS = 2048
 #: The CUDA merge takes a row a warp up to this many entries a row (kernels/sm90_common.cuh
 #: MERGE_WARP_ENTRIES: a split's partial, or two with the split tail's shadow rows), head dim 128.

@@ -18,7 +18,7 @@ shared CUDA merge (``kernels/sm90_common.cuh``; ``KDTREE_CUDA_MERGE``,
 :func:`kdtree.kernels.cuda_common.merge_mode`, picks another). Built with ``nvcc`` on first use like the MLA
 backend (:mod:`kdtree.kernels.cuda_build`); the launch goes on ``torch.cuda.current_stream()``,
 the split count depends on static shapes only, so a call can be captured in a CUDA graph (pass
-``workspace`` to keep allocations out of the call, see :func:`workspace_numel`).
+``workspace`` to keep allocations out of the call, sized by :func:`plan_launch`).
 
 The split kernel is launched as a programmatic dependent of the kernel before it (PDL: it starts
 on the SMs that kernel frees and streams the prefix while it finishes). The contract: the kernel
@@ -34,6 +34,7 @@ Importing this module registers backend ``"cuda"`` for kind ``"gqa"`` in :mod:`k
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import math
 import os
@@ -69,6 +70,9 @@ __all__ = [
     "launch_args",
     "launch_layout",
     "launch_plan",
+    "GqaLaunch",
+    "plan_launch",
+    "q_groups",
     "key_tail",
     "split_pdl",
     "split_tail",
@@ -128,8 +132,9 @@ def _load() -> ctypes.CDLL:
                 i32,
                 i32,
                 i32,
+                i32,
                 ctypes.c_size_t,
-            ]  # sm_scale num_slots wgs tail_blocks split_tail merge stream
+            ]  # sm_scale num_slots wgs tail_blocks split_tail q_groups merge stream
         )
         lib.kdtree_gqa_error_string.restype = ctypes.c_char_p
         lib.kdtree_gqa_error_string.argtypes = [i32]
@@ -284,6 +289,63 @@ def launch_layout(rows: int, num_splits: int, merge: int | None = None) -> tuple
     return (*launch_plan(rows), 0)
 
 
+def q_groups(group: int, t: int) -> int:
+    """How many launch heads the ``group`` query heads of one KV head become at ``t`` tree
+    tokens (R, dividing ``group``; the kernel's ``q_groups``): 1 where ``group * t`` rows take
+    :func:`key_tail`'s layout or no smaller head group does; else the smallest R whose
+    ``group / R * t`` rows do. 8q/1kv at T=65 (520 rows: eight whole blocks and 8 rows, which the
+    tail warpgroup's 4 cannot take) runs as two launch heads of 260 rows, each WideTail's two
+    CTAs of two whole blocks with 4 rows in their tail warpgroups, reading the same cache head
+    (session 23). ``KDTREE_GQA_QGROUPS=1`` keeps one launch head a KV head (a measurement knob)."""
+    if _env_int("KDTREE_GQA_QGROUPS", (1,)) == 1 or _key_tail_rows(group * t):
+        return 1
+    for r in range(2, group + 1):
+        if group % r == 0 and _key_tail_rows(group // r * t):
+            return r
+    return 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GqaLaunch:
+    """What one call launches (:func:`plan_launch`): ``heads`` launch heads (``num_kv_heads *
+    q_groups``) of ``rows = group / q_groups * t`` packed rows each, ``num_splits`` KV splits,
+    the row layout ``(wgs, tail_blocks, split)`` of :func:`launch_layout` and the CUDA merge
+    mode; ``workspace_numel`` float32 elements of split workspace."""
+
+    q_groups: int
+    heads: int
+    rows: int
+    num_splits: int
+    wgs: int
+    tail_blocks: int
+    split: int
+    merge: int
+    workspace_numel: int
+
+
+def plan_launch(
+    batch: int, t: int, num_q_heads: int, num_kv_heads: int, max_len: int, num_sms: int,
+    num_splits: int | None = None,
+) -> GqaLaunch:  # fmt: skip
+    """The launch of a call with ``batch`` requests of ``t`` tree tokens, ``num_q_heads`` query
+    heads over ``num_kv_heads`` KV heads and a page table of ``max_len`` keys (static shapes
+    only): :func:`q_groups`, then :func:`choose_splits` (unless ``num_splits`` is given) and
+    :func:`launch_layout` for the launch heads. Head groups are only taken where the layout
+    they are for (:func:`key_tail`) runs at the split count."""
+    group = num_q_heads // num_kv_heads
+    wanted = q_groups(group, t)
+    for r in (wanted, 1) if wanted > 1 else (1,):
+        heads, rows = num_kv_heads * r, group // r * t
+        s = num_splits or choose_splits(batch, heads, rows, max_len, num_sms)
+        merge = merge_for(s)
+        if r == 1 or key_tail(rows, s, merge):
+            break
+    wgs, tail_blocks, split = launch_layout(rows, s, merge)
+    return GqaLaunch(
+        r, heads, rows, s, wgs, tail_blocks, split, merge, workspace_numel(batch, heads, rows, s)
+    )
+
+
 def consumer_warpgroups(rows: int) -> int:
     """The consumer warpgroups a CTA of the split kernel for ``rows`` packed query rows (see
     :func:`launch_plan`)."""
@@ -436,7 +498,7 @@ def _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out) -> None
 def launch_args(
     q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out, part_ptr, lse_ptr,
     num_splits: int, sm_scale: float, stream: int, wgs: int = 2, merge: int = 1,
-    tail_blocks: int = 0, split: int = 0,
+    tail_blocks: int = 0, split: int = 0, q_groups: int = 1,
 ) -> tuple:  # fmt: skip
     """The argument tuple of ``kdtree_gqa_tree_launch`` (one entry per C parameter, in the order
     of the signature in ``kernels/gqa_tree_sm90.cu``)."""
@@ -474,6 +536,7 @@ def launch_args(
         int(wgs),
         int(tail_blocks),
         int(split),
+        int(q_groups),
         int(merge),
         stream,
     )
@@ -498,7 +561,8 @@ def tree_attention_gqa_cuda(
     :func:`kdtree.attention.tree_attention`); returns ``[B, T, Hq, 128]`` in ``q``'s dtype.
     ``num_splits`` forces the KV split count (default: :func:`choose_splits` from the page
     table's capacity). ``workspace``: a contiguous float32 CUDA tensor of at least
-    :func:`workspace_numel` elements (else one is allocated per call when splitting).
+    ``plan_launch(...).workspace_numel`` elements (else one is allocated per call when
+    splitting).
     ``check_values`` checks ``prefix_lens + T`` against the page table on the host (a sync);
     the kernel never reads past the page table either way. ``dense_mask`` is ignored."""
     del dense_mask
@@ -506,44 +570,42 @@ def tree_attention_gqa_cuda(
     _check(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out)
     b, t, hq, d = q.shape
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
-    g = hq // hkv
-    rows = g * t
     max_pages = page_table.shape[1]
     if check_values:
         _check_lengths(prefix_lens, t, page_table, page_size)
     device = q.device
-    if num_splits is None:
-        from kdtree.kernels.workspace import device_sm_count
-
-        num_splits = choose_splits(b, hkv, rows, max_pages * page_size, device_sm_count(device))
-    num_splits = int(num_splits)
-    if num_splits < 1:
+    if num_splits is not None and int(num_splits) < 1:
         raise ValueError(f"num_splits={num_splits}: expected >= 1")
+    from kdtree.kernels.workspace import device_sm_count
+
+    plan = plan_launch(
+        b, t, hq, hkv, max_pages * page_size, device_sm_count(device),
+        None if num_splits is None else int(num_splits),
+    )  # fmt: skip
+    heads, rows, num_splits, merge = plan.heads, plan.rows, plan.num_splits, plan.merge
     if not aligned16(q):
         q = q.clone(memory_format=torch.contiguous_format)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     part = lse = None
-    need = workspace_numel(b, hkv, rows, num_splits)
-    merge = merge_for(num_splits)
-    wgs, tail_blocks, split = launch_layout(rows, num_splits, merge)
-    if need:
-        workspace = split_workspace(workspace, need, device)
-        part, lse = workspace_views(workspace, b, hkv, rows, num_splits, q.dtype)
+    if plan.workspace_numel:
+        workspace = split_workspace(workspace, plan.workspace_numel, device)
+        part, lse = workspace_views(workspace, b, heads, rows, num_splits, q.dtype)
     lib = _load()
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(
             q, k_cache, v_cache, page_table, prefix_lens, tree_mask, out,
             None if part is None else part.data_ptr(), None if lse is None else lse.data_ptr(),
-            num_splits, sm_scale, stream, wgs, merge, tail_blocks, split,
+            num_splits, sm_scale, stream, plan.wgs, merge, plan.tail_blocks, plan.split,
+            plan.q_groups,
         )  # fmt: skip
         rc = lib.kdtree_gqa_tree_launch(*args)
         if rc != 0:
             msg = lib.kdtree_gqa_error_string(rc).decode()
             raise RuntimeError(f"CUDA GQA tree attention launch failed ({rc}): {msg}")
         if num_splits > 1 and merge == 0:
-            launch_merge(part, lse, out, hkv, g, rows, num_splits)
+            launch_merge(part, lse, out, heads, hq // heads, rows, num_splits)
     return out
 
 

@@ -32,7 +32,8 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     # (Wide, WideTail, Tall) x bf16 / fp16 x K / V order
     assert len(split) == 12, f"expected three shapes x bf16 / fp16 x K / V order, got {kernels}"
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
-    assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
+    # bf16 / fp16 x 8 or 16 entries a thread a batch
+    assert len(merge) == 4, f"expected the bf16 / fp16 merge at both batch sizes, got {kernels}"
     by_warp = [k for k in kernels if "merge_splits_warp_kernel" in k]  # a row a warp
     assert len(by_warp) == 2, f"expected the bf16 / fp16 merge by warp, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
@@ -59,7 +60,7 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     The default build has none beyond WideTail's producer (the test above)."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
     assert sum("gqa_split_kernel" in k for k in kernels) == 12
-    assert sum("merge_splits" in k for k in kernels) == 4
+    assert sum("merge_splits" in k for k in kernels) == 6
     for name, info in kernels.items():
         if "merge_splits_warp_kernel" in name:
             assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
@@ -95,16 +96,21 @@ def test_ctypes_call_matches_the_c_signature(gen):
         assert 0 < lib.kdtree_gqa_smem_bytes(wgs) <= 227 * 1024
     assert lib.kdtree_gqa_block_m(4) == -1
     assert args[-2] == 1  # merge: the CUDA merge in stream order
-    assert args[-3] == 0  # split_tail: off
-    assert args[-4] == 0  # tail_blocks: no tail warpgroup
-    assert lib.kdtree_gqa_tree_launch(*args[:-5], 4, *args[-4:]) == -10
+    assert args[-3] == 1  # q_groups: one launch head a KV head
+    assert args[-4] == 0  # split_tail: off
+    assert args[-5] == 0  # tail_blocks: no tail warpgroup
+    assert lib.kdtree_gqa_tree_launch(*args[:-6], 4, *args[-5:]) == -10
     assert b"warpgroups" in lib.kdtree_gqa_error_string(-10)
     # the tail warpgroup: at most `wgs` blocks a CTA (12 rows here: a tail alone is valid)
-    assert lib.kdtree_gqa_tree_launch(*args[:-4], 3, *args[-3:]) == -13
+    assert lib.kdtree_gqa_tree_launch(*args[:-5], 3, *args[-4:]) == -13
     assert b"tail" in lib.kdtree_gqa_error_string(-13)
     # the split tail: only two-block CTAs of an even count >= 4 of blocks, with splits
-    assert lib.kdtree_gqa_tree_launch(*args[:-3], 1, *args[-2:]) == -14
+    assert lib.kdtree_gqa_tree_launch(*args[:-4], 1, *args[-3:]) == -14
     assert b"split_tail" in lib.kdtree_gqa_error_string(-14)
+    # q_groups: >= 1 and dividing the 4 query heads of a KV head here
+    for bad in (0, 3):
+        assert lib.kdtree_gqa_tree_launch(*args[:-3], bad, *args[-2:]) == -17
+    assert b"q_groups" in lib.kdtree_gqa_error_string(-17)
     # merge modes 0-2 only, and at most 2048 splits for the CUDA merge, before the GPU
     assert lib.kdtree_gqa_tree_launch(*args[:-2], 3, args[-1]) == -11
     big = cuda_gqa.launch_args(q, k, v, pt, pl, m, out, None, None, 4096, SCALE, 0)
@@ -235,6 +241,43 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", "4")
     with pytest.raises(ValueError, match="KDTREE_GQA_BLOCKS"):
         cuda_gqa.launch_plan(260)
+
+
+def test_q_groups_and_plan_launch(monkeypatch):
+    """8q/1kv at T=65 (520 rows) runs as two launch heads of 260 rows in WideTail's layout
+    (q_groups 2); rows that take that layout themselves, or that no head group brings to it,
+    stay one launch head; so do the forced layouts and KDTREE_GQA_QGROUPS=1. plan_launch sizes
+    the workspace for the launch heads and falls back to one where the head groups' layout does
+    not run (one split)."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_KEY_TAIL", "KDTREE_GQA_QGROUPS"):
+        monkeypatch.delenv(name, raising=False)
+    assert cuda_gqa.q_groups(8, 65) == 2 and cuda_gqa.q_groups(16, 65) == 4
+    assert cuda_gqa.q_groups(4, 65) == 1  # 260 rows: WideTail already
+    assert cuda_gqa.q_groups(8, 17) == 1 and cuda_gqa.q_groups(8, 64) == 1  # no group reaches it
+    assert cuda_gqa.q_groups(6, 65) == 1  # 390 rows; 195 and 130 are not 257-260
+    plan = cuda_gqa.plan_launch(1, 65, 8, 1, 32768, 132)
+    assert (plan.q_groups, plan.heads, plan.rows) == (2, 2, 260)
+    assert (plan.wgs, plan.tail_blocks, plan.split) == (2, 2, 2)
+    assert plan.num_splits == cuda_gqa.choose_splits(1, 2, 260, 32768, 132)
+    assert plan.workspace_numel == cuda_gqa.workspace_numel(1, 2, 260, plan.num_splits)
+    assert 2 * 2 * plan.num_splits <= 132  # one wave of two CTAs a launch head
+    one = cuda_gqa.plan_launch(1, 65, 8, 1, 32768, 132, num_splits=1)  # no merge: no WideTail
+    assert (one.q_groups, one.heads, one.rows, one.workspace_numel) == (1, 1, 520, 0)
+    forced = cuda_gqa.plan_launch(2, 65, 32, 4, 32768, 132, num_splits=7)  # G = 8 too
+    assert (forced.q_groups, forced.heads, forced.num_splits) == (2, 8, 7)
+    same = cuda_gqa.plan_launch(1, 65, 32, 8, 32768, 132)  # 32q/8kv: unchanged
+    assert (same.q_groups, same.heads, same.rows, same.split) == (1, 8, 260, 2)
+    monkeypatch.setenv("KDTREE_GQA_QGROUPS", "1")
+    assert cuda_gqa.q_groups(8, 65) == 1
+    assert cuda_gqa.plan_launch(1, 65, 8, 1, 32768, 132).rows == 520
+    monkeypatch.setenv("KDTREE_GQA_QGROUPS", "2")
+    with pytest.raises(ValueError, match="KDTREE_GQA_QGROUPS"):
+        cuda_gqa.q_groups(8, 65)
+    monkeypatch.delenv("KDTREE_GQA_QGROUPS")
+    for name, value in (("KDTREE_GQA_KEY_TAIL", "0"), ("KDTREE_GQA_WARPGROUPS", "3")):
+        monkeypatch.setenv(name, value)
+        assert cuda_gqa.q_groups(8, 65) == 1, name
+        monkeypatch.delenv(name)
 
 
 def test_split_tail(monkeypatch):
@@ -381,7 +424,7 @@ GPU_CASES = [
     ([1], 1, 8, 1, 1, None),
     ([97], 17, 32, 8, 16, None),
     ([257, 1, 40], 17, 8, 1, 64, 3),
-    ([5000], 65, 8, 1, 16, None),  # 520 rows: three 192-row CTAs (five of 128, one idle WG)
+    ([5000], 65, 8, 1, 16, None),  # 520 rows: two launch heads of 260 (q_groups, WideTail)
     ([5000], 65, 32, 8, 16, 1),
     ([2000, 9], 17, 32, 8, 64, None),
     ([1234, 4000], 65, 8, 8, 1, 7),  # MHA (G = 1)
@@ -407,11 +450,9 @@ def _run(case, dtype, gen, graph=False, key_scale=None):
     out = torch.full((len(lens), t, hq, 128), float("nan"), dtype=dtype, device="cuda")
     if graph:
         cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, out=out, num_splits=splits)
-        ws = torch.empty(
-            max(cuda_gqa.workspace_numel(len(lens), hkv, t * hq // hkv, splits or 1), 1),
-            dtype=torch.float32,
-            device="cuda",
-        )
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        plan = cuda_gqa.plan_launch(len(lens), t, hq, hkv, dev[3].shape[1] * ps, sms, splits)
+        ws = torch.empty(max(plan.workspace_numel, 1), dtype=torch.float32, device="cuda")
         out.fill_(float("nan"))
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
@@ -534,6 +575,34 @@ def test_key_tail_matches_fp64(case, gen, monkeypatch):
     _run(case, torch.bfloat16, gen)
 
 
+Q_GROUP_CASES = [  # query heads of a KV head as several launch heads (cuda_gqa.q_groups)
+    ([5000], 65, 8, 1, 16, None),  # 8q/1kv, T=65: two launch heads of 260 rows
+    ([1234, 4000], 65, 8, 1, 64, 6),  # page size 64, two requests
+    ([0, 100], 65, 8, 1, 16, 4),  # an empty prefix: splits with no keys
+    ([3000, 70], 65, 8, 1, 1, 6),  # page size 1: every tile on cp.async
+    ([4100, 900], 65, 16, 2, 16, 3),  # four launch heads a KV head, two KV heads
+    ([700, 1500], 65, 8, 1, 16, 37),  # 1-2 tiles a split
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "case", Q_GROUP_CASES, ids=lambda c: f"T{c[1]}-h{c[2]}x{c[3]}-ps{c[4]}-s{c[5]}"
+)
+def test_q_groups_match_fp64(case, gen, monkeypatch):
+    """A KV head's query heads launched as several heads of WideTail's layout, each reading the
+    same cache head, match fp64: eager and graph-captured, both dtypes, and as one launch head
+    (KDTREE_GQA_QGROUPS=1)."""
+    lens, t, hq, hkv, ps, splits = case
+    monkeypatch.delenv("KDTREE_GQA_QGROUPS", raising=False)
+    assert cuda_gqa.q_groups(hq // hkv, t) > 1 and splits != 1
+    _run(case, torch.bfloat16, gen)
+    _run(case, torch.float16, gen, graph=True)
+    monkeypatch.setenv("KDTREE_GQA_QGROUPS", "1")
+    _run(case, torch.bfloat16, gen)
+
+
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -564,6 +633,11 @@ def test_merge_by_warp_and_by_cta(by_warp, merge, gen, monkeypatch):
         ([5000, 300], 17, 8, 1, 16, 17),
         ([977, 1900], 65, 32, 8, 16, 8),
         ([977, 1900], 65, 32, 8, 16, 9),
+        # the row-a-CTA merge's batches: 65 and 200 entries (16 a thread a batch), most of the
+        # second request's splits without keys (its prefix is empty: only the last split has
+        # the tree's keys, in a thread's second batch after a first with none)
+        ([5000, 300], 17, 8, 1, 16, 65),
+        ([3000, 0], 17, 8, 1, 16, 200),
     ):
         _run(case, torch.bfloat16, gen, graph=True)
     assert cuda_gqa.split_tail(260, 8) and cuda_gqa.split_tail(260, 9)

@@ -34,6 +34,7 @@ from kdtree.bench.verify_attention import (
     LAYOUTS,
     Workload,
     _cuda_gqa_fn,
+    _gqa_plan,
     _graphed,
     make_tree_inputs,
 )
@@ -118,7 +119,8 @@ def main() -> None:
             os.environ.update({k: v for k, v in var.items() if k != "KDTREE_GQA_SPLITS"})
             forced = var.get("KDTREE_GQA_SPLITS")
             fn, splits = _cuda_gqa_fn(wl, ti, int(forced) if forced else None)
-            wgs, blocks, split = cuda_gqa.launch_layout(rows, splits)
+            plan = _gqa_plan(wl, ti, splits)
+            wgs, blocks, split = plan.wgs, plan.tail_blocks, plan.split
             got = fn(0).float().clone()
             if ref is None and (a.variants or var.get("KDTREE_GQA_TAIL") == "0"):
                 ref = got

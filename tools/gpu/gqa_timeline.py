@@ -35,6 +35,7 @@ from kdtree.bench.verify_attention import (  # noqa: E402
     LAYOUTS,
     Workload,
     _cuda_gqa_fn,
+    _gqa_plan,
     _graphed,
     make_tree_inputs,
 )
@@ -75,10 +76,11 @@ def main() -> None:
         ti = make_tree_inputs(wl, int(t), seed=0)
         rows = int(t) * (lay.hq // lay.hkv)
         fn, splits = _cuda_gqa_fn(wl, ti)
-        wgs, blocks, split = cuda_gqa.launch_layout(rows, splits)
-        split_ctas = cuda_gqa.row_ctas(rows, wgs, blocks) * splits * lay.hkv
+        plan = _gqa_plan(wl, ti, splits)  # (one launch head a KV head: no WideTail in this build)
+        wgs, blocks, split = plan.wgs, plan.tail_blocks, plan.split
+        split_ctas = cuda_gqa.row_ctas(plan.rows, wgs, blocks) * splits * plan.heads
         entries = splits * (2 if split else 1)  # (the split tail's shadow rows)
-        merge_ctas = cuda_common.merge_ctas(rows, lay.hkv, entries) if splits > 1 else 0
+        merge_ctas = cuda_common.merge_ctas(plan.rows, plan.heads, entries) if splits > 1 else 0
         replay, per = _graphed(fn, wl.n_rot, dev)
         p50 = (
             time_cuda(lambda replay=replay: replay(0)).p50 / per * 1e3

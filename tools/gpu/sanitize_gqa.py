@@ -4,7 +4,8 @@ T 1..257, an idle second consumer warpgroup, batch 3, the tail warpgroup (KDTREE
 puts it in every case with 1-16 rows past the whole 64-row blocks), the tail split between two
 CTAs (cuda_gqa.split_tail, with the tail warpgroup off: KDTREE_GQA_KEY_TAIL=0), the tail in a
 warpgroup of its own beside two two-block CTAs (cuda_gqa.key_tail, the default at 257-260 rows
-with splits); each checked against the
+with splits), also for a KV head's query heads launched as several heads (cuda_gqa.q_groups:
+8q/1kv at T=65, G=4 at T=257); each checked against the
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
 reference's + 2e-3). argv[1] keeps only N cases (racecheck is slow), from case argv[2]
 (default 0; the tail warpgroup's are the last three: `sanitize_gqa.py 3 10`). Exits 1 on a
@@ -21,9 +22,9 @@ from kdtree.attention import tree_attention_ref
 from kdtree.kernels import cuda_gqa
 
 CASES = [  # prefix lengths, T, Hq, Hkv, page size, splits
-    ([3000], 65, 8, 1, 16, None),
+    ([3000], 65, 8, 1, 16, None),  # 520 rows: two launch heads of 260 (cuda_gqa.q_groups)
     ([300, 0, 70], 17, 32, 8, 64, 3),
-    ([1000], 257, 8, 2, 1, 2),
+    ([1000], 257, 8, 2, 1, 2),  # 1028 rows: four launch heads of 257
     ([129], 1, 16, 16, 16, None),
     ([4096], 9, 12, 4, 16, 40),
     ([2000, 500], 65, 32, 8, 16, None),  # 260 rows: the tail warpgroup beside two-block CTAs
@@ -85,10 +86,9 @@ def main() -> int:
         tol = 2 * (base.double() - truth).abs().max().item() + 2e-3
         ok = err <= tol
         bad += not ok
-        rows = t * hq // hkv
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        used = splits or cuda_gqa.choose_splits(len(lens), hkv, rows, pt.shape[1] * ps, sms)
-        split = cuda_gqa.launch_layout(rows, used)[2]
+        plan = cuda_gqa.plan_launch(len(lens), t, hq, hkv, pt.shape[1] * ps, sms, splits)
+        split = plan.split
         print(f"L={lens} T={t} {hq}q/{hkv}kv ps={ps} splits={splits} split_tail={split}: "
               f"err {err:.2e} tol {tol:.2e} {'ok' if ok else 'FAIL'}", flush=True)  # fmt: skip
         for name, value in saved.items():
