@@ -838,8 +838,9 @@ __device__ __forceinline__ float load_lse_now(const float* lse, int64_t i) {  //
 // max / sum / weighted sum over its entries; the GROUPS states are combined once, through shared
 // memory. (Until session 23 it took two round trips and four block barriers: the LSEs, a block
 // max, the weights and a block sum, then the partials.)
-// BATCH (8 or 16) entries a thread loads at once: the launcher takes 8 where that is all of a
-// thread's (then four CTAs an SM: one wave at 520 rows), else 16.
+// BATCH (8 or 16) entries a thread loads at once (merge_batch): 8 keeps four CTAs an SM (64
+// registers), 16 takes two (96), so 16 only where a thread has more than 8 entries and the grid
+// fits two CTAs an SM in one wave (8q/1kv, T=17: 136 rows of 129 entries).
 template <typename E, int D, typename P, int BATCH>
 __global__ void __launch_bounds__(MERGE_THREADS, BATCH <= 8 ? 4 : 2)
     merge_splits_kernel(const MergeParams p) {
@@ -993,6 +994,19 @@ static inline bool merge_by_warp_allowed() {
   return env == nullptr || env[0] != '0';
 }
 
+// The row-a-CTA merge's BATCH for `per_thread` entries a thread and `ctas` CTAs (see
+// merge_splits_kernel); KDTREE_CUDA_MERGE_BATCH=8|16 forces it (a measurement knob).
+static inline int merge_batch(int per_thread, int64_t ctas) {
+  const char* env = getenv("KDTREE_CUDA_MERGE_BATCH");
+  if (env != nullptr && env[0] != '\0') return atoi(env) == 16 ? 16 : 8;
+  if (per_thread <= 8) return 8;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 8;
+  return ctas <= 2 * static_cast<int64_t>(sms) ? 16 : 8;
+}
+
 // Launch the merge on `stream` (grid (rows / 8 rounded up or rows, B * Hkv)); `pdl`: as a
 // programmatic dependent of the kernel before it (the split kernel, which triggers early). 0 or
 // a cudaError_t.
@@ -1015,8 +1029,8 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   if (by_warp) return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_warp_kernel<E, P>, p));
-  constexpr int GROUPS = MERGE_THREADS / (D / 4);  // a thread's entries: ceil(entries / GROUPS)
-  if (entries <= 8 * GROUPS)
+  constexpr int GROUPS = MERGE_THREADS / (D / 4);
+  if (merge_batch((entries + GROUPS - 1) / GROUPS, static_cast<int64_t>(p.rows) * B * p.Hkv) == 8)
     return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P, 8>, p));
   return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P, 16>, p));
 }

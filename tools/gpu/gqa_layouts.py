@@ -13,8 +13,9 @@ two-block two-warpgroup CTAs; ``--repeat N``
 times every variant N times in turn (ABAB..., so clock drift under a long compute-bound run
 falls on all of them) and reports each one's median. ``--variants`` gives the variants
 instead: ``;``-separated sets of ``,``-separated ``NAME=VALUE`` knobs (``KDTREE_GQA_NAME``; the
-first set is the reference of the diff column; ``SPLITS=S`` forces the split count). Rows go
-to ``gqa_layouts.csv``.
+first set is the reference of the diff column; ``SPLITS=S`` forces the split count; names
+starting ``CUDA_`` are ``KDTREE_CUDA_...``, e.g. ``CUDA_MERGE_BATCH=8``). Rows go to
+``gqa_layouts.csv``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ KNOBS = (
     "KDTREE_GQA_BLOCKS",
     "KDTREE_GQA_PINGPONG",
     "KDTREE_GQA_SPLIT_TAIL",
+    "KDTREE_GQA_KEY_TAIL",
+    "KDTREE_GQA_QGROUPS",
     "KDTREE_GQA_SPLITS",  # this tool's own: the split count (else choose_splits)
+    "KDTREE_CUDA_MERGE_BATCH",
+    "KDTREE_CUDA_MERGE_WARP",
 )
 
 
@@ -59,7 +64,8 @@ def parse_variants(spec: str) -> list[dict[str, str]]:
             if item == "default":
                 continue
             name, _, value = item.partition("=")
-            key = "KDTREE_GQA_" + name.strip().upper()
+            name = name.strip().upper()
+            key = "KDTREE_" + name if name.startswith("CUDA_") else "KDTREE_GQA_" + name
             if key not in KNOBS or not value:
                 raise SystemExit(f"--variants: {item!r}: expected NAME=VALUE, NAME one of "
                                  f"{[k.removeprefix('KDTREE_GQA_') for k in KNOBS]}")  # fmt: skip
@@ -121,25 +127,27 @@ def main() -> None:
             fn, splits = _cuda_gqa_fn(wl, ti, int(forced) if forced else None)
             plan = _gqa_plan(wl, ti, splits)
             wgs, blocks, split = plan.wgs, plan.tail_blocks, plan.split
+            ctas = cuda_gqa.row_ctas(plan.rows, wgs, blocks) * plan.q_groups  # a KV head's
             got = fn(0).float().clone()
             if ref is None and (a.variants or var.get("KDTREE_GQA_TAIL") == "0"):
                 ref = got
             diff = float((got - ref).abs().max()) if ref is not None else float("nan")
             replay, per = _graphed(fn, wl.n_rot, wl.device)  # captured with this variant's plan
             # (fn holds the workspace the graph writes: it must live as long as the graph)
-            setups.append((var, wgs, blocks, split, splits, diff, (fn, replay), per, []))
+            setups.append((var, wgs, blocks, split, ctas, splits, diff, (fn, replay), per, []))
         for _ in range(a.repeat):
             for *_, (_, replay), per, times in setups:
                 times.append(time_cuda(lambda replay=replay: replay(0)).p50 / per)
-        for var, wgs, blocks, split, splits, diff, _, _, times in setups:
+        for var, wgs, blocks, split, ctas, splits, diff, _, _, times in setups:
             ms = statistics.median(times)
             label = " ".join(f"{k.removeprefix('KDTREE_GQA_')}={v}" for k, v in var.items())
             print(f"{spec} rows={rows} [{label or 'default'}] wgs={wgs} blocks={blocks} "
-                  f"split_tail={int(split)} ctas={cuda_gqa.row_ctas(rows, wgs, blocks)} splits={splits}: "
+                  f"split_tail={int(split)} ctas={ctas} splits={splits}: "
                   f"{ms * 1e3:7.1f} us (of {len(times)}: {min(times) * 1e3:.1f}-"
                   f"{max(times) * 1e3:.1f})  (max |diff| vs {'the first' if a.variants else 'padded'} {diff:.2e})", flush=True)  # fmt: skip
             records.append({"point": spec, "rows": rows, "variant": label or "default",
-                            "warpgroups": wgs, "tail_blocks": blocks, "split_tail": split, "splits": splits,
+                            "warpgroups": wgs, "tail_blocks": blocks, "split_tail": split,
+                            "row_ctas": ctas, "splits": splits,
                             "ms": ms, "ms_min": min(times), "ms_max": max(times),
                             "repeats": len(times), "max_abs_diff_vs_padded": diff, **env})  # fmt: skip
         for k in KNOBS:
