@@ -793,14 +793,10 @@ struct PartLoad {  // 16-bit partials: four in 8 bytes
         : "l"(static_cast<const P*>(part) + i), "r"(static_cast<int>(on)));
     return u;
   }
-  // The load where it stands (volatile: the compiler neither sinks it past a branch nor next to
+  // load_if where it stands (volatile: the compiler neither sinks it past a branch nor next to
   // its use, so a batch of them goes out back to back).
-  static __device__ __forceinline__ Raw load_now(const void* part, int64_t i) {
-    uint2 u;
-    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(u.x), "=r"(u.y)
-                 : "l"(static_cast<const P*>(part) + i));
-    return u;
+  static __device__ __forceinline__ Raw load_now_if(const void* part, int64_t i, bool on) {
+    return load_if(part, i, on);
   }
   static __device__ __forceinline__ float4 to4(Raw u) {
     const float2 a = Mma<P>::unpack2(u.x), b = Mma<P>::unpack2(u.y);
@@ -816,25 +812,31 @@ struct PartLoad<float> {
   static __device__ __forceinline__ Raw load_if(const void* part, int64_t i, bool on) {
     return on ? load(part, i) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  static __device__ __forceinline__ Raw load_now(const void* part, int64_t i) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(static_cast<const float*>(part) + i));
+  static __device__ __forceinline__ Raw load_now_if(const void* part, int64_t i, bool on) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " @p ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "+f"(v.x), "+f"(v.y), "+f"(v.z), "+f"(v.w)
+        : "l"(static_cast<const float*>(part) + i), "r"(static_cast<int>(on)));
     return v;
   }
   static __device__ __forceinline__ float4 to4(Raw v) { return v; }
 };
 
-__device__ __forceinline__ float load_lse_now(const float* lse, int64_t i) {  // (as load_now)
-  float l;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(l) : "l"(lse + i));
+// An LSE load as load_now_if (-inf when `on` is false).
+__device__ __forceinline__ float load_lse_now_if(const float* lse, int64_t i, bool on) {
+  float l = neg_inf();
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.cg.f32 %0, [%1];\n}\n"
+      : "+f"(l)
+      : "l"(lse + i), "r"(static_cast<int>(on)));
   return l;
 }
 
 // A row a CTA (many entries), in one round trip to L2: thread (g, c) takes float4 column c of
-// entries e = g (mod GROUPS), issuing each batch's LSE and partial loads (MERGE_BATCH entries,
-// the last ones clamped to a valid entry and then ignored) before using any, and keeps an online
+// entries e = g (mod GROUPS), issuing each batch's LSE and partial loads (BATCH entries, those
+// past the last predicated off, not reloads of the last) before using any, and keeps an online
 // max / sum / weighted sum over its entries; the GROUPS states are combined once, through shared
 // memory. (Until session 23 it took two round trips and four block barriers: the LSEs, a block
 // max, the weights and a block sum, then the partials.)
@@ -869,16 +871,14 @@ __global__ void __launch_bounds__(MERGE_THREADS, BATCH <= 8 ? 4 : 2)
     float l[BATCH];
 #pragma unroll
     for (int k = 0; k < BATCH; ++k) {  // every load of the batch before any use
-      const int64_t at = mr.at(min(e0 + k * GROUPS, NE - 1));
-      l[k] = load_lse_now(p.lse, at);
-      v[k] = PartLoad<P>::load_now(p.part, at * D + 4 * c);
+      const int e = e0 + k * GROUPS;
+      const int64_t at = mr.at(min(e, NE - 1));  // (an address either way)
+      l[k] = load_lse_now_if(p.lse, at, e < NE);  // -inf past the last entry
+      v[k] = PartLoad<P>::load_now_if(p.part, at * D + 4 * c, e < NE);
     }
     float bm = mx;
 #pragma unroll
-    for (int k = 0; k < BATCH; ++k) {
-      if (e0 + k * GROUPS >= NE) l[k] = neg_inf();  // a clamped load: not an entry
-      bm = fmaxf(bm, l[k]);
-    }
+    for (int k = 0; k < BATCH; ++k) bm = fmaxf(bm, l[k]);
     const float scale = mx == neg_inf() ? 0.f : exp2f(mx - bm);  // (-inf - -inf is NaN)
     mx = bm;
     if (bm == neg_inf()) bm = 0.f;  // no keys so far: every weight below is 0

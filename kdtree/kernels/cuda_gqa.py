@@ -289,17 +289,24 @@ def launch_layout(rows: int, num_splits: int, merge: int | None = None) -> tuple
     return (*launch_plan(rows), 0)
 
 
+#: The most launch heads :func:`q_groups` makes of one KV head's query heads.
+MAX_Q_GROUPS = 4
+
+
 def q_groups(group: int, t: int) -> int:
     """How many launch heads the ``group`` query heads of one KV head become at ``t`` tree
     tokens (R, dividing ``group``; the kernel's ``q_groups``): 1 where ``group * t`` rows take
-    :func:`key_tail`'s layout or no smaller head group does; else the smallest R whose
-    ``group / R * t`` rows do. 8q/1kv at T=65 (520 rows: eight whole blocks and 8 rows, which the
-    tail warpgroup's 4 cannot take) runs as two launch heads of 260 rows, each WideTail's two
-    CTAs of two whole blocks with 4 rows in their tail warpgroups, reading the same cache head
-    (session 23). ``KDTREE_GQA_QGROUPS=1`` keeps one launch head a KV head (a measurement knob)."""
+    :func:`key_tail`'s layout or no head group of at most :data:`MAX_Q_GROUPS` does; else the
+    smallest R whose ``group / R * t`` rows do. 8q/1kv at T=65 (520 rows: eight whole blocks and
+    8 rows, which the tail warpgroup's 4 cannot take) runs as two launch heads of 260 rows, each
+    WideTail's two CTAs of two whole blocks with 4 rows in their tail warpgroups, reading the
+    same cache head. ``KDTREE_GQA_QGROUPS=1`` keeps one launch head a KV head (a measurement
+    knob). (Session 23, call b, ``tools/gpu/gqa_layouts.py``, head groups against none: 8q/1kv,
+    T=65 1.7-7.3 % less time at 16k-128k; 32q/8kv, T=257 (four of 257 rows) 9.4 % at 16k, 2.5 %
+    at 64k; 8q/1kv, T=257 (eight) 5.8 % more at 64k, hence the bound.)"""
     if _env_int("KDTREE_GQA_QGROUPS", (1,)) == 1 or _key_tail_rows(group * t):
         return 1
-    for r in range(2, group + 1):
+    for r in range(2, min(group, MAX_Q_GROUPS) + 1):
         if group % r == 0 and _key_tail_rows(group // r * t):
             return r
     return 1

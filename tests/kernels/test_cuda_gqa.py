@@ -255,6 +255,8 @@ def test_q_groups_and_plan_launch(monkeypatch):
     assert cuda_gqa.q_groups(4, 65) == 1  # 260 rows: WideTail already
     assert cuda_gqa.q_groups(8, 17) == 1 and cuda_gqa.q_groups(8, 64) == 1  # no group reaches it
     assert cuda_gqa.q_groups(6, 65) == 1  # 390 rows; 195 and 130 are not 257-260
+    assert cuda_gqa.q_groups(4, 257) == 4  # 32q/8kv, T=257: four launch heads of 257 rows
+    assert cuda_gqa.q_groups(8, 257) == 1  # eight would be needed: measured slower
     plan = cuda_gqa.plan_launch(1, 65, 8, 1, 32768, 132)
     assert (plan.q_groups, plan.heads, plan.rows) == (2, 2, 260)
     assert (plan.wgs, plan.tail_blocks, plan.split) == (2, 2, 2)
@@ -582,6 +584,7 @@ Q_GROUP_CASES = [  # query heads of a KV head as several launch heads (cuda_gqa.
     ([3000, 70], 65, 8, 1, 1, 6),  # page size 1: every tile on cp.async
     ([4100, 900], 65, 16, 2, 16, 3),  # four launch heads a KV head, two KV heads
     ([700, 1500], 65, 8, 1, 16, 37),  # 1-2 tiles a split
+    ([900, 40], 257, 8, 2, 16, 2),  # G = 4 at T=257: four launch heads of 257 rows
 ]
 
 
