@@ -703,9 +703,7 @@ constexpr int MERGE_THREADS = 256;
 // this kernel launched in stream order (the default), or this kernel as a programmatic
 // dependent (measured no faster: session 12, calls b-d).
 constexpr int MERGE_BY_CALLER = 0, MERGE_PLAIN = 1, MERGE_PDL = 2;
-// The most entries the merges take (sessions 12-22: the row-a-CTA merge's weights array in shared
-// memory; since session 23 it has none, the bound stays where the launchers check it).
-constexpr int MERGE_MAX_SPLITS = 2048;
+constexpr int MERGE_MAX_SPLITS = 2048;  // the two-pass merge's weights array (8 KB)
 
 template <int N>
 __device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_max) {
@@ -783,7 +781,8 @@ struct PartLoad {  // 16-bit partials: four in 8 bytes
     return __ldcg(reinterpret_cast<const uint2*>(static_cast<const P*>(part) + i));
   }
   // The load under a predicate, without a branch (zeros when `on` is false): a branch around a
-  // load let the compiler put the conversion inside it, right after the load.
+  // load let the compiler put the conversion inside it, right after the load. (Volatile: the
+  // compiler neither sinks it past a branch nor next to its use, so a batch goes out at once.)
   static __device__ __forceinline__ Raw load_if(const void* part, int64_t i, bool on) {
     uint2 u = make_uint2(0u, 0u);
     asm volatile(
@@ -792,11 +791,6 @@ struct PartLoad {  // 16-bit partials: four in 8 bytes
         : "+r"(u.x), "+r"(u.y)
         : "l"(static_cast<const P*>(part) + i), "r"(static_cast<int>(on)));
     return u;
-  }
-  // load_if where it stands (volatile: the compiler neither sinks it past a branch nor next to
-  // its use, so a batch of them goes out back to back).
-  static __device__ __forceinline__ Raw load_now_if(const void* part, int64_t i, bool on) {
-    return load_if(part, i, on);
   }
   static __device__ __forceinline__ float4 to4(Raw u) {
     const float2 a = Mma<P>::unpack2(u.x), b = Mma<P>::unpack2(u.y);
@@ -812,20 +806,11 @@ struct PartLoad<float> {
   static __device__ __forceinline__ Raw load_if(const void* part, int64_t i, bool on) {
     return on ? load(part, i) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  static __device__ __forceinline__ Raw load_now_if(const void* part, int64_t i, bool on) {
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
-        " @p ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n}\n"
-        : "+f"(v.x), "+f"(v.y), "+f"(v.z), "+f"(v.w)
-        : "l"(static_cast<const float*>(part) + i), "r"(static_cast<int>(on)));
-    return v;
-  }
   static __device__ __forceinline__ float4 to4(Raw v) { return v; }
 };
 
-// An LSE load as load_now_if (-inf when `on` is false).
-__device__ __forceinline__ float load_lse_now_if(const float* lse, int64_t i, bool on) {
+// An LSE load as PartLoad::load_if (-inf when `on` is false).
+__device__ __forceinline__ float load_lse_if(const float* lse, int64_t i, bool on) {
   float l = neg_inf();
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.cg.f32 %0, [%1];\n}\n"
@@ -834,18 +819,110 @@ __device__ __forceinline__ float load_lse_now_if(const float* lse, int64_t i, bo
   return l;
 }
 
-// A row a CTA (many entries), in one round trip to L2: thread (g, c) takes float4 column c of
-// entries e = g (mod GROUPS), issuing each batch's LSE and partial loads (BATCH entries, those
-// past the last predicated off, not reloads of the last) before using any, and keeps an online
-// max / sum / weighted sum over its entries; the GROUPS states are combined once, through shared
-// memory. (Until session 23 it took two round trips and four block barriers: the LSEs, a block
-// max, the weights and a block sum, then the partials.)
-// BATCH (8 or 16) entries a thread loads at once (merge_batch): 8 keeps four CTAs an SM (64
-// registers), 16 takes two (96), so 16 only where a thread has more than 8 entries and the grid
-// fits two CTAs an SM in one wave (8q/1kv, T=17: 136 rows of 129 entries).
-template <typename E, int D, typename P, int BATCH>
-__global__ void __launch_bounds__(MERGE_THREADS, BATCH <= 8 ? 4 : 2)
-    merge_splits_kernel(const MergeParams p) {
+// The two-pass row-a-CTA merge, for fp32 partials (the MLA kernels'; session 23, call c: the
+// one-pass merge below was 0.6-2.8 % slower at MLA's h=8 points, whose 512 columns leave two
+// groups of 128 threads, 15-22 entries a thread): the weights 2^(lse_s - max lse) go to shared memory, thread
+// (g, c) sums float4 column c over splits s = g (mod GROUPS) -- GROUPS independent loads in
+// flight a column -- and the groups are added in shared memory. (Session 17, call b: loading
+// the first partials before the weights, in batches of 6, was 0.4-0.7 us slower at 43-129
+// splits; this is the measured form. Its sum written through merge_fma compiles to different
+// SASS, untested, so it stays spelled out here; through merge_store its SASS is the same.)
+template <typename E, int D, typename P>
+__global__ void __launch_bounds__(MERGE_THREADS) merge_splits_twopass_kernel(const MergeParams p) {
+  static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
+  constexpr int COLS = D / 4;
+  constexpr int GROUPS = MERGE_THREADS / COLS;
+  __shared__ float w_s[MERGE_MAX_SPLITS];
+  __shared__ float scratch[MERGE_THREADS / 32];
+  __shared__ float4 red[GROUPS > 1 ? GROUPS - 1 : 1][COLS];
+  griddep_wait();  // the split kernel's partials
+  griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
+  const int tid = threadIdx.x;
+#ifdef KDTREE_TIMELINE
+  const unsigned long long tl_entry = tl_now();
+  const long long tl_clock = clock64();
+  unsigned long long tl_ready = 0;
+#endif
+  const int row = blockIdx.x;
+  const int hb = blockIdx.y;  // b * Hkv + kvh
+  const int S = p.num_splits;
+  // split s's partial of this row is entry s; a shared block's row also has split s's shadow
+  // row, entry S + s. The shadow entries get loops of their own, so a row without them (all
+  // but <= 64 rows of a shared-block launch) indexes as before the shadow rows (session 16).
+  const bool shared = p.half_row >= 0 && row >= p.half_row && row < p.half_row + 64;
+  const int64_t stride = p.ws_rows;  // a split's rows
+  const int64_t own = static_cast<int64_t>(hb) * S * stride + row;  // + s * stride
+  const int64_t shadow = own - row + p.rows + row - p.half_row;     // (shared rows only)
+  float mx = neg_inf();
+  for (int s = tid; s < S; s += MERGE_THREADS) {
+    const float l = p.lse[own + s * stride];
+    w_s[s] = l;
+    mx = fmaxf(mx, l);
+  }
+  if (shared)
+    for (int s = tid; s < S; s += MERGE_THREADS) {
+      const float l = p.lse[shadow + s * stride];
+      w_s[S + s] = l;
+      mx = fmaxf(mx, l);
+    }
+  mx = block_reduce<MERGE_THREADS>(mx, scratch, true);
+  const float muse = mx == neg_inf() ? 0.f : mx;
+  const int NE = shared ? 2 * S : S;
+  float sum = 0.f;
+  for (int e = tid; e < NE; e += MERGE_THREADS) {
+    const float w = exp2f(w_s[e] - muse);  // 0 for a split without keys
+    w_s[e] = w;
+    sum += w;
+  }
+  sum = block_reduce<MERGE_THREADS>(sum, scratch, false);  // its barrier publishes w_s
+#ifdef KDTREE_TIMELINE
+  if (tid == 0) tl_ready = tl_now();
+#endif
+  const int c = tid % COLS, g = tid / COLS;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const auto add = [&](int64_t src, const float* w_of) {  // (src: an element offset)
+#pragma unroll 4
+    for (int s = g; s < S; s += GROUPS) {
+      const float4 v = PartLoad<P>::to4(PartLoad<P>::load(p.part, src + s * stride * D));
+      const float w = w_of[s];
+      const bool use = w > 0.f;  // an empty split's partial is never read into the sum
+      acc.x += use ? w * v.x : 0.f;
+      acc.y += use ? w * v.y : 0.f;
+      acc.z += use ? w * v.z : 0.f;
+      acc.w += use ? w * v.w : 0.f;
+    }
+  };
+  add(own * D + 4 * c, w_s);
+  if (shared) add(shadow * D + 4 * c, w_s + S);
+  if (g > 0) red[g - 1][c] = acc;
+  __syncthreads();
+  if (g != 0) return;
+#pragma unroll
+  for (int k = 0; k < GROUPS - 1; ++k) {
+    const float4 v = red[k][c];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  merge_store<E>(p, hb, row, c, acc, sum);
+#ifdef KDTREE_TIMELINE
+  if (tid == 0) merge_record(tl_entry, tl_ready, tl_clock, NE);
+#endif
+}
+
+// The one-pass row-a-CTA merge, for 16-bit partials (the GQA kernel's), in one round trip to L2
+// for up to 8 entries a thread: thread (g, c) takes float4 column c of entries e = g (mod
+// GROUPS), issuing a batch's LSE and partial loads (MERGE_BATCH entries, those past the last
+// predicated off) before using any, and keeps an online max / sum / weighted sum over its
+// entries; the GROUPS states are combined once, through shared memory. Four CTAs an SM (one wave
+// at 520 rows). (Until session 23 the two-pass kernel above: two round trips and four block
+// barriers. Session 23, calls b-c: 16 entries a batch at two CTAs an SM was never faster, and
+// 5.7 us slower where its 520 CTAs took two waves.)
+constexpr int MERGE_BATCH = 8;
+template <typename E, int D, typename P>
+__global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const MergeParams p) {
+  constexpr int BATCH = MERGE_BATCH;
   static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
   constexpr int COLS = D / 4;
   constexpr int GROUPS = MERGE_THREADS / COLS;
@@ -873,8 +950,8 @@ __global__ void __launch_bounds__(MERGE_THREADS, BATCH <= 8 ? 4 : 2)
     for (int k = 0; k < BATCH; ++k) {  // every load of the batch before any use
       const int e = e0 + k * GROUPS;
       const int64_t at = mr.at(min(e, NE - 1));  // (an address either way)
-      l[k] = load_lse_now_if(p.lse, at, e < NE);  // -inf past the last entry
-      v[k] = PartLoad<P>::load_now_if(p.part, at * D + 4 * c, e < NE);
+      l[k] = load_lse_if(p.lse, at, e < NE);  // -inf past the last entry
+      v[k] = PartLoad<P>::load_if(p.part, at * D + 4 * c, e < NE);
     }
     float bm = mx;
 #pragma unroll
@@ -994,19 +1071,6 @@ static inline bool merge_by_warp_allowed() {
   return env == nullptr || env[0] != '0';
 }
 
-// The row-a-CTA merge's BATCH for `per_thread` entries a thread and `ctas` CTAs (see
-// merge_splits_kernel); KDTREE_CUDA_MERGE_BATCH=8|16 forces it (a measurement knob).
-static inline int merge_batch(int per_thread, int64_t ctas) {
-  const char* env = getenv("KDTREE_CUDA_MERGE_BATCH");
-  if (env != nullptr && env[0] != '\0') return atoi(env) == 16 ? 16 : 8;
-  if (per_thread <= 8) return 8;
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 8;
-  return ctas <= 2 * static_cast<int64_t>(sms) ? 16 : 8;
-}
-
 // Launch the merge on `stream` (grid (rows / 8 rounded up or rows, B * Hkv)); `pdl`: as a
 // programmatic dependent of the kernel before it (the split kernel, which triggers early). 0 or
 // a cudaError_t.
@@ -1029,10 +1093,11 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   if (by_warp) return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_warp_kernel<E, P>, p));
-  constexpr int GROUPS = MERGE_THREADS / (D / 4);
-  if (merge_batch((entries + GROUPS - 1) / GROUPS, static_cast<int64_t>(p.rows) * B * p.Hkv) == 8)
-    return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P, 8>, p));
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P, 16>, p));
+  if constexpr (std::is_same<P, float>::value) {  // fp32 partials (MLA): the two-pass merge
+    return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_twopass_kernel<E, D, P>, p));
+  } else {  // 16-bit partials (GQA): the one-pass merge
+    return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P>, p));
+  }
 }
 
 }  // namespace kdtree_sm90

@@ -14,7 +14,7 @@ times every variant N times in turn (ABAB..., so clock drift under a long comput
 falls on all of them) and reports each one's median. ``--variants`` gives the variants
 instead: ``;``-separated sets of ``,``-separated ``NAME=VALUE`` knobs (``KDTREE_GQA_NAME``; the
 first set is the reference of the diff column; ``SPLITS=S`` forces the split count; names
-starting ``CUDA_`` are ``KDTREE_CUDA_...``, e.g. ``CUDA_MERGE_BATCH=8``). Rows go to
+starting ``CUDA_`` are ``KDTREE_CUDA_...``, e.g. ``CUDA_MERGE_WARP=0``). Rows go to
 ``gqa_layouts.csv``.
 """
 
@@ -50,7 +50,6 @@ KNOBS = (
     "KDTREE_GQA_KEY_TAIL",
     "KDTREE_GQA_QGROUPS",
     "KDTREE_GQA_SPLITS",  # this tool's own: the split count (else choose_splits)
-    "KDTREE_CUDA_MERGE_BATCH",
     "KDTREE_CUDA_MERGE_WARP",
 )
 
