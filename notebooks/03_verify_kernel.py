@@ -773,6 +773,44 @@ else:
     nb.note("The session-22 rows are not shipped (data/bench/logs/*session22*).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 23): head groups and a one-round-trip merge (shipped)
+# * Head groups: 8q/1kv at T=65 (520 rows a KV head, 8 past the last whole block: more than the
+#   tail warpgroup's 4) runs as two launch heads of 4 query heads, 260 rows each in WideTail's
+#   layout, both reading the same cache head. Call b: one build, `QGROUPS=1` (one launch head)
+#   first; `KDTREE_CUDA_MERGE_BATCH=16` the first form's merge batch; `SPLITS=32` one split less.
+#   At T=257 eight launch heads (8q/1kv) lost, so at most four.
+# * The row-a-CTA merge in one round trip: a batch of 8 entries' loads at once, an online max and
+#   sum, one block barrier (fp32 partials, MLA, keep the two-pass merge). Call a's first form took
+#   16 entries a batch where a thread had more (two waves at 520 rows); call c is the shipped form
+#   against session 22's tree (`old`, 7b75a26); call f the merge as a programmatic dependent
+#   (`new`) against stream order (`old`): left off.
+# * Call e: the CTA timeline on this tree (its build runs one launch head a KV head).
+
+# %%
+ab23_csv = nb.data_path("bench", "logs", "gqa_ab_session23.csv")
+lay23_csv = nb.data_path("bench", "logs", "gqa_layouts_session23.csv")
+mla23_csv = nb.data_path("bench", "logs", "mla_ab_session23.csv")
+tl23_csv = nb.data_path("bench", "logs", "gqa_timeline_session23.csv")
+if ab23_csv.exists() and lay23_csv.exists() and mla23_csv.exists() and tl23_csv.exists():
+    lay23 = pd.read_csv(lay23_csv)
+    for call in ("b_qgroups", "b_t257", "b_batch17", "d_splits"):
+        print(f"call {call}")
+        display(ns.layout_variants_table(lay23, call).round(3))
+    ab23 = pd.read_csv(ab23_csv)
+    for call, what in (
+        ("a", "f533deb: the first form"),
+        ("c", "34ea02f: the shipped form"),
+        ("f", "the merge under PDL (new) against stream order (old)"),
+    ):
+        print(f"call {call}: {what}")
+        display(ns.ab_commits_table(ab23, call=call).round(3))
+    print("the seesaw MLA kernel against 7b75a26 (call c: the one-pass merge for fp32 partials)")
+    display(ns.ab_commits_table(pd.read_csv(mla23_csv), call="c").round(3))
+    display(ns.timeline_spans_table(pd.read_csv(tl23_csv), call="e").round(2))
+else:
+    nb.note("The session-23 rows are not shipped (data/bench/logs/*session23*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
