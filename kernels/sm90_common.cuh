@@ -750,6 +750,15 @@ __device__ __forceinline__ void merge_store(const MergeParams& p, int hb, int ro
   Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 }
 
+// An online merge's state scaled by s (a new running max).
+__device__ __forceinline__ void merge_rescale(float4& acc, float& sum, float s) {
+  acc.x *= s;
+  acc.y *= s;
+  acc.z *= s;
+  acc.w *= s;
+  sum *= s;
+}
+
 __device__ __forceinline__ void merge_fma(float4& acc, float w, const float4& v) {
   const bool use = w > 0.f;  // an empty split's partial is never read into the sum
   acc.x += use ? w * v.x : 0.f;
@@ -956,14 +965,9 @@ __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const Me
     float bm = mx;
 #pragma unroll
     for (int k = 0; k < BATCH; ++k) bm = fmaxf(bm, l[k]);
-    const float scale = mx == neg_inf() ? 0.f : exp2f(mx - bm);  // (-inf - -inf is NaN)
+    merge_rescale(acc, sum, mx == neg_inf() ? 0.f : exp2f(mx - bm));  // (-inf - -inf is NaN)
     mx = bm;
     if (bm == neg_inf()) bm = 0.f;  // no keys so far: every weight below is 0
-    acc.x *= scale;
-    acc.y *= scale;
-    acc.z *= scale;
-    acc.w *= scale;
-    sum *= scale;
 #pragma unroll
     for (int k = 0; k < BATCH; ++k) {
       const float w = exp2f(l[k] - bm);  // 0 for a split without keys: never read into the sum
@@ -979,12 +983,7 @@ __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const Me
 #pragma unroll
   for (int k = 1; k < GROUPS; ++k) m_all = fmaxf(m_all, red_ms[k].x);
   if (m_all == neg_inf()) m_all = 0.f;  // no keys in any split: sum 0, out 0
-  const float s0 = exp2f(mx - m_all);
-  acc.x *= s0;
-  acc.y *= s0;
-  acc.z *= s0;
-  acc.w *= s0;
-  sum *= s0;
+  merge_rescale(acc, sum, exp2f(mx - m_all));
 #pragma unroll
   for (int k = 1; k < GROUPS; ++k) {
     const float2 ms = red_ms[k];
