@@ -256,7 +256,8 @@ struct Params {
   int64_t so_b, so_t, so_h;  // out strides
   int T, G, Hkv, rows;       // rows = G * T; Hkv the launch's KV heads (q_groups a cache head)
   int q_groups;              // launch heads a KV head of the cache: launch head h reads cache
-                             // head h / q_groups (1, or 2 at 8q/1kv, T=65: two WideTail halves)
+                             // head h / q_groups (1, or up to 4: cuda_gqa.q_groups; 2 at
+                             // 8q/1kv, T=65: two WideTail halves)
   int blocks;                // 64-row blocks a CTA's consumer warpgroups take (<= CWG)
   int full_rows;             // rows those blocks cover (rows, or the tail's first row)
   int tail_cta, tail_wg;     // the tail warpgroup (tail_rows): CTA x and warpgroup; -1 none

@@ -625,8 +625,8 @@ __device__ __forceinline__ float2 wg_exp_pack(float (&s)[N], uint32_t (&pc)[N / 
 // TL_WORDS words to a device ring when its last warpgroup leaves, taken at the end so no stamp
 // waits on a global atomic. Stamps are %globaltimer (ns, one clock for all SMs):
 //   [0] kind (TL_SPLIT, TL_MERGE) | smid << 8 | tiles << 32   [1] blockIdx x | y << 24 | z << 44
-//   [2] entry   [3] first KV tile landed (consumer warpgroup 0) / the row-a-CTA merge's
-//   partials summed (the row-a-warp merge: its entry)
+//   [2] entry   [3] first KV tile landed (consumer warpgroup 0) / the merge's weights ready
+//   (two-pass), partials summed (one-pass) or its entry (row a warp)
 //   [4] producer's first tile issued   [5] warpgroup 0's last MMA retired
 //   [6] the last warpgroup's exit   [7] clock64 cycles entry -> exit (thread 0's SM clock)
 // The default build has none of it (the stamp macros are empty).
@@ -680,11 +680,13 @@ __device__ __forceinline__ void griddep_wait() {
 // part [B, Hkv, S, rows, D] normalised partials (P: fp32 from the MLA kernels, the input dtype
 // from the GQA kernel) and fp32 lse [B, Hkv, S, rows] (base 2, -inf
 // for a split without keys) -> out row r of KV head h of request b: token r / G, query head
-// h * G + r % G, weighted by 2^(lse_s - max lse). Two kernels (launch_merge_splits picks):
+// h * G + r % G, weighted by 2^(lse_s - max lse). Three kernels (launch_merge_splits picks):
 // merge_splits_warp_kernel, a row a warp, where a row's entries fit a warp's registers (at most
 // 16, D = 128: session 17 measured the row-a-CTA kernel at 7.6-9.3 us for 32q/8kv's 2080 rows
-// of 16 entries, the row-a-warp one at 2.8-3.0), and merge_splits_kernel, a row a CTA of MERGE_THREADS threads. The MLA kernels are
-// the Hkv = 1 case.
+// of 16 entries, the row-a-warp one at 2.8-3.0); else a row a CTA of MERGE_THREADS threads,
+// merge_splits_kernel (one pass, 16-bit partials: the GQA kernel's) or
+// merge_splits_twopass_kernel (fp32 partials: the MLA kernels'). The MLA kernels are the Hkv = 1
+// case.
 // A shared row block (the GQA kernel's `half_row`, session 16): rows half_row .. half_row + 63
 // were computed by two warpgroups over alternate tiles, the second's partials in shadow rows
 // rows .. rows + 63 of each split (the workspace's row stride is then ws_rows = rows + 64); those
@@ -701,7 +703,7 @@ struct MergeParams {
 constexpr int MERGE_THREADS = 256;
 // Who merges the partials (the launchers' `merge` argument): the caller (the Triton merge),
 // this kernel launched in stream order (the default), or this kernel as a programmatic
-// dependent (measured no faster: session 12, calls b-d).
+// dependent (measured no faster: session 12, calls b-d; mixed: session 23, call f).
 constexpr int MERGE_BY_CALLER = 0, MERGE_PLAIN = 1, MERGE_PDL = 2;
 constexpr int MERGE_MAX_SPLITS = 2048;  // the two-pass merge's weights array (8 KB)
 
@@ -829,7 +831,7 @@ __device__ __forceinline__ float load_lse_if(const float* lse, int64_t i, bool o
 }
 
 // The two-pass row-a-CTA merge, for fp32 partials (the MLA kernels'; session 23, call c: the
-// one-pass merge below was 0.6-2.8 % slower at MLA's h=8 points, whose 512 columns leave two
+// one-pass merge below was up to 2.8 % slower at MLA's h=8 points, whose 512 columns leave two
 // groups of 128 threads, 15-22 entries a thread): the weights 2^(lse_s - max lse) go to shared memory, thread
 // (g, c) sums float4 column c over splits s = g (mod GROUPS) -- GROUPS independent loads in
 // flight a column -- and the groups are added in shared memory. (Session 17, call b: loading
@@ -926,8 +928,8 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_twopass_kernel(con
 // predicated off) before using any, and keeps an online max / sum / weighted sum over its
 // entries; the GROUPS states are combined once, through shared memory. Four CTAs an SM (one wave
 // at 520 rows). (Until session 23 the two-pass kernel above: two round trips and four block
-// barriers. Session 23, calls b-c: 16 entries a batch at two CTAs an SM was never faster, and
-// 5.7 us slower where its 520 CTAs took two waves.)
+// barriers. Session 23, call b: 16 entries a batch at two CTAs an SM was never faster, and
+// 5.5-5.9 us slower where its 520 CTAs took two waves.)
 constexpr int MERGE_BATCH = 8;
 template <typename E, int D, typename P>
 __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const MergeParams p) {

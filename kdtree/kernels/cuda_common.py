@@ -26,8 +26,9 @@ __all__ = [
 #: ``KDTREE_CUDA_MERGE`` values -> the launchers' ``merge`` argument (kernels/sm90_common.cuh
 #: MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL).
 MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2}
-#: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS; the bound of its
-#: weights' shared-memory array until session 23, kept); above it the backends use the Triton merge.
+#: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS: the two-pass merge of
+#: fp32 partials keeps its weights in shared memory; the one-pass merge takes the same bound);
+#: above it the backends use the Triton merge.
 MERGE_MAX_SPLITS = 2048
 #: The CUDA merge takes a row a warp up to this many entries a row (kernels/sm90_common.cuh
 #: MERGE_WARP_ENTRIES: a split's partial, or two with the split tail's shadow rows), head dim 128.
@@ -117,7 +118,9 @@ def merge_mode() -> int:
     call; a CUDA graph keeps what it captured): ``plain`` (default) the shared CUDA merge of
     ``kernels/sm90_common.cuh`` in stream order, ``pdl`` the same kernel as a programmatic
     dependent launch of the split kernel (its launch overlapping the split's last wave; measured
-    no faster, ``tools/gpu/merge_cost.py``), ``triton`` the Triton merge
+    no faster in sessions 12 and 17, ``tools/gpu/merge_cost.py``, and mixed in session 23: 0.7-2.5 %
+    less time at 8q/1kv, T=65, up to 13 % more at 8q/1kv, T=17 and 9 % at 32q/8kv), ``triton``
+    the Triton merge
     (:func:`kdtree.kernels._common.launch_merge`). All three give the same result up to
     summation order."""
     value = os.environ.get("KDTREE_CUDA_MERGE", "plain").strip() or "plain"

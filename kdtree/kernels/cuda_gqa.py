@@ -566,7 +566,7 @@ def tree_attention_gqa_cuda(
 ) -> torch.Tensor:
     """GQA tree-verify attention on sm_90, head dim 128 (see
     :func:`kdtree.attention.tree_attention`); returns ``[B, T, Hq, 128]`` in ``q``'s dtype.
-    ``num_splits`` forces the KV split count (default: :func:`choose_splits` from the page
+    ``num_splits`` forces the KV split count (default: :func:`plan_launch`'s, from the page
     table's capacity). ``workspace``: a contiguous float32 CUDA tensor of at least
     ``plan_launch(...).workspace_numel`` elements (else one is allocated per call when
     splitting).
