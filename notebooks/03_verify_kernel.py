@@ -777,7 +777,8 @@ else:
 # * Head groups: 8q/1kv at T=65 (520 rows a KV head, 8 past the last whole block: more than the
 #   tail warpgroup's 4) runs as two launch heads of 4 query heads, 260 rows each in WideTail's
 #   layout, both reading the same cache head. Call b: one build, `QGROUPS=1` (one launch head)
-#   first; `KDTREE_CUDA_MERGE_BATCH=16` the first form's merge batch; `SPLITS=32` one split less.
+#   first; `KDTREE_CUDA_MERGE_BATCH=16` the first form's merge batch (a knob of that build only, since
+#   removed); `SPLITS=32` one split less.
 #   At T=257 eight launch heads (8q/1kv) lost, so at most four.
 # * The row-a-CTA merge in one round trip: a batch of 8 entries' loads at once, an online max and
 #   sum, one block barrier (fp32 partials, MLA, keep the two-pass merge). Call a's first form took
