@@ -580,8 +580,8 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
   } else {
     const float scale = p.qk_scale;
     const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, tile), bits0, bits1, q4);
-    const float mnew0 = fmaxf(m_run0, mx.x * scale);  // scale > 0: order kept
-    const float mnew1 = fmaxf(m_run1, mx.y * scale);
+    const float mnew0 = lazy_max(m_run0, mx.x * scale);  // scale > 0: order kept
+    const float mnew1 = lazy_max(m_run1, mx.y * scale);
     const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
     alpha0 = exp2f(m_run0 - off0);
     alpha1 = exp2f(m_run1 - off1);

@@ -717,8 +717,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_wgmma_kernel(const P
       // the exponent's multiply-add: p = 2^(s * scale - m), m the running max of s * scale
       const bool full = tile < ts.n_pre && ts.end - (ts.start + tile * wg::BN) >= wg::BN;
       const float2 mx = wg_mask_max(s, full, bits0, bits1, q4);
-      const float mnew0 = fmaxf(m_run0, mx.x * p.qk_scale);  // qk_scale > 0: order kept
-      const float mnew1 = fmaxf(m_run1, mx.y * p.qk_scale);
+      const float mnew0 = lazy_max(m_run0, mx.x * p.qk_scale);  // qk_scale > 0: order kept
+      const float mnew1 = lazy_max(m_run1, mx.y * p.qk_scale);
       const float muse0 = wg_offset(mnew0), muse1 = wg_offset(mnew1);
       alpha0 = exp2f(m_run0 - muse0);
       alpha1 = exp2f(m_run1 - muse1);
@@ -945,8 +945,8 @@ __device__ __forceinline__ float2 sw_softmax_out(float (&s)[32], uint32_t (&pc)[
                                                  float scale, unsigned char* slice, float* sm,
                                                  int r0, int r1, int q4, int bar, float2& mn) {
   const float2 mx = wg_mask_max(s, full, bits0, bits1, q4);
-  mn.x = fmaxf(from.x, mx.x * scale);  // scale > 0: order kept
-  mn.y = fmaxf(from.y, mx.y * scale);
+  mn.x = lazy_max(from.x, mx.x * scale);  // scale > 0: order kept
+  mn.y = lazy_max(from.y, mx.y * scale);
   const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(mn.x), wg_offset(mn.y));
   wg_store_p<sw::GROUP>(slice, pc, r0, r1, q4);
   if (q4 == 0) {

@@ -581,6 +581,22 @@ __device__ __forceinline__ float2 wg_mask_max(float (&s)[32], bool full, uint64_
 // exp2(-inf - offset) = 0 instead of NaN.
 __device__ __forceinline__ float wg_offset(float m) { return m == neg_inf() ? 0.f : m; }
 
+// The running max after a tile whose (scaled) row max is `mt`, FlashAttention-4's lazy rescale
+// (session 24): the offset m of a row moves only when a score rises more than
+// KDTREE_RESCALE_SLACK (base 2) above it, so P = 2^(s - m) <= 2^SLACK (256 by default: bf16 and
+// fp16 hold it to the same relative precision as any P <= 1; O and the row sums are fp32, and
+// the LSE m + log2(l) is exact for any m). Once a row's max has settled, O's rescale (the
+// consumers skip it when no row of the warp moved) then runs on almost no tile instead of on
+// every tile where some row of the warp saw a new max. KDTREE_RESCALE_SLACK=0 (a measurement
+// build) is the exact running max of the kernels before session 24.
+#ifndef KDTREE_RESCALE_SLACK
+#define KDTREE_RESCALE_SLACK 8
+#endif
+__device__ __forceinline__ float lazy_max(float m_run, float mt) {
+  // (-inf + SLACK is -inf: a row's first visible tile always moves it; -inf > -inf is false)
+  return mt > m_run + static_cast<float>(KDTREE_RESCALE_SLACK) ? mt : m_run;
+}
+
 // s := exp2(s * scale - off) per row (r0: off0, r1: off1), packed into the A fragments of the
 // P V k-steps (N / 8 of 16 keys); returns this thread's partial row sums (its N / 4 keys of each
 // row).

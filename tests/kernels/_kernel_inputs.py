@@ -40,6 +40,20 @@ def paged(lengths, t: int, page_size: int, gen: torch.Generator, extra_pages: in
     return table, total
 
 
+def ramp_pages(pool: torch.Tensor, table: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """``pool`` (a paged cache ``[num_pages, page_size, ...]``) with each request's logical page
+    ``i`` of ``n`` scaled by ``lo * (hi / lo) ** (i / (n - 1))``: scores that rise steadily along
+    the prefix, so a kernel's running row max moves by small steps on most tiles and by large
+    ones where the ramp is steep (pages no request maps keep their values)."""
+    out = pool.double().clone()
+    n = table.shape[1]
+    f = lo * (hi / lo) ** (torch.arange(n, dtype=torch.float64) / max(n - 1, 1))
+    for b in range(table.shape[0]):
+        for i in range(n):
+            out[int(table[b, i])] = pool[int(table[b, i])].double() * f[i]
+    return out.to(pool.dtype)
+
+
 def gqa_inputs(lengths, t, hq, hkv, d, page_size, dtype, gen, pad_from=None):
     b = len(lengths)
     table, num_pages = paged(lengths, t, page_size, gen)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from _kernel_inputs import gqa_inputs
+from _kernel_inputs import gqa_inputs, ramp_pages
 from _kernel_reference import assert_close_to_truth, gqa_dense
 
 from kdtree.kernels import cuda_gqa
@@ -439,9 +439,12 @@ GPU_CASES = [
 ]
 
 
-def _run(case, dtype, gen, graph=False, key_scale=None):
+def _run(case, dtype, gen, graph=False, key_scale=None, key_ramp=None):
     lens, t, hq, hkv, ps, splits = case
     cpu = gqa_inputs(lens, t, hq, hkv, 128, ps, dtype, gen)
+    if key_ramp is not None:  # keys scaled up along each request's prefix (ramp_pages)
+        q, k, v, table, *rest = cpu
+        cpu = [q, ramp_pages(k, table, *key_ramp), v, table, *rest]
     if key_scale is not None:  # a factor a page: scores that jump up and down across tiles
         q, k, *rest = cpu
         pick = torch.randint(0, len(key_scale), (k.shape[0],), generator=gen)
@@ -617,6 +620,27 @@ def test_key_tail_rescales_match_fp64(dtype, gen, monkeypatch):
     assert cuda_gqa.key_tail(260, 3)
     _run(case, dtype, gen, key_scale=[0.25, 1.0, 4.0, 8.0])
     _run(case, dtype, gen, graph=True, key_scale=[8.0, 0.25, 0.5, 1.0])
+
+
+# The three split-kernel shapes: WideTail through head groups, Tall, Wide.
+LAZY_CASES = [
+    ([9000], 65, 8, 1, 16, None),
+    ([20000, 700], 17, 32, 8, 64, None),
+    ([6000, 17], 64, 32, 8, 16, None),
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", LAZY_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}x{c[3]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_lazy_rescale_matches_fp64(case, dtype, gen):
+    """Keys scaled up along the prefix (x0.25 at its start to x6 at its end) make every row's
+    max creep up tile after tile: the block warpgroups keep their offset while a row's scores
+    stay within KDTREE_RESCALE_SLACK of it (P up to 2^8 in the 16-bit P V operand) and move it
+    when they rise past; the result still matches fp64, eager and graph-captured."""
+    _run(case, dtype, gen, key_ramp=(0.25, 6.0))
+    _run(case, dtype, gen, graph=True, key_ramp=(6.0, 0.25))
 
 
 @pytest.mark.gpu

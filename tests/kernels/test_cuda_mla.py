@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _kernel_inputs import mla_inputs
+from _kernel_inputs import mla_inputs, ramp_pages
 from _kernel_reference import assert_close_to_truth, mla_dense
 
 from kdtree.kernels import cuda_mla
@@ -103,9 +103,12 @@ GPU_CASES = [
 ]
 
 
-def _run(case, dtype, gen, graph=False, kernel="mma"):
+def _run(case, dtype, gen, graph=False, kernel="mma", kv_ramp=None):
     lens, t, h, ps, splits = case
     cpu = mla_inputs(lens, t, h, 512, 64, ps, dtype, gen)
+    if kv_ramp is not None:  # the latent cache scaled up along each prefix (ramp_pages)
+        qn, qp, kv, table, *rest = cpu
+        cpu = [qn, qp, ramp_pages(kv, table, *kv_ramp), table, *rest]
     dev = [x.cuda() for x in cpu]
     out = torch.full((len(lens), t, h, 512), float("nan"), dtype=dtype, device="cuda")
     if graph:
@@ -141,6 +144,19 @@ def _run(case, dtype, gen, graph=False, kernel="mma"):
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "seesaw"])
 def test_matches_fp64(case, dtype, kernel, gen):
     _run(case, dtype, gen, kernel=kernel)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", [([9000], 65, 8, 16, None), ([20000, 300], 17, 16, 64, None)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("kernel", ["wgmma", "seesaw"])
+def test_lazy_rescale_matches_fp64(case, dtype, kernel, gen):
+    """The latent cache scaled up along the prefix (x0.25 to x6, and back down) makes every
+    row's max creep up tile after tile: the wgmma kernels keep a row's offset while its scores
+    stay within KDTREE_RESCALE_SLACK of it and move it past that; the result matches fp64."""
+    _run(case, dtype, gen, kernel=kernel, kv_ramp=(0.25, 6.0))
+    _run(case, dtype, gen, graph=True, kernel=kernel, kv_ramp=(6.0, 0.25))
 
 
 @pytest.mark.gpu
