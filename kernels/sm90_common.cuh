@@ -764,21 +764,8 @@ __device__ __forceinline__ void merge_store(const MergeParams& p, int hb, int ro
   const int b = hb / p.Hkv, kvh = hb % p.Hkv;
   E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
            (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 4 * c;
-  const uint32_t lo = Mma<E>::pack(acc.x * inv, acc.y * inv);
-  const uint32_t hi = Mma<E>::pack(acc.z * inv, acc.w * inv);
-  // one 8-byte store where the row allows it (a contiguous output always does; the launchers
-  // accept 4-byte aligned rows), so a warp writes whole 32-byte sectors in one instruction (two
-  // 4-byte stores wrote half of every sector each: Nsight Compute, session 23, call g)
-#ifdef KDTREE_MERGE_SPLIT_STORES  // (measurement build, session 24: the two stores before)
-  if (false) {
-#else
-  if ((reinterpret_cast<uintptr_t>(dst) & 7u) == 0u) {
-#endif
-    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
-  } else {
-    reinterpret_cast<uint32_t*>(dst)[0] = lo;
-    reinterpret_cast<uint32_t*>(dst)[1] = hi;
-  }
+  Mma<E>::store2(dst, acc.x * inv, acc.y * inv);
+  Mma<E>::store2(dst + 2, acc.z * inv, acc.w * inv);
 }
 
 // An online merge's state scaled by s (a new running max).
@@ -952,17 +939,14 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_twopass_kernel(con
 }
 
 // The one-pass row-a-CTA merge, for 16-bit partials (the GQA kernel's), in one round trip to L2
-// for up to MERGE_BATCH entries a thread: thread (g, c) takes float4 column c of entries e = g (mod
+// for up to 8 entries a thread: thread (g, c) takes float4 column c of entries e = g (mod
 // GROUPS), issuing a batch's LSE and partial loads (MERGE_BATCH entries, those past the last
 // predicated off) before using any, and keeps an online max / sum / weighted sum over its
 // entries; the GROUPS states are combined once, through shared memory. Four CTAs an SM (one wave
 // at 520 rows). (Until session 23 the two-pass kernel above: two round trips and four block
 // barriers. Session 23, call b: 16 entries a batch at two CTAs an SM was never faster, and
 // 5.5-5.9 us slower where its 520 CTAs took two waves.)
-#ifndef KDTREE_MERGE_BATCH  // (a measurement build may set it: session 24 measured 8 against 9)
-#define KDTREE_MERGE_BATCH 9
-#endif
-constexpr int MERGE_BATCH = KDTREE_MERGE_BATCH;
+constexpr int MERGE_BATCH = 8;
 template <typename E, int D, typename P>
 __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const MergeParams p) {
   constexpr int BATCH = MERGE_BATCH;

@@ -659,12 +659,11 @@ def test_merge_by_warp_and_by_cta(by_warp, merge, gen, monkeypatch):
         ([5000, 300], 17, 8, 1, 16, 17),
         ([977, 1900], 65, 32, 8, 16, 8),
         ([977, 1900], 65, 32, 8, 16, 9),
-        # the one-pass merge's batches (9 entries a thread a batch, 8 groups): 72 entries fill
-        # group 0's first batch, 73 give it a second; at 200 most of the second request's
-        # splits have no keys (its prefix is empty: only the last split, 199, has the tree's
-        # keys, in group 7's third batch after two with none)
-        ([5000, 300], 17, 8, 1, 16, 72),
-        ([5000, 300], 17, 8, 1, 16, 73),
+        # the one-pass merge's batches (8 entries a thread a batch, 8 groups): 65 entries give
+        # group 0 a second batch; at 200 most of the second request's splits have no keys (its
+        # prefix is empty: only the last split, 199, has the tree's keys, in group 7's fourth
+        # batch after three with none)
+        ([5000, 300], 17, 8, 1, 16, 65),
         ([3000, 0], 17, 8, 1, 16, 200),
     ):
         _run(case, torch.bfloat16, gen, graph=True)
