@@ -579,7 +579,11 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
       for (int i = 0; i < 4; ++i) pn[kk][i] = Mma<E>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
   } else {
     const float scale = p.qk_scale;
+#ifdef KDTREE_GQA_ABL_NOMAX  // measurement only (wrong results): no row max, no mask past tile 0
+    const float2 mx = make_float2(neg_inf(), neg_inf());  // (lazy_max keeps m_run)
+#else
     const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, tile), bits0, bits1, q4);
+#endif
     const float mnew0 = lazy_max(m_run0, mx.x * scale);  // scale > 0: order kept
     const float mnew1 = lazy_max(m_run1, mx.y * scale);
     const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
