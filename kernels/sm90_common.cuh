@@ -600,36 +600,59 @@ __device__ __forceinline__ float lazy_max(float m_run, float mt) {
 // s := exp2(s * scale - off) per row (r0: off0, r1: off1), packed into the A fragments of the
 // P V k-steps (N / 8 of 16 keys); returns this thread's partial row sums (its N / 4 keys of each
 // row).
-template <typename E, int N>
+// KEEP: s is left as it was (the P values go to `pc` only, each pair packed as soon as it is
+// computed), so a caller can still fall back to the exact path over the same scores (the GQA
+// consumers' max-free path, session 24).
+template <typename E, int N, bool KEEP = false>
 __device__ __forceinline__ float2 wg_exp_pack(float (&s)[N], uint32_t (&pc)[N / 8][4], float scale,
                                               float off0, float off1) {
   constexpr int J = N / 4;
-  float a[J], c[J];
+  // the row sums' partials: a pairwise tree over all J (KEEP: four running sums a row, so they
+  // and the kept scores fit the registers beside P)
+  constexpr int A = KEEP ? 4 : J;
+  float a[A], c[A];
 #pragma unroll
   for (int j = 0; j < J; ++j) {
-    s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], scale, -off0));
-    s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale, -off0));
-    s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale, -off1));
-    s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale, -off1));
-    a[j] = s[4 * j + 0] + s[4 * j + 1];
-    c[j] = s[4 * j + 2] + s[4 * j + 3];
+    const float e0 = exp2f(fmaf(s[4 * j + 0], scale, -off0));
+    const float e1 = exp2f(fmaf(s[4 * j + 1], scale, -off0));
+    const float e2 = exp2f(fmaf(s[4 * j + 2], scale, -off1));
+    const float e3 = exp2f(fmaf(s[4 * j + 3], scale, -off1));
+    if (KEEP && j >= A) {
+      a[j % A] += e0 + e1;
+      c[j % A] += e2 + e3;
+    } else {
+      a[j % A] = e0 + e1;
+      c[j % A] = e2 + e3;
+    }
+    if constexpr (KEEP) {
+      // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk (as below)
+      pc[j / 2][2 * (j & 1)] = Mma<E>::pack(e0, e1);      // row r0
+      pc[j / 2][2 * (j & 1) + 1] = Mma<E>::pack(e2, e3);  // row r1
+    } else {
+      s[4 * j + 0] = e0;
+      s[4 * j + 1] = e1;
+      s[4 * j + 2] = e2;
+      s[4 * j + 3] = e3;
+    }
   }
 #pragma unroll
-  for (int w2 = J / 2; w2 >= 1; w2 >>= 1)
+  for (int w2 = A / 2; w2 >= 1; w2 >>= 1)
 #pragma unroll
-    for (int j = 0; j < J / 2; ++j) {
+    for (int j = 0; j < A / 2; ++j) {
       if (j < w2) {
         a[j] += a[j + w2];
         c[j] += c[j + w2];
       }
     }
-  // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
+  if constexpr (!KEEP) {
+    // C fragments of n-blocks 2kk, 2kk + 1 are the A fragment of k-step kk
 #pragma unroll
-  for (int kk = 0; kk < N / 8; ++kk) {
-    pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
-    pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
-    pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
-    pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
+    for (int kk = 0; kk < N / 8; ++kk) {
+      pc[kk][0] = Mma<E>::pack(s[8 * kk + 0], s[8 * kk + 1]);  // row r0, keys 16kk + 2q4
+      pc[kk][1] = Mma<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r1
+      pc[kk][2] = Mma<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r0, keys 16kk + 8 + 2q4
+      pc[kk][3] = Mma<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r1
+    }
   }
   return make_float2(a[0], c[0]);
 }
