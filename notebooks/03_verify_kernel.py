@@ -812,6 +812,42 @@ else:
     nb.note("The session-23 rows are not shipped (data/bench/logs/*session23*).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 24): the lazy rescale and a max-free softmax (shipped)
+# * Call a: FlashAttention-4's lazy rescale (a row's offset moves only when a score rises more
+#   than 2^8 above it, so O's rescale runs on almost no tile) in the GQA block warpgroups and the
+#   MLA wgmma / seesaw consumers (`new`), against the exact running max (`old`,
+#   `KDTREE_RESCALE_SLACK=0`); the seesaw MLA kernel below.
+# * Call c: the one-pass merge at 9 entries a batch with 8-byte stores (`v0`) against 8 (`v1`) and
+#   the shipped merge (`v2`): within 1 %, taken out.
+# * Call e (measurement builds, wrong results): no row max past a CTA's first tile (`v1`), no
+#   softmax at all (`v2`), against the default (`v0`).
+# * Call f: the max-free path on whole tiles (`new`: P against the running offsets, the exact path
+#   over the kept scores where a thread's partial row sum passes 2^8) against 6de6187 (`old`; its
+#   first round timed one point before its stage's time ran out). Wide (32q/8kv, T=17) spilled
+#   and lost there, so it keeps the exact path; WideTail (T=65) and Tall (8q/1kv, T=17) ship it.
+# * Call d: the CTA timeline on 6de6187's kernels (its build runs one launch head a KV head).
+
+# %%
+ab24_csv = nb.data_path("bench", "logs", "gqa_ab_session24.csv")
+mla24_csv = nb.data_path("bench", "logs", "mla_ab_session24.csv")
+tl24_csv = nb.data_path("bench", "logs", "gqa_timeline_session24.csv")
+if ab24_csv.exists() and mla24_csv.exists() and tl24_csv.exists():
+    ab24 = pd.read_csv(ab24_csv)
+    for call, what in (
+        ("a", "the lazy rescale (new) against the exact running max (old)"),
+        ("c", "the merge at 9 entries a batch, 8-byte stores (v0) against v1, v2"),
+        ("e", "no row max (v1), no softmax (v2) against the default (v0)"),
+        ("f", "the max-free path (new) against 6de6187 (old)"),
+    ):
+        print(f"call {call}: {what}")
+        display(ns.ab_commits_table(ab24, call=call).round(3))
+    print("the seesaw MLA kernel, call a: the lazy rescale (new) against the exact max (old)")
+    display(ns.ab_commits_table(pd.read_csv(mla24_csv), call="a").round(3))
+    display(ns.timeline_spans_table(pd.read_csv(tl24_csv), call="d").round(2))
+else:
+    nb.note("The session-24 rows are not shipped (data/bench/logs/*session24*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
