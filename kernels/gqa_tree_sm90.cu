@@ -38,7 +38,10 @@
 //     softmax of S_j runs while P_{j-1} V_{j-1} is still on the tensor cores (FlashAttention-3's
 //     intra-warpgroup overlap), then stage j-1 is released and O rescaled. Wide's consumer
 //     warpgroups take turns issuing their MMAs (KDTREE_GQA_PINGPONG=1, the default; =2 makes
-//     Tall's three take turns in a ring too, measured no faster).
+//     Tall's three take turns in a ring too, measured no faster). Session 24: a row's offset
+//     moves only when a score rises more than 2^8 above it (lazy_max, FlashAttention-4's lazy
+//     rescale), and WideTail's and Tall's consumers skip the row max on whole tiles while every
+//     P stays within that bound (consume_tile's max-free path; Cfg::MAX_FREE).
 //   * One split: the CTA writes the normalised output. Several: normalised partials in the
 //     input dtype [B, Hkv, S, G*T, 128] (session 22: half the bytes of fp32 to write and merge;
 //     the merges add them in fp32) + fp32 base-2 LSE [B, Hkv, S, G*T], merged by the shared
