@@ -633,12 +633,24 @@ def test_key_tail_rescales_match_fp64(dtype, gen, monkeypatch):
     _run(case, dtype, gen, graph=True, key_scale=[8.0, 0.25, 0.5, 1.0])
 
 
-# The three split-kernel shapes: WideTail through head groups, Tall, Wide.
+# The three split-kernel shapes: WideTail through head groups, Tall, Wide (checked below).
 LAZY_CASES = [
     ([9000], 65, 8, 1, 16, None),
-    ([20000, 700], 17, 32, 8, 64, None),
+    ([20000, 700], 17, 8, 1, 64, None),
     ([6000, 17], 64, 32, 8, 16, None),
 ]
+
+
+def test_lazy_cases_cover_the_three_shapes():
+    """The lazy-rescale GPU cases run WideTail (two launch heads of 260 rows, the tail warpgroup),
+    Tall (three consumer warpgroups) and Wide (two, no tail): the first two take the max-free
+    path on whole tiles, Wide the exact one (Cfg::MAX_FREE)."""
+    shapes = []
+    for lens, t, hq, hkv, ps, splits in LAZY_CASES:
+        pages = -(-(max(lens) + t) // ps) + 1  # as gqa_inputs' page table: one spare page
+        plan = cuda_gqa.plan_launch(len(lens), t, hq, hkv, pages * ps, 132, splits)
+        shapes.append((plan.q_groups, plan.wgs, plan.split))
+    assert shapes == [(2, 2, 2), (1, 3, 0), (1, 2, 0)], shapes
 
 
 @pytest.mark.gpu
