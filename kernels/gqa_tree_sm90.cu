@@ -153,7 +153,7 @@ struct Cfg {
   static constexpr int WORDS = BN / 64;  // tree-mask words a tile
   // The consumers' max-free path on whole tiles (consume_tile, session 24). Not in Wide: there
   // (its consumers also hold the phase clocks' registers) it spilled its MMA descriptors in the
-  // loop and ran 0.3-6.2 % slower at 32q/8kv, T=17 (call f), where WideTail and Tall ran up to
+  // loop and ran up to 6.2 % slower at 32q/8kv, T=17 (call f), where WideTail and Tall ran up to
   // 4.7 % faster.
   static constexpr bool MAX_FREE = KEY_TAIL || CWG == 3;
   static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
@@ -585,19 +585,6 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
     for (int kk = 0; kk < C::KS; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) pn[kk][i] = Mma<E>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
-  } else if constexpr (!C::MAX_FREE) {  // (Wide: the exact path, 6de6187's code)
-    const float scale = p.qk_scale;
-    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, tile), bits0, bits1, q4);
-    const float mnew0 = lazy_max(m_run0, mx.x * scale);  // scale > 0: order kept
-    const float mnew1 = lazy_max(m_run1, mx.y * scale);
-    const float off0 = wg_offset(mnew0), off1 = wg_offset(mnew1);
-    alpha0 = exp2f(m_run0 - off0);
-    alpha1 = exp2f(m_run1 - off1);
-    m_run0 = mnew0;
-    m_run1 = mnew1;
-    const float2 sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
-    l_run0 = l_run0 * alpha0 + sum.x;
-    l_run1 = l_run1 * alpha1 + sum.y;
   } else {
     const float scale = p.qk_scale;
     float2 sum;
@@ -615,7 +602,9 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
       sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
     };
 #ifndef KDTREE_GQA_EXACT_MAX
-    if (tile_is_full<C>(ts, tile)) {
+    if constexpr (!C::MAX_FREE) {  // (Wide: the exact path on every tile)
+      exact(tile_is_full<C>(ts, tile));
+    } else if (tile_is_full<C>(ts, tile)) {
       // The max-free path (session 24): P against the running offsets, no row max. Exact where
       // every P <= 2^SLACK, which a thread's partial row sum (its 32 keys of the row, each P >= 0)
       // bounds; a warp with a larger sum (or inf / NaN, or a row with no offset yet) takes the
