@@ -40,8 +40,8 @@
 //     warpgroups take turns issuing their MMAs (KDTREE_GQA_PINGPONG=1, the default; =2 makes
 //     Tall's three take turns in a ring too, measured no faster). Session 24: a row's offset
 //     moves only when a score rises more than 2^8 above it (lazy_max, FlashAttention-4's lazy
-//     rescale), and WideTail's and Tall's consumers skip the row max on whole tiles while every
-//     P stays within that bound (consume_tile's max-free path; Cfg::MAX_FREE).
+//     rescale), and the consumers skip the row max on whole tiles while every P stays within
+//     that bound (consume_tile's max-free path; Cfg::MAX_FREE; Wide's since session 25).
 //   * One split: the CTA writes the normalised output. Several: normalised partials in the
 //     input dtype [B, Hkv, S, G*T, 128] (session 22: half the bytes of fp32 to write and merge;
 //     the merges add them in fp32) + fp32 base-2 LSE [B, Hkv, S, G*T], merged by the shared
@@ -151,11 +151,11 @@ struct Cfg {
   static constexpr int SN = BN / 2;     // S accumulator registers a thread
   static constexpr int KS = BN / 16;    // P V k-steps a tile
   static constexpr int WORDS = BN / 64;  // tree-mask words a tile
-  // The consumers' max-free path on whole tiles (consume_tile, session 24). Not in Wide: there
-  // (its consumers also hold the phase clocks' registers) it spilled its MMA descriptors in the
-  // loop and ran up to 6.2 % slower at 32q/8kv, T=17 (call f), where WideTail and Tall ran up to
-  // 4.7 % faster.
-  static constexpr bool MAX_FREE = KEY_TAIL || CWG == 3;
+  // The consumers' max-free path on whole tiles (consume_tile, session 24), in every shape
+  // without register clocks. With them (Wide's measurement build) it spilled its MMA descriptors
+  // in the loop and ran up to 6.2 % slower at 32q/8kv, T=17 (session 24, call f), so that build
+  // keeps the exact path on every tile.
+  static constexpr bool MAX_FREE = !CLOCKS;
   static_assert(SMEM_TOTAL <= 227 * 1024, "GQA kernel shared memory above the sm_90 limit");
   // setmaxnreg moves registers within the CTA's launch allocation: ptxas gives every thread the
   // same count at launch (65536 / THREADS, rounded down to 8), so the warpgroups' counts must sum
@@ -174,8 +174,17 @@ struct Cfg {
                 "the tail warpgroup's P buffers and scratch fit its Q region");
   static_assert(BN == 64 || BN == 128, "tiles of 64 or 128 keys");
 };
-// Two consumer warpgroups (128 rows a CTA) over 128-key tiles: the FlashAttention-3 shape.
-using Wide = Cfg<2, 128, 3, 40, 232, true>;
+// Two consumer warpgroups (128 rows a CTA) over 128-key tiles: the FlashAttention-3 shape. Its
+// phase clocks (PhaseClocks: ten registers a thread, in the consumers and the producer) only in a
+// measurement build (KDTREE_CUDA_DEFINES=KDTREE_GQA_WIDE_CLOCKS, tools/gpu/gqa_phases.py), since
+// session 25: without them the max-free path fits Wide's 232 registers (4 bytes of spills, one
+// store and one load a tile, against two 8-byte descriptor reloads with them).
+#ifdef KDTREE_GQA_WIDE_CLOCKS
+constexpr bool kWideClocks = true;
+#else
+constexpr bool kWideClocks = false;
+#endif
+using Wide = Cfg<2, 128, 3, 40, 232, kWideClocks>;
 // Wide with a tail warpgroup of its own for 1-4 rows past four whole blocks (32q/8kv at T=65),
 // session 21: 512 threads, 64K registers: the block warpgroups at 224 (below it ptxas serialises
 // their wgmma, C7512: 200 and 216 did), the tail warpgroup at 40 (one S^T and one O^T
@@ -242,7 +251,9 @@ using TallClocks = SmemClocks;
 using TallClocks = NoClocks;
 #endif
 template <class C>
-using ClocksOf = typename std::conditional<C::CLOCKS, RegClocks, TallClocks>::type;
+using ClocksOf = typename std::conditional<
+    C::CLOCKS, RegClocks,
+    typename std::conditional<C::CWG == 3, TallClocks, NoClocks>::type>::type;
 template <class C>
 using ProducerClocksOf = typename std::conditional<C::CLOCKS, RegClocks, NoClocks>::type;
 
@@ -602,7 +613,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
       sum = wg_exp_pack<E>(s, pn, scale, off0, off1);
     };
 #ifndef KDTREE_GQA_EXACT_MAX
-    if constexpr (!C::MAX_FREE) {  // (Wide: the exact path on every tile)
+    if constexpr (!C::MAX_FREE) {  // (register clocks: the exact path on every tile)
       exact(tile_is_full<C>(ts, tile));
     } else if (tile_is_full<C>(ts, tile)) {
       // The max-free path (session 24): P against the running offsets, no row max. Exact where

@@ -491,6 +491,10 @@ def _gqa_plan(wl: Workload, ti: TreeInputs, num_splits: int | None = None):
     )  # fmt: skip
 
 
+#: The GQA launch's merge (``GqaLaunch.merge``) as recorded in a row's config.
+MERGE_NAMES = {0: "triton", 1: "plain", 2: "pdl"}
+
+
 def setup_ours_gqa_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
@@ -502,7 +506,7 @@ def setup_ours_gqa_graph(wl, ti, opts):
         *_graphed(fn, wl.n_rot, wl.device),
         {"splits": plan.num_splits, "kernel": "gqa_sm90", "warpgroups": plan.wgs,
          "tail_blocks": plan.tail_blocks, "split_tail": plan.split, "q_groups": plan.q_groups,
-         "split_pdl": split_pdl()},
+         "split_pdl": split_pdl(), "merge": MERGE_NAMES.get(plan.merge, str(plan.merge))},
     )  # fmt: skip
 
 

@@ -19,13 +19,19 @@ __all__ = [
     "merge_ctas",
     "merge_mode",
     "on_sm90",
+    "resolve_merge",
     "split_workspace",
     "warn_ablation",
 ]
 
 #: ``KDTREE_CUDA_MERGE`` values -> the launchers' ``merge`` argument (kernels/sm90_common.cuh
-#: MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL).
-MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2}
+#: MERGE_BY_CALLER / MERGE_PLAIN / MERGE_PDL); ``auto`` (:data:`MERGE_AUTO`) is resolved to
+#: ``plain`` or ``pdl`` on the host before a launch (:func:`resolve_merge`).
+MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2, "auto": 3}
+MERGE_PLAIN, MERGE_PDL, MERGE_AUTO = 1, 2, 3
+#: CTAs of the 16-bit merges an SM holds at once (both: 256 threads of 56 registers, ptxas;
+#: ``merge_splits_kernel``'s ``__launch_bounds__(256, 4)``).
+MERGE_CTAS_PER_SM = 4
 #: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS: the two-pass merge of
 #: fp32 partials keeps its weights in shared memory; the one-pass merge takes the same bound);
 #: above it the backends use the Triton merge.
@@ -115,15 +121,14 @@ def split_workspace(
 
 def merge_mode() -> int:
     """Who merges the split partials of the CUDA backends (``KDTREE_CUDA_MERGE``, read at every
-    call; a CUDA graph keeps what it captured): ``plain`` (default) the shared CUDA merge of
-    ``kernels/sm90_common.cuh`` in stream order, ``pdl`` the same kernel as a programmatic
-    dependent launch of the split kernel (its launch overlapping the split's last wave; measured
-    no faster in sessions 12 and 17, ``tools/gpu/merge_cost.py``, and mixed in session 23: 0.7-2.5 %
-    less time at 8q/1kv, T=65, up to 13 % more at 8q/1kv, T=17 and 9 % at 32q/8kv), ``triton``
-    the Triton merge
-    (:func:`kdtree.kernels._common.launch_merge`). All three give the same result up to
+    call; a CUDA graph keeps what it captured): ``auto`` (default) lets the GQA backend pick
+    ``plain`` or ``pdl`` for each launch (:func:`resolve_merge`; the MLA backend runs ``plain``);
+    ``plain`` the shared CUDA merge of ``kernels/sm90_common.cuh`` in stream order; ``pdl`` the
+    same kernel as a programmatic dependent launch of the split kernel (its CTAs launched once
+    every split CTA has started, waiting for the split grid to finish); ``triton`` the Triton
+    merge (:func:`kdtree.kernels._common.launch_merge`). All give the same result up to
     summation order."""
-    value = os.environ.get("KDTREE_CUDA_MERGE", "plain").strip() or "plain"
+    value = os.environ.get("KDTREE_CUDA_MERGE", "auto").strip() or "auto"
     if value not in MERGE_MODES:
         raise ValueError(f"KDTREE_CUDA_MERGE={value!r}: expected one of {sorted(MERGE_MODES)}")
     return MERGE_MODES[value]
@@ -132,9 +137,31 @@ def merge_mode() -> int:
 def merge_for(num_splits: int) -> int:
     """The launchers' ``merge`` argument for ``num_splits`` splits: :func:`merge_mode`, except the
     Triton merge (0) above :data:`MERGE_MAX_SPLITS` (a forced split count; ``choose_splits``
-    stays far below it)."""
+    stays far below it). :data:`MERGE_AUTO` is still to be resolved (:func:`resolve_merge`)."""
     mode = merge_mode()
     return 0 if num_splits > MERGE_MAX_SPLITS else mode
+
+
+def resolve_merge(merge: int, split_ctas: int, merge_ctas: int, num_sms: int) -> int:
+    """The merge launch for ``merge`` (:func:`merge_for`) after a split grid of ``split_ctas``
+    CTAs (one an SM) with a merge of ``merge_ctas`` CTAs: ``merge`` unless it is
+    :data:`MERGE_AUTO`, which takes the programmatic dependent launch where the split grid leaves
+    no SM free, or where the SMs it leaves free hold the whole merge at once
+    (:data:`MERGE_CTAS_PER_SM` a free SM), else stream order.
+
+    Why (session 23, call f, alternating rounds, ``data/bench/logs/gqa_ab_session23.csv``): a
+    dependent launch hides the merge's launch behind the split grid's last CTAs, 0.7-2.5 % less
+    time at 8q/1kv, T=65 (132 split CTAs, 0.46 us at 64k) and 2.3 % at 8q/1kv, T=17, 16k (52
+    CTAs: the 136 merge CTAs fit the 80 free SMs). Where the free SMs are few, the merge's first
+    CTAs pile onto them while the split grid runs and the rest wait for it anyway (the CTA
+    timeline: the merge 3.3 -> 5.5-6.3 us): 8q/1kv, T=17 at 103-129 split CTAs 5.5-12.8 % more,
+    32q/8kv at 120-128 CTAs 0.4-8.8 % more."""
+    if merge != MERGE_AUTO:
+        return merge
+    free = max(num_sms - split_ctas, 0)
+    if free == 0 or merge_ctas <= free * MERGE_CTAS_PER_SM:
+        return MERGE_PDL
+    return MERGE_PLAIN
 
 
 def merge_ctas(rows: int, heads: int, entries: int, head_dim: int = 128) -> int:

@@ -50,8 +50,10 @@ from kdtree.kernels.cuda_common import (
     any_sm90,
     is_sm90,
     library_builds,
+    merge_ctas,
     merge_for,
     on_sm90,
+    resolve_merge,
     split_workspace,
     warn_ablation,
 )
@@ -338,7 +340,10 @@ def plan_launch(
     heads over ``num_kv_heads`` KV heads and a page table of ``max_len`` keys (static shapes
     only): :func:`q_groups`, then :func:`choose_splits` (unless ``num_splits`` is given) and
     :func:`launch_layout` for the launch heads. Head groups are only taken where the layout
-    they are for (:func:`key_tail`) runs at the split count."""
+    they are for (:func:`key_tail`) runs at the split count. ``merge`` is the launcher's
+    (``KDTREE_CUDA_MERGE=auto``, the default, resolved by
+    :func:`~kdtree.kernels.cuda_common.resolve_merge` from the split grid's CTAs and the
+    merge's)."""
     group = num_q_heads // num_kv_heads
     wanted = q_groups(group, t)
     for r in (wanted, 1) if wanted > 1 else (1,):
@@ -348,6 +353,12 @@ def plan_launch(
         if r == 1 or key_tail(rows, s, merge):
             break
     wgs, tail_blocks, split = launch_layout(rows, s, merge)
+    # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs and the merge's
+    grid_x = 2 if split == 2 else row_ctas(rows, wgs, tail_blocks)
+    entries = s * (2 if split else 1)  # (the shadow rows: a second partial a split)
+    merge = resolve_merge(
+        merge, batch * heads * grid_x * s, merge_ctas(rows, batch * heads, entries), num_sms
+    )
     return GqaLaunch(
         r, heads, rows, s, wgs, tail_blocks, split, merge, workspace_numel(batch, heads, rows, s)
     )
@@ -618,10 +629,12 @@ def tree_attention_gqa_cuda(
 
 #: Phases of the consumer warpgroups' clocks (``KDTREE_GQA_CLOCKS=1``; tiles j >= 1; the
 #: first "wait_tile" of a CTA also holds its tile-0 prologue): wait for the tile, issue S_j and
-#: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale. The
-#: two-warpgroup shape keeps them in registers, the three-warpgroup one in shared memory in its
-#: measurement build only (``KDTREE_CUDA_DEFINES=KDTREE_GQA_TALL_CLOCKS``: compiled in, they
-#: cost the default kernel 2-7 % at T=65; its producer keeps none: at 32 registers they spill).
+#: P_{j-1} V_{j-1}, wait for S_j, softmax, wait for P_{j-1} V_{j-1}, release + rescale. Each
+#: shape has them in a measurement build only: the two-warpgroup one in registers
+#: (``KDTREE_CUDA_DEFINES=KDTREE_GQA_WIDE_CLOCKS``, since session 25: their ten registers kept
+#: its consumers off the max-free path), the three-warpgroup one in shared memory
+#: (``KDTREE_GQA_TALL_CLOCKS``: compiled in, they cost the default kernel 2-7 % at T=65; its
+#: producer keeps none: at 32 registers they spill). The tail warpgroup's layout has none.
 CONSUMER_PHASES = ("wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale")
 #: Phases of the producer's clocks: wait for a free stage, issue the tile's copies.
 PRODUCER_PHASES = ("wait_empty", "copies")
@@ -639,9 +652,10 @@ def phase_clocks() -> dict[str, float]:
         raise RuntimeError(f"reading the GQA clocks failed ({rc})")
     if buf[9] == 0:
         raise RuntimeError(
-            "no GQA clocks were recorded: launch with KDTREE_GQA_CLOCKS=1 (the three-warpgroup "
-            "shape keeps them only in its measurement build, KDTREE_CUDA_DEFINES="
-            "KDTREE_GQA_TALL_CLOCKS, tools/gpu/gqa_phases.py)"
+            "no GQA clocks were recorded: launch with KDTREE_GQA_CLOCKS=1 in a measurement "
+            "build that keeps them (KDTREE_CUDA_DEFINES=KDTREE_GQA_WIDE_CLOCKS for the "
+            "two-warpgroup shape, KDTREE_GQA_TALL_CLOCKS for the three-warpgroup one; "
+            "tools/gpu/gqa_phases.py)"
         )
     out: dict[str, float] = {}
     for w in range(4):

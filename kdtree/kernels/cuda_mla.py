@@ -37,6 +37,8 @@ import torch
 from kdtree.kernels._common import launch_merge
 from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc, parse_ptxas
 from kdtree.kernels.cuda_common import (
+    MERGE_AUTO,
+    MERGE_PLAIN,
     aligned16,
     any_sm90,
     is_sm90,
@@ -357,6 +359,8 @@ def tree_attention_mla_cuda(
         lse_ptr = part_ptr + 4 * n_part
     lib = _load()
     merge = merge_for(num_splits)
+    if merge == MERGE_AUTO:  # (the MLA merge's launch mode was not measured: stream order)
+        merge = MERGE_PLAIN
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         args = launch_args(

@@ -11,11 +11,13 @@
     python3 tools/gpu/gqa_phases.py [--points gqa_8q1kv_d128:131072:65,...] [--warpgroups 2|3]
         [--page-size 16] [--out DIR]
 
-It runs the two-warpgroup kernel shape (``KDTREE_GQA_WARPGROUPS=2``) at every point;
-``--warpgroups 3`` the three-warpgroup shape in the layout ``launch_plan`` gives it, with and
-without turns, in its clocks build (``KDTREE_CUDA_DEFINES=KDTREE_GQA_TALL_CLOCKS``, added to any
-defines already set: its consumers' clocks sum in shared memory since session 15, its producer
-keeps none; the build runs 2-7 % slower than the default one at T=65, ablations included).
+It runs the two-warpgroup kernel shape (``KDTREE_GQA_WARPGROUPS=2``) at every point, in its
+clocks build (``KDTREE_CUDA_DEFINES=KDTREE_GQA_WIDE_CLOCKS``, added to any defines already set:
+register clocks, and the exact softmax on every tile as before session 25); ``--warpgroups 3``
+the three-warpgroup shape in the layout ``launch_plan`` gives it, with and without turns, in its
+clocks build (``KDTREE_GQA_TALL_CLOCKS``: its consumers' clocks sum in shared memory since
+session 15, its producer keeps none; the build runs 2-7 % slower than the default one at T=65,
+ablations included).
 """
 
 from __future__ import annotations
@@ -54,11 +56,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ["KDTREE_GQA_WARPGROUPS"] = str(a.warpgroups)
-    if a.warpgroups == 3:  # the Tall consumers' clocks: a measurement build (2-7 % slower)
-        defs = os.environ.get("KDTREE_CUDA_DEFINES", "")
-        os.environ["KDTREE_CUDA_DEFINES"] = ",".join(
-            filter(None, (defs, "KDTREE_GQA_TALL_CLOCKS"))
-        )
+    # each shape's clocks are a measurement build's (Tall's: 2-7 % slower; Wide's: the exact
+    # softmax on every tile, as before session 25)
+    clocks = "KDTREE_GQA_TALL_CLOCKS" if a.warpgroups == 3 else "KDTREE_GQA_WIDE_CLOCKS"
+    defs = os.environ.get("KDTREE_CUDA_DEFINES", "")
+    os.environ["KDTREE_CUDA_DEFINES"] = ",".join(filter(None, (defs, clocks)))
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
     for spec in a.points.split(","):
