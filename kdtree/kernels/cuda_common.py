@@ -29,9 +29,6 @@ __all__ = [
 #: ``plain`` or ``pdl`` on the host before a launch (:func:`resolve_merge`).
 MERGE_MODES = {"triton": 0, "plain": 1, "pdl": 2, "auto": 3}
 MERGE_PLAIN, MERGE_PDL, MERGE_AUTO = 1, 2, 3
-#: CTAs of the 16-bit merges an SM holds at once (both: 256 threads of 56 registers, ptxas;
-#: ``merge_splits_kernel``'s ``__launch_bounds__(256, 4)``).
-MERGE_CTAS_PER_SM = 4
 #: The CUDA merge's split bound (kernels/sm90_common.cuh MERGE_MAX_SPLITS: the two-pass merge of
 #: fp32 partials keeps its weights in shared memory; the one-pass merge takes the same bound);
 #: above it the backends use the Triton merge.
@@ -122,7 +119,8 @@ def split_workspace(
 def merge_mode() -> int:
     """Who merges the split partials of the CUDA backends (``KDTREE_CUDA_MERGE``, read at every
     call; a CUDA graph keeps what it captured): ``auto`` (default) lets the GQA backend pick
-    ``plain`` or ``pdl`` for each launch (:func:`resolve_merge`; the MLA backend runs ``plain``);
+    ``plain`` or ``pdl`` for each launch (:func:`resolve_merge`; the MLA backend runs ``plain``,
+    not measured otherwise);
     ``plain`` the shared CUDA merge of ``kernels/sm90_common.cuh`` in stream order; ``pdl`` the
     same kernel as a programmatic dependent launch of the split kernel (its CTAs launched once
     every split CTA has started, waiting for the split grid to finish); ``triton`` the Triton
@@ -142,26 +140,22 @@ def merge_for(num_splits: int) -> int:
     return 0 if num_splits > MERGE_MAX_SPLITS else mode
 
 
-def resolve_merge(merge: int, split_ctas: int, merge_ctas: int, num_sms: int) -> int:
+def resolve_merge(merge: int, split_ctas: int, num_sms: int) -> int:
     """The merge launch for ``merge`` (:func:`merge_for`) after a split grid of ``split_ctas``
-    CTAs (one an SM) with a merge of ``merge_ctas`` CTAs: ``merge`` unless it is
-    :data:`MERGE_AUTO`, which takes the programmatic dependent launch where the split grid leaves
-    no SM free, or where the SMs it leaves free hold the whole merge at once
-    (:data:`MERGE_CTAS_PER_SM` a free SM), else stream order.
+    CTAs (one an SM): ``merge`` unless it is :data:`MERGE_AUTO`, which takes the programmatic
+    dependent launch where the split grid leaves no SM free, else stream order.
 
-    Why (session 23, call f, alternating rounds, ``data/bench/logs/gqa_ab_session23.csv``): a
-    dependent launch hides the merge's launch behind the split grid's last CTAs, 0.7-2.5 % less
-    time at 8q/1kv, T=65 (132 split CTAs, 0.46 us at 64k) and 2.3 % at 8q/1kv, T=17, 16k (52
-    CTAs: the 136 merge CTAs fit the 80 free SMs). Where the free SMs are few, the merge's first
-    CTAs pile onto them while the split grid runs and the rest wait for it anyway (the CTA
-    timeline: the merge 3.3 -> 5.5-6.3 us): 8q/1kv, T=17 at 103-129 split CTAs 5.5-12.8 % more,
-    32q/8kv at 120-128 CTAs 0.4-8.8 % more."""
+    Why: a dependent launch puts the merge's CTAs on the SMs as the split grid's last CTAs leave
+    them, so they wait there for its end instead of being launched after it. Where the split
+    grid leaves SMs free, the merge's CTAs first crowd those SMs while the split grid runs (the
+    CTA timeline, session 23: the merge 3.3 -> 5.5-6.3 us). Alternating rounds against stream
+    order (session 23 call f, session 25 call a; ``data/bench/logs/gqa_ab_session2{3,5}.csv``):
+    at 8q/1kv, T=65, 16k-64k (132 split CTAs) 0.8-2.5 % less time (64k 37.66 -> 37.28 us in
+    call a); with SMs free 2.3 % more at 8q/1kv, T=17, 16k (64 CTAs, call a), 5.5-12.8 % more at
+    8q/1kv, T=17, 32k-128k (103-129 CTAs, call f) and 0.4-8.8 % at 32q/8kv (120-128 CTAs)."""
     if merge != MERGE_AUTO:
         return merge
-    free = max(num_sms - split_ctas, 0)
-    if free == 0 or merge_ctas <= free * MERGE_CTAS_PER_SM:
-        return MERGE_PDL
-    return MERGE_PLAIN
+    return MERGE_PDL if split_ctas >= num_sms else MERGE_PLAIN
 
 
 def merge_ctas(rows: int, heads: int, entries: int, head_dim: int = 128) -> int:

@@ -50,7 +50,6 @@ from kdtree.kernels.cuda_common import (
     any_sm90,
     is_sm90,
     library_builds,
-    merge_ctas,
     merge_for,
     on_sm90,
     resolve_merge,
@@ -342,8 +341,7 @@ def plan_launch(
     :func:`launch_layout` for the launch heads. Head groups are only taken where the layout
     they are for (:func:`key_tail`) runs at the split count. ``merge`` is the launcher's
     (``KDTREE_CUDA_MERGE=auto``, the default, resolved by
-    :func:`~kdtree.kernels.cuda_common.resolve_merge` from the split grid's CTAs and the
-    merge's)."""
+    :func:`~kdtree.kernels.cuda_common.resolve_merge` from the split grid's CTAs)."""
     group = num_q_heads // num_kv_heads
     wanted = q_groups(group, t)
     for r in (wanted, 1) if wanted > 1 else (1,):
@@ -353,12 +351,9 @@ def plan_launch(
         if r == 1 or key_tail(rows, s, merge):
             break
     wgs, tail_blocks, split = launch_layout(rows, s, merge)
-    # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs and the merge's
+    # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs
     grid_x = 2 if split == 2 else row_ctas(rows, wgs, tail_blocks)
-    entries = s * (2 if split else 1)  # (the shadow rows: a second partial a split)
-    merge = resolve_merge(
-        merge, batch * heads * grid_x * s, merge_ctas(rows, batch * heads, entries), num_sms
-    )
+    merge = resolve_merge(merge, batch * heads * grid_x * s, num_sms)
     return GqaLaunch(
         r, heads, rows, s, wgs, tail_blocks, split, merge, workspace_numel(batch, heads, rows, s)
     )

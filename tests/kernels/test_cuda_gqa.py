@@ -1035,19 +1035,16 @@ def test_merge_mode_setting(monkeypatch):
 
 def test_auto_merge_launch(monkeypatch):
     """KDTREE_CUDA_MERGE=auto (the default) launches the merge as a programmatic dependent where
-    the split grid leaves no SM free or the free SMs hold the whole merge at once (four merge
-    CTAs an SM), else in stream order; the MLA backend and forced modes are left as they are.
+    the split grid leaves no SM free, else in stream order; forced modes are left as they are.
     At the bench's points (page tables of L + T keys in 16-slot pages, 132 SMs) that is where
-    session 23's call f measured the dependent launch faster."""
-    from kdtree.kernels.cuda_common import MERGE_CTAS_PER_SM, resolve_merge
+    sessions 23 and 25 measured the dependent launch faster (8q/1kv, T=65, 16k-64k)."""
+    from kdtree.kernels.cuda_common import resolve_merge
 
-    assert MERGE_CTAS_PER_SM == 4
-    assert resolve_merge(3, 132, 528, 132) == 2  # no SM free
-    assert resolve_merge(3, 52, 320, 132) == 2 and resolve_merge(3, 52, 321, 132) == 1
-    assert resolve_merge(3, 128, 16, 132) == 2 and resolve_merge(3, 128, 17, 132) == 1
-    assert resolve_merge(3, 200, 999, 132) == 2  # more than a wave: none free at the end either
+    assert resolve_merge(3, 132, 132) == 2 and resolve_merge(3, 200, 132) == 2
+    assert resolve_merge(3, 131, 132) == 1 and resolve_merge(3, 64, 132) == 1
     for forced in (0, 1, 2):
-        assert resolve_merge(forced, 52, 136, 132) == forced
+        assert resolve_merge(forced, 132, 132) == forced
+        assert resolve_merge(forced, 64, 132) == forced
     monkeypatch.delenv("KDTREE_CUDA_MERGE", raising=False)
 
     def merge_at(hq, hkv, t, length):
@@ -1056,9 +1053,8 @@ def test_auto_merge_launch(monkeypatch):
 
     for length in (16384, 32768, 65536):  # 8q/1kv, T=65: 33 splits, 132 CTAs
         assert merge_at(8, 1, 65, length) == 2
-    assert merge_at(8, 1, 65, 131072) == 1  # 32 splits: 4 SMs free, 528 merge CTAs
-    assert merge_at(8, 1, 17, 16384) == 2  # 52 split CTAs: 136 merge CTAs fit 80 free SMs
-    for length in (32768, 65536, 131072):  # 103-129 split CTAs
+    assert merge_at(8, 1, 65, 131072) == 1  # 32 splits: 4 SMs free
+    for length in (16384, 32768, 65536, 131072):  # 8q/1kv, T=17: 52-129 split CTAs
         assert merge_at(8, 1, 17, length) == 1
     for t in (17, 65):
         for length in (16384, 65536, 131072):
