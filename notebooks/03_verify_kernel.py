@@ -848,6 +848,32 @@ else:
     nb.note("The session-24 rows are not shipped (data/bench/logs/*session24*).")
 
 # %% [markdown]
+# ### The CUDA GQA kernel (session 25): the merge's launch picked per call, Wide's max-free path
+# * Call a, `a_merge`: the merge in stream order (`v0`, `KDTREE_CUDA_MERGE=plain`) against the
+#   first form of `auto` (`v1`): a programmatic dependent launch where the split grid leaves no SM
+#   free (8q/1kv, T=65, 16k-64k: 132 CTAs; 0.8-1.9 % less time) or where the free SMs hold the
+#   whole merge (8q/1kv, T=17, 16k: 2.3 % more, so the shipped rule keeps only the first case).
+#   T=17 at 32k and 64k launch the same way on both sides (a control).
+# * Calls a and b, `a_wide` / `b_wide`: Wide without its register clocks, on the max-free path
+#   (`v0`, the default) against Wide as it was (`v1`, `KDTREE_GQA_WIDE_CLOCKS`, the clocks'
+#   measurement build: the same SASS as 4992303's). Within -1.0..+1.3 % at 32q/8kv, T=17 (68 rows:
+#   copy-bound), 2.0-3.0 % less time at 8q/1kv, T=32 (256 rows).
+
+# %%
+ab25_csv = nb.data_path("bench", "logs", "gqa_ab_session25.csv")
+if ab25_csv.exists():
+    ab25 = pd.read_csv(ab25_csv)
+    for call, what in (
+        ("a_merge", "stream order (v0) against the dependent launch's first rule (v1)"),
+        ("a_wide", "Wide on the max-free path (v0) against Wide with clocks (v1), T=17"),
+        ("b_wide", "the same at T=32"),
+    ):
+        print(f"call {call}: {what}")
+        display(ns.ab_commits_table(ab25, call=call).round(3))
+else:
+    nb.note("The session-25 rows are not shipped (data/bench/logs/*session25*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

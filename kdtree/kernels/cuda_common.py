@@ -148,7 +148,7 @@ def resolve_merge(merge: int, split_ctas: int, num_sms: int) -> int:
     Why: a dependent launch puts the merge's CTAs on the SMs as the split grid's last CTAs leave
     them, so they wait there for its end instead of being launched after it. Where the split
     grid leaves SMs free, the merge's CTAs first crowd those SMs while the split grid runs (the
-    CTA timeline, session 23: the merge 3.3 -> 5.5-6.3 us). Alternating rounds against stream
+    CTA timeline, session 17: the merge 3.3 -> 5.5-6.3 us). Alternating rounds against stream
     order (session 23 call f, session 25 call a; ``data/bench/logs/gqa_ab_session2{3,5}.csv``):
     at 8q/1kv, T=65, 16k-64k (132 split CTAs) 0.8-2.5 % less time (64k 37.66 -> 37.28 us in
     call a); with SMs free 2.3 % more at 8q/1kv, T=17, 16k (64 CTAs, call a), 5.5-12.8 % more at
