@@ -237,6 +237,15 @@ def note(text: str) -> None:
     display(Markdown(f"> **Note.** {text}"))
 
 
+def show_tables(tables: dict[str, Any], digits: int = 3) -> None:
+    """Each table of ``tables`` (title -> DataFrame) under its title, rounded to ``digits``."""
+    from IPython.display import display
+
+    for title, table in tables.items():
+        print(title)
+        display(table.round(digits))
+
+
 # ---------------------------------------------------------------------------------------------
 # shipped data
 # ---------------------------------------------------------------------------------------------

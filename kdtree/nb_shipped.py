@@ -866,6 +866,14 @@ def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
     return w.reset_index()
 
 
+def ab_call_tables(df: pd.DataFrame, calls: dict[str, str]) -> dict[str, pd.DataFrame]:
+    """:func:`ab_commits_table` of each call of ``calls`` (call -> what its sides are), keyed
+    ``"call <call>: <what>"`` in the order given: a session's A/B calls for a notebook cell."""
+    return {
+        f"call {call}: {what}": ab_commits_table(df, call=call) for call, what in calls.items()
+    }
+
+
 #: The spans of a verify call in the CTA timeline (kdtree.profiling.cta_timeline.call_phases),
 #: in the order they follow each other.
 TIMELINE_SPANS = ("first_tile", "stream", "epilogue", "straggle", "gap_merge", "merge", "gap_next")

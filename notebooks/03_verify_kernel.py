@@ -797,14 +797,12 @@ if ab23_csv.exists() and lay23_csv.exists() and mla23_csv.exists() and tl23_csv.
     for call in ("b_qgroups", "b_t257", "b_batch17", "d_splits"):
         print(f"call {call}")
         display(ns.layout_variants_table(lay23, call).round(3))
-    ab23 = pd.read_csv(ab23_csv)
-    for call, what in (
-        ("a", "f533deb: the first form"),
-        ("c", "34ea02f: the shipped form"),
-        ("f", "the merge under PDL (new) against stream order (old)"),
-    ):
-        print(f"call {call}: {what}")
-        display(ns.ab_commits_table(ab23, call=call).round(3))
+    calls23 = {
+        "a": "f533deb: the first form",
+        "c": "34ea02f: the shipped form",
+        "f": "the merge under PDL (new) against stream order (old)",
+    }
+    nb.show_tables(ns.ab_call_tables(pd.read_csv(ab23_csv), calls23))
     print("the seesaw MLA kernel against 7b75a26 (call c: the one-pass merge for fp32 partials)")
     display(ns.ab_commits_table(pd.read_csv(mla23_csv), call="c").round(3))
     display(ns.timeline_spans_table(pd.read_csv(tl23_csv), call="e").round(2))
@@ -832,15 +830,13 @@ ab24_csv = nb.data_path("bench", "logs", "gqa_ab_session24.csv")
 mla24_csv = nb.data_path("bench", "logs", "mla_ab_session24.csv")
 tl24_csv = nb.data_path("bench", "logs", "gqa_timeline_session24.csv")
 if ab24_csv.exists() and mla24_csv.exists() and tl24_csv.exists():
-    ab24 = pd.read_csv(ab24_csv)
-    for call, what in (
-        ("a", "the lazy rescale (new) against the exact running max (old)"),
-        ("c", "the merge at 9 entries a batch, 8-byte stores (v0) against v1, v2"),
-        ("e", "no row max (v1), no softmax (v2) against the default (v0)"),
-        ("f", "the max-free path (new) against 6de6187 (old)"),
-    ):
-        print(f"call {call}: {what}")
-        display(ns.ab_commits_table(ab24, call=call).round(3))
+    calls24 = {
+        "a": "the lazy rescale (new) against the exact running max (old)",
+        "c": "the merge at 9 entries a batch, 8-byte stores (v0) against v1, v2",
+        "e": "no row max (v1), no softmax (v2) against the default (v0)",
+        "f": "the max-free path (new) against 6de6187 (old)",
+    }
+    nb.show_tables(ns.ab_call_tables(pd.read_csv(ab24_csv), calls24))
     print("the seesaw MLA kernel, call a: the lazy rescale (new) against the exact max (old)")
     display(ns.ab_commits_table(pd.read_csv(mla24_csv), call="a").round(3))
     display(ns.timeline_spans_table(pd.read_csv(tl24_csv), call="d").round(2))
@@ -862,14 +858,12 @@ else:
 # %%
 ab25_csv = nb.data_path("bench", "logs", "gqa_ab_session25.csv")
 if ab25_csv.exists():
-    ab25 = pd.read_csv(ab25_csv)
-    for call, what in (
-        ("a_merge", "stream order (v0) against the dependent launch's first rule (v1)"),
-        ("a_wide", "Wide on the max-free path (v0) against Wide with clocks (v1), T=17"),
-        ("b_wide", "the same at T=32"),
-    ):
-        print(f"call {call}: {what}")
-        display(ns.ab_commits_table(ab25, call=call).round(3))
+    calls25 = {
+        "a_merge": "stream order (v0) against the dependent launch's first rule (v1)",
+        "a_wide": "Wide on the max-free path (v0) against Wide with clocks (v1), T=17",
+        "b_wide": "the same at T=32",
+    }
+    nb.show_tables(ns.ab_call_tables(pd.read_csv(ab25_csv), calls25))
 else:
     nb.note("The session-25 rows are not shipped (data/bench/logs/*session25*).")
 

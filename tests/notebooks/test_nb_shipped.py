@@ -518,6 +518,14 @@ def test_gqa_layout_ab_table_and_ab_commits_table():
     c = ns.ab_commits_table(v)
     assert list(c.columns) == ["name", "v1", "v0", "v0_vs_v1"]
     assert c.loc[0, "v0_vs_v1"] == pytest.approx(21.4 / 19.5)
+    # a session's calls for a notebook cell, titled in the order given
+    both = pd.concat([ab, v.assign(call="g")])
+    tables = ns.ab_call_tables(both, {"g": "defines", "f": "commits"})
+    assert list(tables) == ["call g: defines", "call f: commits"]
+    assert list(tables["call f: commits"].columns) == ["name", "old", "new", "new_vs_old"]
+    assert tables["call g: defines"].loc[0, "v0_vs_v1"] == pytest.approx(21.4 / 19.5)
+    with pytest.raises(ValueError, match="no A/B timing rows"):
+        ns.ab_call_tables(both, {"z": "none"})
 
 
 def test_layout_variants_table():
@@ -633,3 +641,12 @@ def test_read_floor_table():
     assert ns.read_floor_table(two, bench, call="c")["read_us"].iloc[0] == 6.0
     with pytest.raises(ValueError, match="no ours_gqa_graph"):
         ns.read_floor_table(read, bench[bench["provider"] == "fi_mask"])
+
+
+def test_show_tables_prints_each_title_and_its_rounded_table(capsys):
+    from kdtree import nb
+
+    nb.show_tables({"call a: x": pd.DataFrame({"v": [1.23456]}), "call b: y": pd.DataFrame()}, 2)
+    out = capsys.readouterr().out
+    assert out.index("call a: x") < out.index("1.23") < out.index("call b: y")
+    assert "1.2346" not in out
