@@ -143,19 +143,21 @@ def merge_for(num_splits: int) -> int:
 def resolve_merge(merge: int, split_ctas: int, num_sms: int) -> int:
     """The merge launch for ``merge`` (:func:`merge_for`) after a split grid of ``split_ctas``
     CTAs (one an SM): ``merge`` unless it is :data:`MERGE_AUTO`, which takes the programmatic
-    dependent launch where the split grid leaves no SM free, else stream order.
+    dependent launch where every wave of the split grid fills the SMs (``split_ctas`` a
+    multiple of ``num_sms``), so no SM is free when its last CTA starts, else stream order.
 
     Why: a dependent launch puts the merge's CTAs on the SMs as the split grid's last CTAs leave
-    them, so they wait there for its end instead of being launched after it. Where the split
-    grid leaves SMs free, the merge's CTAs first crowd those SMs while the split grid runs (the
-    CTA timeline, session 17: the merge 3.3 -> 5.5-6.3 us). Alternating rounds against stream
+    them, so they wait there for its end instead of being launched after it. Where SMs are free
+    once the last split CTA has started (fewer CTAs than SMs, or a last wave that does not fill
+    them), the merge's CTAs first crowd those SMs while the split grid runs (the CTA timeline,
+    session 17: the merge 3.3 -> 5.5-6.3 us). Measured on one-wave grids only (batch 1). Alternating rounds against stream
     order (session 23 call f, session 25 call a; ``data/bench/logs/gqa_ab_session2{3,5}.csv``):
     at 8q/1kv, T=65, 16k-64k (132 split CTAs) 0.8-2.5 % less time (64k 37.66 -> 37.28 us in
     call a); with SMs free 2.3 % more at 8q/1kv, T=17, 16k (64 CTAs, call a), 5.5-12.8 % more at
     8q/1kv, T=17, 32k-128k (103-129 CTAs, call f) and 0.4-8.8 % at 32q/8kv (120-128 CTAs)."""
     if merge != MERGE_AUTO:
         return merge
-    return MERGE_PDL if split_ctas >= num_sms else MERGE_PLAIN
+    return MERGE_PDL if split_ctas > 0 and split_ctas % num_sms == 0 else MERGE_PLAIN
 
 
 def merge_ctas(rows: int, heads: int, entries: int, head_dim: int = 128) -> int:

@@ -1035,13 +1035,16 @@ def test_merge_mode_setting(monkeypatch):
 
 def test_auto_merge_launch(monkeypatch):
     """KDTREE_CUDA_MERGE=auto (the default) launches the merge as a programmatic dependent where
-    the split grid leaves no SM free, else in stream order; forced modes are left as they are.
+    every wave of the split grid fills the SMs (no SM free once its last CTA has started), else
+    in stream order; forced modes are left as they are.
     At the bench's points (page tables of L + T keys in 16-slot pages, 132 SMs) that is where
     sessions 23 and 25 measured the dependent launch faster (8q/1kv, T=65, 16k-64k)."""
     from kdtree.kernels.cuda_common import resolve_merge
 
-    assert resolve_merge(3, 132, 132) == 2 and resolve_merge(3, 200, 132) == 2
+    assert resolve_merge(3, 132, 132) == 2 and resolve_merge(3, 264, 132) == 2
     assert resolve_merge(3, 131, 132) == 1 and resolve_merge(3, 64, 132) == 1
+    assert resolve_merge(3, 200, 132) == 1  # a second wave of 68: 64 SMs free at its start
+    assert resolve_merge(3, 0, 132) == 1
     for forced in (0, 1, 2):
         assert resolve_merge(forced, 132, 132) == forced
         assert resolve_merge(forced, 64, 132) == forced
