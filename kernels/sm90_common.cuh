@@ -1039,22 +1039,12 @@ __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const Me
 }
 
 
-// A row a warp (at most NE_MAX entries, 128 columns: lane c holds float4 column c): every
-// partial is loaded before the weights, the weights and their sum are warp shuffles (lane l holds
-// the LSE of entries l, l + 32, ...), so a row costs one round trip to L2 and no block barrier.
-// ROWS rows a CTA. Two forms: up to MERGE_WARP_ENTRIES = 16 entries, 8 rows a CTA (session 17);
-// up to MERGE_WARP_WIDE_ENTRIES, 4 rows a CTA (session 25: WideTail's rows at 33 splits, 33 and
-// 66 entries, took a row-a-CTA merge of 528 CTAs at 8q/1kv, T=65; here 130 CTAs, one an SM).
-// KDTREE_MERGE_WARP_WIDE=0 builds without the second form (its measurement build).
+// A row a warp (at most MERGE_WARP_ENTRIES entries, 128 columns: lane c holds float4 column c):
+// every partial is loaded before the weights, the weights and their sum are warp shuffles, so
+// a row costs one round trip to L2 and no block barrier. MERGE_THREADS / 32 rows a CTA.
 constexpr int MERGE_WARP_ENTRIES = 16;
-#ifndef KDTREE_MERGE_WARP_WIDE
-#define KDTREE_MERGE_WARP_WIDE 72
-#endif
-constexpr int MERGE_WARP_WIDE_ENTRIES = KDTREE_MERGE_WARP_WIDE;
-constexpr int MERGE_WARP_WIDE_ROWS = 4;
-template <typename E, typename P, int NE_MAX = MERGE_WARP_ENTRIES, int ROWS = MERGE_THREADS / 32>
-__global__ void __launch_bounds__(ROWS * 32) merge_splits_warp_kernel(const MergeParams p) {
-  constexpr int LW = (NE_MAX + 31) / 32;  // LSE a lane
+template <typename E, typename P>
+__global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const MergeParams p) {
   griddep_wait();  // the split kernel's partials
   griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
 #ifdef KDTREE_TIMELINE
@@ -1062,37 +1052,28 @@ __global__ void __launch_bounds__(ROWS * 32) merge_splits_warp_kernel(const Merg
   const long long tl_clock = clock64();
 #endif
   const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * ROWS + (threadIdx.x >> 5);
+  const int row = blockIdx.x * (MERGE_THREADS / 32) + (threadIdx.x >> 5);
   const int hb = blockIdx.y;
   if (row < p.rows) {
     const MergeRow mr(p, hb, row);
     const int NE = mr.NE;
-    typename PartLoad<P>::Raw v[NE_MAX];  // (every load before any conversion)
+    typename PartLoad<P>::Raw v[MERGE_WARP_ENTRIES];  // (every load before any conversion)
 #pragma unroll
-    for (int e = 0; e < NE_MAX; ++e)
+    for (int e = 0; e < MERGE_WARP_ENTRIES; ++e)
       v[e] = PartLoad<P>::load_if(p.part, mr.at(e) * 128 + 4 * lane, e < NE);
-    float l[LW];
-#pragma unroll
-    for (int k = 0; k < LW; ++k) l[k] = lane + 32 * k < NE ? p.lse[mr.at(lane + 32 * k)] : neg_inf();
-    float mx = l[0];
-#pragma unroll
-    for (int k = 1; k < LW; ++k) mx = fmaxf(mx, l[k]);
+    const float l = lane < NE ? p.lse[mr.at(lane)] : neg_inf();
+    float mx = l;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     const float muse = mx == neg_inf() ? 0.f : mx;
-    float w[LW];
-#pragma unroll
-    for (int k = 0; k < LW; ++k)
-      w[k] = lane + 32 * k < NE ? exp2f(l[k] - muse) : 0.f;  // 0 for a split without keys
-    float sum = w[0];
-#pragma unroll
-    for (int k = 1; k < LW; ++k) sum += w[k];
+    const float w = lane < NE ? exp2f(l - muse) : 0.f;  // 0 for a split without keys
+    float sum = w;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int e = 0; e < NE_MAX; ++e) {
-      const float we = __shfl_sync(0xffffffffu, w[e / 32], e % 32);
+    for (int e = 0; e < MERGE_WARP_ENTRIES; ++e) {
+      const float we = __shfl_sync(0xffffffffu, w, e);
       if (e < NE) merge_fma(acc, we, PartLoad<P>::to4(v[e]));
     }
     merge_store<E>(p, hb, row, lane, acc, sum);
@@ -1137,18 +1118,13 @@ template <typename E, int D, typename P = float>
 static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl) {
   const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
   if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
-  // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane):
-  // 8 rows a CTA up to 16 entries, 4 up to MERGE_WARP_WIDE_ENTRIES (16-bit partials)
-  const bool warp_ok = D == 128 && merge_by_warp_allowed();
-  const bool by_warp = warp_ok && entries <= MERGE_WARP_ENTRIES;
-  const bool by_wide = warp_ok && !by_warp && !std::is_same<P, float>::value &&
-                       entries <= MERGE_WARP_WIDE_ENTRIES;
+  // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane)
+  const bool by_warp = D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed();
   cudaLaunchConfig_t cfg = {};
-  constexpr int ROWS_A_CTA = MERGE_THREADS / 32, WIDE = MERGE_WARP_WIDE_ROWS;
-  const int ctas = by_warp ? (p.rows + ROWS_A_CTA - 1) / ROWS_A_CTA
-                           : (by_wide ? (p.rows + WIDE - 1) / WIDE : p.rows);
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(B * p.Hkv));
-  cfg.blockDim = dim3(by_wide ? 32 * WIDE : MERGE_THREADS);
+  constexpr int ROWS_A_CTA = MERGE_THREADS / 32;
+  cfg.gridDim = dim3(static_cast<unsigned>(by_warp ? (p.rows + ROWS_A_CTA - 1) / ROWS_A_CTA : p.rows),
+                     static_cast<unsigned>(B * p.Hkv));
+  cfg.blockDim = dim3(MERGE_THREADS);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -1157,11 +1133,6 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   if (by_warp) return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_warp_kernel<E, P>, p));
-  if constexpr (D == 128 && !std::is_same<P, float>::value && MERGE_WARP_WIDE_ENTRIES > 0) {
-    if (by_wide)
-      return static_cast<int>(cudaLaunchKernelEx(
-          &cfg, merge_splits_warp_kernel<E, P, MERGE_WARP_WIDE_ENTRIES, WIDE>, p));
-  }
   if constexpr (std::is_same<P, float>::value) {  // fp32 partials (MLA): the two-pass merge
     return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_twopass_kernel<E, D, P>, p));
   } else {  // 16-bit partials (GQA): the one-pass merge

@@ -18,7 +18,6 @@ __all__ = [
     "merge_for",
     "merge_ctas",
     "merge_mode",
-    "merge_warp_wide_entries",
     "on_sm90",
     "resolve_merge",
     "split_workspace",
@@ -35,12 +34,8 @@ MERGE_PLAIN, MERGE_PDL, MERGE_AUTO = 1, 2, 3
 #: above it the backends use the Triton merge.
 MERGE_MAX_SPLITS = 2048
 #: The CUDA merge takes a row a warp up to this many entries a row (kernels/sm90_common.cuh
-#: MERGE_WARP_ENTRIES: a split's partial, or two with the split tail's shadow rows), head dim 128,
-#: eight rows a CTA; and, for 16-bit partials, up to MERGE_WARP_WIDE_ENTRIES in a wider form of
-#: MERGE_WARP_WIDE_ROWS rows a CTA (session 25).
+#: MERGE_WARP_ENTRIES: a split's partial, or two with the split tail's shadow rows), head dim 128.
 MERGE_WARP_ENTRIES = 16
-MERGE_WARP_WIDE_ENTRIES = 72
-MERGE_WARP_WIDE_ROWS = 4
 
 
 def is_sm90(device: torch.device) -> bool:
@@ -165,28 +160,14 @@ def resolve_merge(merge: int, split_ctas: int, num_sms: int) -> int:
     return MERGE_PDL if split_ctas > 0 and split_ctas % num_sms == 0 else MERGE_PLAIN
 
 
-def merge_warp_wide_entries() -> int:
-    """The most entries a row the wide row-a-warp merge takes (:data:`MERGE_WARP_WIDE_ENTRIES`,
-    or the value of a ``KDTREE_MERGE_WARP_WIDE=N`` measurement define; 0: not built)."""
-    from kdtree.kernels.cuda_build import measurement_defines
-
-    for define in measurement_defines():
-        name, _, value = define.partition("=")
-        if name == "KDTREE_MERGE_WARP_WIDE":
-            return int(value or 1)
-    return MERGE_WARP_WIDE_ENTRIES
-
-
 def merge_ctas(rows: int, heads: int, entries: int, head_dim: int = 128) -> int:
     """CTAs of the CUDA merge over ``heads`` (batch x KV heads) of ``rows`` output rows with
-    ``entries`` partials a row (``launch_merge_splits``): a row a warp where the entries fit a
-    warp's registers (head dim 128, unless ``KDTREE_CUDA_MERGE_WARP=0``), eight rows a CTA up to
-    :data:`MERGE_WARP_ENTRIES` entries, :data:`MERGE_WARP_WIDE_ROWS` up to
-    :func:`merge_warp_wide_entries` (16-bit partials: the GQA backend's), else a row a CTA. The
-    CTA timeline counts its records by it."""
-    warp = head_dim == 128 and os.environ.get("KDTREE_CUDA_MERGE_WARP", "1")[:1] != "0"
-    if warp and entries <= MERGE_WARP_ENTRIES:
-        return -(-rows // 8) * heads
-    if warp and entries <= merge_warp_wide_entries():
-        return -(-rows // MERGE_WARP_WIDE_ROWS) * heads
-    return rows * heads
+    ``entries`` partials a row (``launch_merge_splits``): a row a warp, eight a CTA, where the
+    entries fit (:data:`MERGE_WARP_ENTRIES`, head dim 128, unless ``KDTREE_CUDA_MERGE_WARP=0``),
+    else a row a CTA. The CTA timeline counts its records by it."""
+    by_warp = (
+        head_dim == 128
+        and entries <= MERGE_WARP_ENTRIES
+        and os.environ.get("KDTREE_CUDA_MERGE_WARP", "1")[:1] != "0"
+    )
+    return (-(-rows // 8) if by_warp else rows) * heads

@@ -34,9 +34,7 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     merge = [k for k in kernels if "merge_splits_kernel" in k]  # sm90_common.cuh, Dv 128
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     by_warp = [k for k in kernels if "merge_splits_warp_kernel" in k]  # a row a warp
-    assert len(by_warp) == 4, f"expected the bf16 / fp16 merges by warp, got {kernels}"
-    wide = [k for k in by_warp if "Li72ELi4E" in k]  # (<E, P, 72 entries, 4 rows a CTA>)
-    assert len(wide) == 2, f"expected the bf16 / fp16 wide merge by warp, got {kernels}"
+    assert len(by_warp) == 2, f"expected the bf16 / fp16 merge by warp, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
@@ -75,7 +73,7 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     spill more is caught. The default build's bounds are the test above's."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
     assert sum("gqa_split_kernel" in k for k in kernels) == 12
-    assert sum("merge_splits" in k for k in kernels) == 6
+    assert sum("merge_splits" in k for k in kernels) == 4
     for name, info in kernels.items():
         if "merge_splits_warp_kernel" in name:
             assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
@@ -682,11 +680,10 @@ def test_lazy_rescale_matches_fp64(case, dtype, gen):
 @pytest.mark.parametrize("by_warp", ["0", "1"])
 @pytest.mark.parametrize("merge", ["plain", "pdl"])
 def test_merge_by_warp_and_by_cta(by_warp, merge, gen, monkeypatch):
-    """The CUDA merge's three kernels (a row a warp, 8 rows a CTA for at most 16 entries a row
-    and 4 for at most 72, else a row a CTA; KDTREE_CUDA_MERGE_WARP=0 takes the CTA one
-    everywhere) match fp64 on both sides of each bound: 16, 17, 72 and 73 splits, and 8, 9, 36
-    and 37 with the tail rows' second partial a split (16, 18, 72 and 74 entries in those rows),
-    in stream order and as a programmatic dependent, graph-captured."""
+    """The CUDA merge's two kernels (a row a warp for at most 16 entries a row, else a row a
+    CTA; KDTREE_CUDA_MERGE_WARP=0 takes the CTA one everywhere) match fp64 on both sides of the
+    bound: 16 and 17 splits, and 8 and 9 with the split tail's shadow rows (16 and 18 entries in
+    the shared rows), in stream order and as a programmatic dependent, graph-captured."""
     monkeypatch.setenv("KDTREE_CUDA_MERGE_WARP", by_warp)
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
     for case in (
@@ -694,14 +691,8 @@ def test_merge_by_warp_and_by_cta(by_warp, merge, gen, monkeypatch):
         ([5000, 300], 17, 8, 1, 16, 17),
         ([977, 1900], 65, 32, 8, 16, 8),
         ([977, 1900], 65, 32, 8, 16, 9),
-        ([9000, 4000], 17, 8, 1, 16, 72),
-        ([9000, 4000], 17, 8, 1, 16, 73),
-        ([5000, 1900], 65, 8, 1, 16, 33),  # (two launch heads of 260 rows: 66 entries)
-        ([5000, 1900], 65, 32, 8, 16, 36),
-        ([5000, 1900], 65, 32, 8, 16, 37),
-        # the one-pass merge's batches (by_warp 0, or past 72 entries; 8 entries a thread a
-        # batch, 8 groups): 65 entries give group 0 a second batch (by_warp 1: the wide warp
-        # form's third LSE a lane); at 200 most of the second request's splits have no keys (its
+        # the one-pass merge's batches (8 entries a thread a batch, 8 groups): 65 entries give
+        # group 0 a second batch; at 200 most of the second request's splits have no keys (its
         # prefix is empty: only the last split, 199, has the tree's keys, in group 7's fourth
         # batch after three with none)
         ([5000, 300], 17, 8, 1, 16, 65),
@@ -1032,26 +1023,14 @@ def test_merge_mode_setting(monkeypatch):
     assert merge_for(MERGE_MAX_SPLITS) == 2 and merge_for(MERGE_MAX_SPLITS + 1) == 0
     src = (cuda_gqa.SOURCE.parent / "sm90_common.cuh").read_text()
     assert f"constexpr int MERGE_MAX_SPLITS = {MERGE_MAX_SPLITS};" in src
-    # the merge's CTAs (the timeline counts them): a row a warp, 8 rows a CTA up to 16 entries,
-    # 4 up to 72, else a row a CTA
-    from kdtree.kernels.cuda_common import (
-        MERGE_WARP_ENTRIES,
-        MERGE_WARP_WIDE_ENTRIES,
-        MERGE_WARP_WIDE_ROWS,
-        merge_ctas,
-    )
+    # the merge's CTAs (the timeline counts them): a row a warp up to 16 entries, else a CTA
+    from kdtree.kernels.cuda_common import MERGE_WARP_ENTRIES, merge_ctas
 
     assert f"constexpr int MERGE_WARP_ENTRIES = {MERGE_WARP_ENTRIES};" in src
-    assert f"#define KDTREE_MERGE_WARP_WIDE {MERGE_WARP_WIDE_ENTRIES}" in src
-    assert f"constexpr int MERGE_WARP_WIDE_ROWS = {MERGE_WARP_WIDE_ROWS};" in src
-    assert merge_ctas(136, 2, 16) == 17 * 2 and merge_ctas(136, 2, 17) == 34 * 2
-    assert merge_ctas(260, 2, 72) == 65 * 2 and merge_ctas(136, 2, 73) == 136 * 2
-    assert merge_ctas(8, 1, 4, head_dim=512) == 8  # (MLA: a row a CTA)
-    monkeypatch.setenv("KDTREE_CUDA_DEFINES", "KDTREE_MERGE_WARP_WIDE=0")  # its measurement build
     assert merge_ctas(136, 2, 16) == 17 * 2 and merge_ctas(136, 2, 17) == 136 * 2
-    monkeypatch.delenv("KDTREE_CUDA_DEFINES")
+    assert merge_ctas(8, 1, 4, head_dim=512) == 8  # (MLA: a row a CTA)
     monkeypatch.setenv("KDTREE_CUDA_MERGE_WARP", "0")
-    assert merge_ctas(136, 2, 16) == 136 * 2 and merge_ctas(136, 2, 17) == 136 * 2
+    assert merge_ctas(136, 2, 16) == 136 * 2
 
 
 def test_auto_merge_launch(monkeypatch):
