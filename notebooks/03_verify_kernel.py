@@ -854,6 +854,9 @@ else:
 #   (`v0`, the default) against Wide as it was (`v1`, `KDTREE_GQA_WIDE_CLOCKS`, the clocks'
 #   measurement build: the same SASS as 4992303's). Within -1.0..+1.3 % at 32q/8kv, T=17 (68 rows:
 #   copy-bound), 2.0-3.0 % less time at 8q/1kv, T=32 (256 rows).
+# * Call f, `f_widemerge`: a row-a-warp merge for rows of 17-72 partials (`v0`, 3ad6d55) against
+#   the row-a-CTA merge (`v1`, `KDTREE_MERGE_WARP_WIDE=0`): 6.8-10.9 us slower at 8q/1kv, T=65,
+#   16k-64k; taken out.
 
 # %%
 ab25_csv = nb.data_path("bench", "logs", "gqa_ab_session25.csv")
@@ -862,6 +865,7 @@ if ab25_csv.exists():
         "a_merge": "stream order (v0) against the dependent launch's first rule (v1)",
         "a_wide": "Wide on the max-free path (v0) against Wide with clocks (v1), T=17",
         "b_wide": "the same at T=32",
+        "f_widemerge": "the wide row-a-warp merge (v0) against the row-a-CTA merge (v1)",
     }
     nb.show_tables(ns.ab_call_tables(pd.read_csv(ab25_csv), calls25))
 else:
