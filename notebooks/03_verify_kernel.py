@@ -822,7 +822,7 @@ else:
 # * Call f: the max-free path on whole tiles (`new`: P against the running offsets, the exact path
 #   over the kept scores where a thread's partial row sum passes 2^8) against 6de6187 (`old`; its
 #   first round timed one point before its stage's time ran out). Wide (32q/8kv, T=17) spilled
-#   and lost there, so it keeps the exact path; WideTail (T=65) and Tall (8q/1kv, T=17) ship it.
+#   and lost there, so it kept the exact path (until session 25); WideTail (T=65) and Tall (8q/1kv, T=17) ship it.
 # * Call d: the CTA timeline on 6de6187's kernels (its build runs one launch head a KV head).
 
 # %%
