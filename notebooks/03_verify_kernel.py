@@ -857,6 +857,8 @@ else:
 # * Call f, `f_widemerge`: a row-a-warp merge for rows of 17-72 partials (`v0`, 3ad6d55) against
 #   the row-a-CTA merge (`v1`, `KDTREE_MERGE_WARP_WIDE=0`): 6.8-10.9 us slower at 8q/1kv, T=65,
 #   16k-64k; taken out.
+# * Call g, `g_tail`: the tail warpgroup without its MMAs (`v1`) and only waiting (`v2`), both
+#   wrong results, against the default (`v0`): 3.8-4.5 % of a T=65 call in all.
 
 # %%
 ab25_csv = nb.data_path("bench", "logs", "gqa_ab_session25.csv")
@@ -866,6 +868,7 @@ if ab25_csv.exists():
         "a_wide": "Wide on the max-free path (v0) against Wide with clocks (v1), T=17",
         "b_wide": "the same at T=32",
         "f_widemerge": "the wide row-a-warp merge (v0) against the row-a-CTA merge (v1)",
+        "g_tail": "no tail MMAs (v1), the tail only waiting (v2) against the default (v0)",
     }
     nb.show_tables(ns.ab_call_tables(pd.read_csv(ab25_csv), calls25))
 else:
