@@ -344,12 +344,21 @@ def plan_launch(
     :func:`~kdtree.kernels.cuda_common.resolve_merge` from the split grid's CTAs)."""
     group = num_q_heads // num_kv_heads
     wanted = q_groups(group, t)
-    for r in (wanted, 1) if wanted > 1 else (1,):
-        heads, rows = num_kv_heads * r, group // r * t
-        s = num_splits or choose_splits(batch, heads, rows, max_len, num_sms)
-        merge = merge_for(s)
-        if r == 1 or key_tail(rows, s, merge):
+    # the head groups from choose_splits' own count, whatever count is asked for: so a call
+    # given the count of its own plan gets that plan (and the workspace it was sized for)
+    r = 1
+    for cand in (wanted, 1) if wanted > 1 else (1,):
+        heads, rows = num_kv_heads * cand, group // cand * t
+        auto = choose_splits(batch, heads, rows, max_len, num_sms)
+        if cand == 1 or key_tail(rows, auto, merge_for(auto)):
+            r = cand
             break
+    heads, rows = num_kv_heads * r, group // r * t
+    s = num_splits or auto
+    merge = merge_for(s)
+    if r > 1 and not key_tail(rows, s, merge):  # a forced count the head groups' layout lacks
+        r, heads, rows = 1, num_kv_heads, group * t
+        merge = merge_for(s)
     wgs, tail_blocks, split = launch_layout(rows, s, merge)
     # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs
     grid_x = 2 if split == 2 else row_ctas(rows, wgs, tail_blocks)

@@ -297,6 +297,26 @@ def test_q_groups_and_plan_launch(monkeypatch):
         monkeypatch.delenv(name)
 
 
+def test_plan_launch_given_its_own_split_count(monkeypatch):
+    """A call given the split count of its own plan gets that plan, workspace included: the
+    bench and the engine size the workspace from ``plan_launch(...)`` and then pass its
+    ``num_splits``. Before session 26 the head groups were tried at the forced count, so
+    8q/1kv at batch 32, T=65 (one launch head at the chosen 4 splits: two heads' layout needs
+    more) planned two launch heads and asked for 4592640 elements of a 4326400 workspace."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_KEY_TAIL", "KDTREE_GQA_QGROUPS"):
+        monkeypatch.delenv(name, raising=False)
+    shapes = [(32, 8), (8, 1), (16, 2), (16, 1), (64, 8), (12, 4)]
+    for b in (1, 2, 8, 32, 64):
+        for t in (1, 9, 17, 64, 65, 129, 257):
+            for hq, hkv in shapes:
+                for length in (1024, 16384, 262144):
+                    plan = cuda_gqa.plan_launch(b, t, hq, hkv, length + 272, 132)
+                    again = cuda_gqa.plan_launch(b, t, hq, hkv, length + 272, 132, plan.num_splits)
+                    assert again == plan, (b, t, hq, hkv, length)
+    plan = cuda_gqa.plan_launch(32, 65, 8, 1, 16384 + 272, 132)
+    assert plan.q_groups == 1 and plan.num_splits > 1
+
+
 def test_split_tail(monkeypatch):
     """The tail split by tile parity between two two-block CTAs only where the layout would be
     [3 blocks] [1 block + tail] (four whole blocks), with splits and the CUDA merge, and the tail
