@@ -151,6 +151,7 @@ def resolve_backend(
     dtype: torch.dtype | None = None,
     rows: int | None = None,
     max_len: int | None = None,
+    batch_heads: int | None = None,
 ) -> str:
     """Resolve ``"auto"`` via ``KDTREE_VERIFY_BACKEND``, else by measurement on the H200 (rows in
     ``data/bench/verify_attention.csv``):
@@ -158,12 +159,16 @@ def resolve_backend(
     * MLA with DeepSeek's dims (512 + 64) in bf16 / fp16 on an sm_90 GPU whose nvcc builds it:
       ``cuda`` (0.52 ms at h=16, L=128k, T=65, session 12, against the Triton kernel's 1.50 ms
       in session 6);
-    * GQA with head dim 128 in bf16 / fp16 on such a GPU, when the packed query rows ``rows =
-      G * T`` number at least 64: ``cuda`` (1.04-1.76x the Triton kernel at 32q/8kv and 8q/1kv,
-      T=17 and 65, L 16k-256k, session 14, call e; >= 1.28x but at 8q/1kv, T=17, 16k), except for 129-144 rows when the page table
-      holds fewer than 16k keys (``max_len``) or its size is not given (8q/1kv, T=17: at 16k the
-      CUDA kernel is only 1.04x the Triton one, 16.0 against 16.6 us, and below 16k it was not
-      measured; the Triton kernel's small tail tile suits short prefixes);
+    * GQA with head dim 128 in bf16 / fp16 on such a GPU when the packed query rows ``rows =
+      G * T`` number at least 64 (1.04-1.76x the Triton kernel at 32q/8kv and 8q/1kv, T=17 and
+      65, L 16k-256k, session 14, call e; session 26's whole grid, call a: 1.3-4.8x at T=17 /
+      65 / 257 from 1k at batch 1, 8 and 32, and 1.29-2.24x at 8q/1kv, T=17 at 1k / 4k, where
+      it used to be the Triton kernel's), or fewer rows where the requests times the KV heads
+      (``batch_heads``) are below 128: ``cuda`` (call a, T=1: 1.06-1.36x at 32q/8kv, batch 1
+      and 8, 1.08-1.34x at 8q/1kv, every batch; with 256 such pairs, 32q/8kv at batch 32, the
+      Triton kernel was 2-4 % faster; at 32q/8kv, T=9 (36 rows) the CUDA kernel is 1.1-2.1x
+      the Triton one up to 16k and 3-5 % slower from 128k at batch 1 and 64k at batch 8).
+      ``max_len`` (the page table's keys) is accepted and not used since;
     * else ``triton`` on CUDA if registered and it supports the head dims (``dims``, when
       given), else ``ref``.
 
@@ -191,8 +196,7 @@ def resolve_backend(
         and dims == (128,)
         and dtype in (torch.bfloat16, torch.float16)
         and rows is not None
-        and rows >= 64
-        and not (128 < rows <= 144 and (max_len is None or max_len < 16384))
+        and (rows >= 64 or (batch_heads is not None and batch_heads < 128))
         and "cuda" in available_backends(kind)
     ):
         from kdtree.kernels import cuda_gqa
@@ -368,8 +372,9 @@ def tree_attention(
     g = q.shape[2] // k_cache.shape[2]
     capacity = page_table.shape[1] * k_cache.shape[1]
     name = resolve_backend(
-        "gqa", backend, q.device, (q.shape[3],), q.dtype, g * q.shape[1], capacity
-    )
+        "gqa", backend, q.device, (q.shape[3],), q.dtype, g * q.shape[1], capacity,
+        q.shape[0] * k_cache.shape[2],
+    )  # fmt: skip
     fn = get_backend("gqa", name)
     return fn(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=sm_scale, **extra)
 

@@ -385,28 +385,43 @@ def row_ctas(rows: int, wgs: int, tail_blocks: int) -> int:
     return ctas if last < wgs else ctas + 1
 
 
+def _busiest_blocks(rows: int, wgs: int, tail_blocks: int, split: int) -> float:
+    """64-row blocks of query rows in the busiest CTA of a layout (:func:`launch_layout`), a
+    tail warpgroup's rows as 1/8 of a block (session 25: 3.8-4.5 % of a T=65 call)."""
+    if split:  # two-block CTAs, the tail's tiles shared by two of them
+        return 2.125
+    if tail_blocks:
+        return float(min(tail_blocks, wgs))
+    return float(min(wgs, math.ceil(rows / 64)))
+
+
 def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``num_kv_heads`` KV heads with ``rows = G * T``
-    packed query rows and a prefix bound ``max_len`` (static shapes only), for the kernel shape
-    :func:`launch_plan` picks. One CTA fits an SM (~210-225 KB of shared memory).
-    Modelled time of a split count ``s``: waves ``ceil(ctas * s / num_sms)`` times the tiles a
-    CTA streams (``ceil(max_len / s / tile)``) plus 256 keys of fixed cost (Q load, pipeline
-    fill, epilogue); the smallest ``s`` within 3 % of the best, at most ``_MAX_WAVES`` waves and
-    at least 256 keys a split."""
+    packed query rows and a prefix bound ``max_len`` (static shapes only). One CTA fits an SM
+    (~210-225 KB of shared memory). Modelled time of a split count ``s``, in the layout ``s``
+    gets (:func:`launch_layout`: the two-CTA tail layouts need a merge, so one split of 260 rows
+    runs three-block CTAs): waves ``ceil(ctas * s / num_sms)`` times the keys a CTA streams
+    (``ceil(max_len / s)`` in whole tiles) plus 256 keys of fixed cost (Q load, pipeline fill,
+    epilogue), times the 64-row blocks of the busiest CTA; the smallest ``s`` within 3 % of the
+    best, at most ``_MAX_WAVES`` waves (but two splits) and at least 256 keys a split. (Before session 26 every
+    ``s`` was costed in the two-CTA layout: 32q/8kv, T=65 at batch 8 and 32 then took one split
+    of three-block CTAs, 1.26-1.28x the time of two or three splits at 64k, call c.)"""
     if _key_tail_rows(rows):  # two-block CTAs, no CTA of the tail's own
-        wgs, per_head = 2, rows // 128
+        per_head = rows // 128
     else:
         wgs, tail_blocks = (3, 2) if _split_tail_rows(rows) else launch_plan(rows)
         per_head = row_ctas(rows, wgs, tail_blocks)
-    tile = SHAPES[wgs][1]
-    ctas = batch * num_kv_heads * per_head
-    tiles = max(1, math.ceil(max_len / tile))
-    fixed = 256 // tile
-    cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(ctas, 1)))
-    costs = {
-        s: math.ceil(ctas * s / num_sms) * (math.ceil(tiles / s) + fixed)
-        for s in range(1, cap + 1)
-    }
+    ctas1 = batch * num_kv_heads * per_head
+    # (two splits at least where the prefix allows: the two-CTA tail layouts need them)
+    cap = max(1, min(max_len // 256, max(2, (_MAX_WAVES * num_sms) // max(ctas1, 1))))
+    costs = {}
+    for s in range(1, cap + 1):
+        wgs, tail_blocks, split = launch_layout(rows, s)
+        tile = SHAPES[wgs][1]
+        ctas = batch * num_kv_heads * (2 if split == 2 else row_ctas(rows, wgs, tail_blocks))
+        keys = math.ceil(max(1, math.ceil(max_len / tile)) / s) * tile + 256
+        blocks = _busiest_blocks(rows, wgs, tail_blocks, split)
+        costs[s] = math.ceil(ctas * s / num_sms) * keys * blocks
     best = min(costs.values())
     return min(s for s, c in costs.items() if c <= best * 1.03)
 

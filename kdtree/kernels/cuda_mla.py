@@ -82,6 +82,10 @@ KERNELS = {"mma": 0, "wgmma": 1, "seesaw": 2}
 DEFAULT_KERNEL = "seesaw"
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_WAVES = 2
+#: Where the 64-row blocks fill more than half the SMs (batch > 1): the most splits, and a
+#: split's fixed cost in keys (Q load, pipeline fill, partials), fitted on session 26's sweep.
+_MAX_SPLITS_MANY = 16
+_FIXED_KEYS = 512
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
@@ -161,12 +165,26 @@ def available() -> bool:
 def choose_splits(batch: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``rows = H * T`` query rows and a prefix bound
     ``max_len`` (static shapes only: no host sync). One CTA per SM fits (~200 KB of shared
-    memory), so pick the split count that minimises the per-SM serial work
-    ``ceil(ctas / num_sms) / splits`` within ``_MAX_WAVES`` waves, the smallest one within 3 %
-    of the best, with at least ``_MIN_KEYS_PER_SPLIT`` keys per split."""
+    memory). Where the 64-row blocks fill at most half the SMs (``2 * ctas <= num_sms``: every
+    batch-1 shape of the bench), the split count that minimises the per-SM serial work
+    ``ceil(ctas * s / num_sms) / s`` within ``_MAX_WAVES`` waves, the smallest one within 3 % of
+    the best, with at least ``_MIN_KEYS_PER_SPLIT`` keys per split (measured at batch 1: session
+    10's sweep). With more blocks that rule allowed one split only (136-160 CTAs ran as two
+    waves, the second nearly empty: 44-45 % of the floor at h=16, batch 8, T=65 and batch 32,
+    T=17), so there the model is waves times (keys a split + ``_FIXED_KEYS``) for up to
+    ``_MAX_SPLITS_MANY`` splits, again the smallest within 3 %: fitted on session 26's sweep
+    (call c, batch 8 / 32, T 9-257, 16k / 64k: within 4 % of the best measured count at every
+    point, up to 1.54x faster than one split)."""
     ctas = batch * math.ceil(rows / BLOCK_M)
-    cap = max(1, min(max_len // _MIN_KEYS_PER_SPLIT, (_MAX_WAVES * num_sms) // ctas))
-    costs = {s: math.ceil(ctas * s / num_sms) / s for s in range(1, cap + 1)}
+    if 2 * ctas <= num_sms:
+        cap = max(1, min(max_len // _MIN_KEYS_PER_SPLIT, (_MAX_WAVES * num_sms) // ctas))
+        costs = {s: math.ceil(ctas * s / num_sms) / s for s in range(1, cap + 1)}
+    else:
+        cap = max(1, min(max_len // _MIN_KEYS_PER_SPLIT, _MAX_SPLITS_MANY))
+        costs = {
+            s: math.ceil(ctas * s / num_sms) * (math.ceil(max_len / s) + _FIXED_KEYS)
+            for s in range(1, cap + 1)
+        }
     best = min(costs.values())
     return min(s for s, c in costs.items() if c <= best * 1.03)
 

@@ -181,6 +181,28 @@ def test_choose_splits_is_static_and_bounded():
     assert cuda_gqa.workspace_numel(2, 8, 68, 3) == 2 * 8 * 3 * 68 * 65  # 16-bit partials
 
 
+def test_choose_splits_costs_the_layout_each_count_gets(monkeypatch):
+    """One split of 260 rows runs three-block CTAs (the two-CTA tail layout needs a merge), and
+    the split count is costed in that layout since session 26: 32q/8kv, T=65 at batch 8 and 32
+    takes two splits of WideTail (call c: 1.16-1.28x faster than one split at 16k / 64k)."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_KEY_TAIL", "KDTREE_GQA_QGROUPS"):
+        monkeypatch.delenv(name, raising=False)
+    assert cuda_gqa.launch_layout(260, 1) == (3, 3, 0) and cuda_gqa.launch_layout(260, 2) == (
+        2,
+        2,
+        2,
+    )
+    for b in (8, 16, 32):
+        for length in (16384, 65536):
+            plan = cuda_gqa.plan_launch(b, 65, 32, 8, length + 272, 132)
+            assert (plan.num_splits, plan.wgs, plan.split) == (2, 2, 2), (b, length)
+    # copy-bound shapes keep whole waves of one layout: 32q/8kv, T=17 at batch 32, one split
+    assert cuda_gqa.choose_splits(32, 8, 68, 65536 + 272, 132) == 1
+    # and batch 1 its measured counts
+    assert cuda_gqa.plan_launch(1, 65, 32, 8, 131072 + 272, 132).num_splits == 8
+    assert cuda_gqa.plan_launch(1, 65, 8, 1, 65536 + 272, 132).num_splits == 33
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("rows, splits", [(68, 3), (260, 8), (520, 43), (1028, 2)])
 def test_workspace_views(rows, splits, dtype, monkeypatch):
@@ -302,7 +324,7 @@ def test_plan_launch_given_its_own_split_count(monkeypatch):
     bench and the engine size the workspace from ``plan_launch(...)`` and then pass its
     ``num_splits``. Before session 26 the head groups were tried at the forced count, so
     8q/1kv at batch 32, T=65 (one launch head at the chosen 4 splits: two heads' layout needs
-    more) planned two launch heads and asked for 4592640 elements of a 4326400 workspace."""
+    more) planned two launch heads when given those 4 and asked for 4592640 elements of a 4326400 workspace."""
     for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_KEY_TAIL", "KDTREE_GQA_QGROUPS"):
         monkeypatch.delenv(name, raising=False)
     shapes = [(32, 8), (8, 1), (16, 2), (16, 1), (64, 8), (12, 4)]
@@ -313,8 +335,10 @@ def test_plan_launch_given_its_own_split_count(monkeypatch):
                     plan = cuda_gqa.plan_launch(b, t, hq, hkv, length + 272, 132)
                     again = cuda_gqa.plan_launch(b, t, hq, hkv, length + 272, 132, plan.num_splits)
                     assert again == plan, (b, t, hq, hkv, length)
+    # and that call itself: two launch heads of 260 rows at two splits since session 26's
+    # layout-aware split count (four splits of one 520-row head before)
     plan = cuda_gqa.plan_launch(32, 65, 8, 1, 16384 + 272, 132)
-    assert plan.q_groups == 1 and plan.num_splits > 1
+    assert (plan.q_groups, plan.num_splits, plan.split) == (2, 2, 2)
 
 
 def test_split_tail(monkeypatch):
@@ -398,6 +422,7 @@ def test_registered_as_gqa_backend():
 
 
 def test_auto_picks_the_cuda_kernel_where_it_was_measured_faster(monkeypatch):
+    """The CUDA kernel from 64 packed rows, and below where requests x KV heads < 128."""
     from kdtree.attention import resolve_backend
 
     cuda = torch.device("cuda")
@@ -406,14 +431,17 @@ def test_auto_picks_the_cuda_kernel_where_it_was_measured_faster(monkeypatch):
     for rows in (64, 68, 128, 260, 520):  # 32q/8kv T=17, 65; 8q/1kv T=65
         assert resolve_backend("gqa", "auto", cuda, (128,), bf, rows) == "cuda"
     assert resolve_backend("gqa", "auto", cuda, (128,), torch.float16, 260) == "cuda"
-    # 8q/1kv T=17: the Triton kernel below 16k keys of page table, the CUDA one from there
-    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136) == "triton"
-    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 8192) == "triton"
-    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 16384) == "cuda"
-    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 65536) == "cuda"
-    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, 131072) == "cuda"
+    # 8q/1kv T=17 (136 rows): the CUDA kernel at every length since session 26 (call a: 1.29-2.24x
+    # the Triton one at 1k / 4k, where the Triton kernel used to be picked)
+    for length in (None, 1024, 8192, 16384, 131072):
+        assert resolve_backend("gqa", "auto", cuda, (128,), bf, 136, length) == "cuda"
     assert resolve_backend("gqa", "auto", cuda, (128,), bf, 260, 16384) == "cuda"
-    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 17) == "triton"  # few rows
+    # fewer than 64 rows (T=1, 32q/8kv's T=9): by the requests x KV heads
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 17) == "triton"  # pairs unknown
+    for rows, pairs in ((4, 8), (4, 64), (8, 32), (36, 8), (36, 127)):
+        assert resolve_backend("gqa", "auto", cuda, (128,), bf, rows, 65536, pairs) == "cuda"
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 4, 65536, 256) == "triton"  # B32
+    assert resolve_backend("gqa", "auto", cuda, (128,), bf, 64, 65536, 256) == "cuda"
     assert resolve_backend("gqa", "auto", cuda, (64,), bf, 260) == "triton"  # head dim 64
     assert resolve_backend("gqa", "auto", cuda, (128,), torch.float32, 260) == "triton"
     assert resolve_backend("gqa", "auto", cuda, (128,), bf) == "triton"  # rows unknown

@@ -62,6 +62,30 @@ def test_choose_splits_is_static_and_bounded():
     assert cuda_mla.workspace_numel(2, 17, 8, 3) == 2 * 3 * 17 * 8 * 513
 
 
+def test_choose_splits_at_batch_8_and_32():
+    """Where the 64-row blocks fill more than half the SMs, the split count is no longer held to
+    one (session 26, call c: h=16, batch 8, T=65 took one split of 136 CTAs, two waves, 1.54x
+    the time of six); batch 1 keeps its measured rule (session 10's sweep)."""
+    pick = cuda_mla.choose_splits
+    assert pick(8, 16 * 65, 65536 + 272, 132) in (5, 6, 7, 8)  # measured best 6 (5-8 within 1 %)
+    assert pick(8, 16 * 65, 16384 + 272, 132) in (4, 5, 6)  # 4 (5, 6 within 1 %)
+    assert pick(32, 16 * 17, 65536 + 272, 132) == 4  # 1.37x one split
+    assert pick(32, 8 * 17, 65536 + 272, 132) == 4  # 1.16x
+    for b, rows in ((8, 8 * 257), (32, 16 * 257)):  # whole waves already: one split
+        assert pick(b, rows, 65536 + 272, 132) == 1
+    for rows, max_len in ((16 * 65, 131072), (8 * 65, 131072), (16 * 17, 65536), (8 * 9, 16384)):
+        ctas = -(-rows // 64)
+        old = min(max_len // 256, 2 * 132 // ctas)  # the batch-1 rule as it was measured
+        costs = {s: -(-ctas * s // 132) / s for s in range(1, old + 1)}
+        best = min(costs.values())
+        assert pick(1, rows, max_len, 132) == min(s for s, c in costs.items() if c <= best * 1.03)
+    assert pick(1, 16 * 65, 131072, 132) == 15
+    for b in (8, 32, 64):
+        for rows in (8 * 9, 16 * 65, 16 * 257):
+            s = pick(b, rows, 262144, 132)
+            assert 1 <= s <= cuda_mla._MAX_SPLITS_MANY and 262144 // s >= 256
+
+
 def test_registered_as_mla_backend():
     from kdtree.attention import available_backends, resolve_backend
 
