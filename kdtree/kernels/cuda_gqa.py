@@ -350,7 +350,10 @@ def plan_launch(
     for cand in (wanted, 1) if wanted > 1 else (1,):
         heads, rows = num_kv_heads * cand, group // cand * t
         auto = choose_splits(batch, heads, rows, max_len, num_sms)
-        if cand == 1 or key_tail(rows, auto, merge_for(auto)):
+        # (head groups where their split grid is at most two waves: 32q/8kv, T=257 at batch 8
+        # and 32 ran 1024-4096 CTAs of four launch heads 2-7 % slower than one, session 26)
+        fits = batch * heads * 2 * auto <= 2 * num_sms
+        if cand == 1 or (key_tail(rows, auto, merge_for(auto)) and fits):
             r = cand
             break
     heads, rows = num_kv_heads * r, group // r * t
@@ -395,32 +398,46 @@ def _busiest_blocks(rows: int, wgs: int, tail_blocks: int, split: int) -> float:
     return float(min(wgs, math.ceil(rows / 64)))
 
 
+#: From this many keys of page table the split count is costed in each count's own layout
+#: (:func:`choose_splits`); below it one split of three-block CTAs stayed faster at batch 8 / 32
+#: (session 26, call d: 32q/8kv, T=65 at 1k / 4k, 0.66-0.96x with two splits of the tail layout).
+LAYOUT_AWARE_MIN_LEN = 16384
+
+
 def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``num_kv_heads`` KV heads with ``rows = G * T``
     packed query rows and a prefix bound ``max_len`` (static shapes only). One CTA fits an SM
-    (~210-225 KB of shared memory). Modelled time of a split count ``s``, in the layout ``s``
-    gets (:func:`launch_layout`: the two-CTA tail layouts need a merge, so one split of 260 rows
-    runs three-block CTAs): waves ``ceil(ctas * s / num_sms)`` times the keys a CTA streams
-    (``ceil(max_len / s)`` in whole tiles) plus 256 keys of fixed cost (Q load, pipeline fill,
-    epilogue), times the 64-row blocks of the busiest CTA; the smallest ``s`` within 3 % of the
-    best, at most ``_MAX_WAVES`` waves (but two splits) and at least 256 keys a split. (Before session 26 every
-    ``s`` was costed in the two-CTA layout: 32q/8kv, T=65 at batch 8 and 32 then took one split
-    of three-block CTAs, 1.26-1.28x the time of two or three splits at 64k, call c.)"""
+    (~210-225 KB of shared memory). Modelled time of a split count ``s``: waves ``ceil(ctas * s
+    / num_sms)`` times the keys a CTA streams (``ceil(max_len / s)`` in whole tiles) plus 256
+    keys of fixed cost (Q load, pipeline fill, epilogue); the smallest ``s`` within 3 % of the
+    best, at most ``_MAX_WAVES`` waves and at least 256 keys a split.
+
+    From :data:`LAYOUT_AWARE_MIN_LEN` keys each ``s`` is costed in the layout it gets
+    (:func:`launch_layout`: the two-CTA tail layouts need a merge, so one split of 260 rows runs
+    three-block CTAs), times the 64-row blocks of its busiest CTA, and two splits are always
+    tried. Before session 26 every ``s`` was costed in the two-CTA layout, as below that length
+    still: 32q/8kv, T=65 at batch 8 / 32 took one split, 1.17-1.38x the time of two from 16k
+    (calls c, d)."""
     if _key_tail_rows(rows):  # two-block CTAs, no CTA of the tail's own
-        per_head = rows // 128
+        wgs1, per_head = 2, rows // 128
     else:
-        wgs, tail_blocks = (3, 2) if _split_tail_rows(rows) else launch_plan(rows)
-        per_head = row_ctas(rows, wgs, tail_blocks)
+        wgs1, tail_blocks = (3, 2) if _split_tail_rows(rows) else launch_plan(rows)
+        per_head = row_ctas(rows, wgs1, tail_blocks)
     ctas1 = batch * num_kv_heads * per_head
-    # (two splits at least where the prefix allows: the two-CTA tail layouts need them)
-    cap = max(1, min(max_len // 256, max(2, (_MAX_WAVES * num_sms) // max(ctas1, 1))))
+    cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(ctas1, 1)))
+    aware = max_len >= LAYOUT_AWARE_MIN_LEN
+    if aware:  # (two splits at least: the two-CTA tail layouts need them)
+        cap = max(cap, min(2, max_len // 256))
     costs = {}
     for s in range(1, cap + 1):
-        wgs, tail_blocks, split = launch_layout(rows, s)
+        if aware:
+            wgs, tail_blocks, split = launch_layout(rows, s)
+            ctas = batch * num_kv_heads * (2 if split == 2 else row_ctas(rows, wgs, tail_blocks))
+            blocks = _busiest_blocks(rows, wgs, tail_blocks, split)
+        else:
+            wgs, ctas, blocks = wgs1, ctas1, 1.0
         tile = SHAPES[wgs][1]
-        ctas = batch * num_kv_heads * (2 if split == 2 else row_ctas(rows, wgs, tail_blocks))
         keys = math.ceil(max(1, math.ceil(max_len / tile)) / s) * tile + 256
-        blocks = _busiest_blocks(rows, wgs, tail_blocks, split)
         costs[s] = math.ceil(ctas * s / num_sms) * keys * blocks
     best = min(costs.values())
     return min(s for s, c in costs.items() if c <= best * 1.03)

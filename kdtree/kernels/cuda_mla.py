@@ -86,6 +86,9 @@ _MAX_WAVES = 2
 #: split's fixed cost in keys (Q load, pipeline fill, partials), fitted on session 26's sweep.
 _MAX_SPLITS_MANY = 16
 _FIXED_KEYS = 512
+#: ... from this many keys of page table (below it the one-wave rule stayed faster: session 26,
+#: call d, 0.85-0.95x at 1k / 4k at four of the six points whose count it changed)
+_MANY_MIN_LEN = 16384
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
@@ -166,7 +169,8 @@ def choose_splits(batch: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``rows = H * T`` query rows and a prefix bound
     ``max_len`` (static shapes only: no host sync). One CTA per SM fits (~200 KB of shared
     memory). Where the 64-row blocks fill at most half the SMs (``2 * ctas <= num_sms``: every
-    batch-1 shape of the bench), the split count that minimises the per-SM serial work
+    batch-1 shape of the bench) or the page table holds fewer than ``_MANY_MIN_LEN`` keys, the
+    split count that minimises the per-SM serial work
     ``ceil(ctas * s / num_sms) / s`` within ``_MAX_WAVES`` waves, the smallest one within 3 % of
     the best, with at least ``_MIN_KEYS_PER_SPLIT`` keys per split (measured at batch 1: session
     10's sweep). With more blocks that rule allowed one split only (136-160 CTAs ran as two
@@ -174,9 +178,10 @@ def choose_splits(batch: int, rows: int, max_len: int, num_sms: int) -> int:
     T=17), so there the model is waves times (keys a split + ``_FIXED_KEYS``) for up to
     ``_MAX_SPLITS_MANY`` splits, again the smallest within 3 %: fitted on session 26's sweep
     (call c, batch 8 / 32, T 9-257, 16k / 64k: within 4 % of the best measured count at every
-    point, up to 1.54x faster than one split)."""
+    point, up to 1.54x faster than one split; call d, the whole batch-8 / 32 grid from 16k:
+    1.03-1.71x)."""
     ctas = batch * math.ceil(rows / BLOCK_M)
-    if 2 * ctas <= num_sms:
+    if 2 * ctas <= num_sms or max_len < _MANY_MIN_LEN:
         cap = max(1, min(max_len // _MIN_KEYS_PER_SPLIT, (_MAX_WAVES * num_sms) // ctas))
         costs = {s: math.ceil(ctas * s / num_sms) / s for s in range(1, cap + 1)}
     else:
