@@ -127,6 +127,135 @@ def ours_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def grid_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
+    """Per point (layout, batch ``B``, ``T``, ``L``) of a whole-grid run (``verify_rows`` of
+    ``data/bench/verify_grid.csv.gz``): our fastest provider and its time and fraction of the
+    floor, the fastest complete peer (not ``ref``, not a peer's ``*_prefix`` part) and our
+    speed-up over it (``speedup_vs_peer`` < 1: the peer was faster), and the Triton kernel's
+    time over the CUDA one's (``triton_over_cuda``, where both ran)."""
+    require_columns(tidy, {"layout", "B", "L", "T", "provider", "time_ms", "status"}, "tidy")
+    ok = tidy[tidy["status"] == "ok"].dropna(subset=["time_ms"])
+    rows = []
+    for (layout, b, t, length), g in ok.groupby(["layout", "B", "T", "L"]):
+        ours = g[g["provider"].isin(OURS)]
+        if ours.empty:
+            continue
+        best = ours.loc[ours["time_ms"].idxmin()]
+        peers = g[
+            ~g["provider"].isin([*OURS, "ref"])
+            & ~g["provider"].astype(str).str.endswith("_prefix")
+        ]
+        peer = peers.loc[peers["time_ms"].idxmin()] if len(peers) else None
+        by = dict(zip(g["provider"], g["time_ms"], strict=True))
+        cuda = by.get("ours_gqa_graph", by.get("ours_seesaw_graph"))
+        rows.append({
+            "layout": layout, "B": int(b), "T": int(t), "L": int(length),
+            "ours": best["provider"], "ours_ms": best["time_ms"],
+            "ours_frac": best["frac_of_floor"],
+            "best_peer": None if peer is None else peer["provider"],
+            "peer_ms": np.nan if peer is None else peer["time_ms"],
+            "speedup_vs_peer": np.nan if peer is None else peer["time_ms"] / best["time_ms"],
+            "triton_over_cuda": (
+                by["ours_graph"] / cuda if "ours_graph" in by and cuda is not None else np.nan
+            ),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def grid_findings(grid: pd.DataFrame) -> list[str]:
+    """What a whole-grid table (:func:`grid_vs_peers`) says: the points, the speed-up over the
+    fastest peer per layout, and every point where a peer was faster, with by how much."""
+    require_columns(grid, {"layout", "B", "T", "L", "speedup_vs_peer", "best_peer"}, "grid")
+    vs = grid.dropna(subset=["speedup_vs_peer"])
+    out = [
+        f"{len(grid)} points, {len(vs)} with a complete peer: ours faster at "
+        f"{int((vs['speedup_vs_peer'] >= 1).sum())}."
+    ]
+    for layout, g in vs.groupby("layout"):
+        out.append(
+            f"{layout}: {g['speedup_vs_peer'].min():.2f}-{g['speedup_vs_peer'].max():.2f}x the "
+            f"fastest peer (median {g['speedup_vs_peer'].median():.2f}x)."
+        )
+    lost = vs[vs["speedup_vs_peer"] < 1].sort_values("speedup_vs_peer")
+    for r in lost.itertuples(index=False):
+        out.append(
+            f"Peer faster: {r.layout}, batch {r.B}, T={r.T}, L={r.L // 1024}k: {r.best_peer} "
+            f"({r.speedup_vs_peer:.3f}x)."
+        )
+    return out
+
+
+def launch_changes(
+    old: pd.DataFrame, new: pd.DataFrame, providers=("ours_gqa_graph", "ours_seesaw_graph")
+) -> pd.DataFrame:
+    """Points whose CUDA launch (split count, head groups) differs between two bench runs of the
+    same grid (raw ``verify_attention`` rows, e.g. before and after a split rule): the counts,
+    both times and the speed-up (old time / new time)."""
+    need = {"name", "provider", "metric", "p50", "config_json"}
+    require_columns(old, need, "old rows")
+    require_columns(new, need, "new rows")
+
+    def launches(df: pd.DataFrame) -> pd.DataFrame:
+        t = df[(df["metric"] == "time") & df["provider"].isin(providers)]
+        cfg = t["config_json"].map(json.loads)
+        return pd.DataFrame({
+            "name": t["name"].to_numpy(), "provider": t["provider"].to_numpy(),
+            "splits": cfg.map(lambda c: c.get("splits")).to_numpy(),
+            "q_groups": cfg.map(lambda c: c.get("q_groups", 1)).to_numpy(),
+            "us": t["p50"].astype(float).to_numpy() * 1e3,
+        }).drop_duplicates(["name", "provider"], keep="last")  # fmt: skip
+
+    m = launches(old).merge(launches(new), on=["name", "provider"], suffixes=("_old", "_new"))
+    changed = (m["splits_old"] != m["splits_new"]) | (m["q_groups_old"] != m["q_groups_new"])
+    m = m[changed].copy()
+    m["speedup"] = m["us_old"] / m["us_new"]
+    case = pd.DataFrame([parse_case(n) for n in m["name"]], index=m.index)
+    return (
+        pd.concat([case, m.drop(columns=["name"])], axis=1)
+        .sort_values(["layout", "B", "T", "L"])
+        .reset_index(drop=True)
+    )
+
+
+def split_sweep_table(df: pd.DataFrame) -> pd.DataFrame:
+    """A split-count sweep (``tools/gpu/mla_splits.py`` rows): per point the count the rule of
+    the sweep's run chose (``chosen``) and its time, the fastest count, and the count today's
+    rule picks (``cuda_mla.choose_splits`` / ``cuda_gqa.plan_launch`` for 132 SMs and the
+    bench's page table of L + 257 keys) with its time where the sweep measured that launch (for
+    GQA the same head groups too)."""
+    from kdtree.kernels import cuda_gqa, cuda_mla
+
+    require_columns(df, {"point", "layout", "L", "T", "batch", "splits", "chosen", "ms"}, "sweep")
+    d = df.copy()
+    d["us"] = d["ms"].astype(float) * 1e3
+    d["chosen"] = d["chosen"].astype(str) == "True"
+    rows = []
+    for _point, g in d.dropna(subset=["us"]).groupby("point", sort=False):
+        r0 = g.iloc[0]
+        layout, length, t, b = str(r0["layout"]), int(r0["L"]), int(r0["T"]), int(r0["batch"])
+        cap = -(-(length + 257) // 16) * 16  # the bench's page table (16-token pages)
+        same = g
+        if layout.startswith("mla"):
+            now = cuda_mla.choose_splits(b, int(layout.split("_h")[1]) * t, cap, 132)
+        else:  # (a GQA launch is its split count and its head groups)
+            hq, hkv = (32, 8) if "32q8kv" in layout else (8, 1)
+            plan = cuda_gqa.plan_launch(b, t, hq, hkv, cap, 132)
+            now = plan.num_splits
+            if "q_groups" in g:
+                same = g[g["q_groups"].astype(float).astype(int) == plan.q_groups]
+        by = dict(zip(same["splits"].astype(int), same["us"], strict=True))
+        was = g[g["chosen"]].iloc[0]
+        best = g.loc[g["us"].idxmin()]
+        rows.append({
+            "layout": layout, "B": b, "T": t, "L": length,
+            "old_splits": int(was["splits"]), "old_us": was["us"],
+            "best_splits": int(best["splits"]), "best_us": best["us"],
+            "new_splits": now, "new_us": by.get(now, np.nan),
+            "old_over_best": was["us"] / best["us"],
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 _NCU_KERNEL = re.compile(r"^\s{2}(?P<kernel>\w+) \((?P<grid>[\d, ]+)\)x\((?P<block>[\d, ]+)\)")
 _NCU_POINT = re.compile(
     r"^point (?P<layout>\S+) L=(?P<L>\d+) T=(?P<T>\d+) batch=\d+: cfg=(?P<cfg>.+?) splits=(?P<splits>\d+)"

@@ -875,6 +875,48 @@ else:
     nb.note("The session-25 rows are not shipped (data/bench/logs/*session25*).")
 
 # %% [markdown]
+# ### The whole grid in one run (session 26)
+# Every point of the grid — L 1k-256k, T 1 / 9 / 17 / 65 / 257, batch 1 / 8 / 32, GQA
+# 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (call e,
+# `tools/gpu/stages_s26e.txt`; the slow peers `ref`, SDPA, FlexAttention and the eager MLA form
+# in their default domains). The first heatmaps are our fastest provider's speed-up over the
+# fastest complete peer (red below 1: the peer was faster), the second ones our fraction of the
+# floor. Calls a-b ran the same grid before this session's split rules
+# (`data/bench/logs/verify_grid_session26_callab.csv.gz`): the table after them is every point
+# whose CUDA launch changed, old time over new; the sweep table is call c's split counts at
+# batch 8 / 32 — the count the old rule chose, the fastest, and today's rule's pick.
+
+# %%
+grid_csv = nb.data_path("bench", "verify_grid.csv.gz")
+if grid_csv.exists():
+    grid_rows = pd.read_csv(grid_csv, dtype=str, keep_default_na=False)
+    grid = ns.grid_vs_peers(ns.verify_rows(grid_rows))
+    for kind in ("gqa", "mla"):
+        part = grid[grid["layout"].str.startswith(kind)]
+        nb.show(nf.make_grid_heatmap_fig(part, "speedup_vs_peer",
+                                         f"{kind.upper()}: ours over the fastest peer (x)", 1.0),
+                f"grid_{kind}_vs_peer")  # fmt: skip
+        nb.show(nf.make_grid_heatmap_fig(part, "ours_frac",
+                                         f"{kind.upper()}: ours, fraction of the floor", 0.6),
+                f"grid_{kind}_floor")  # fmt: skip
+    nb.markdown("".join(f"- {line}\n" for line in ns.grid_findings(grid)))
+    old_grid = nb.data_path("bench", "logs", "verify_grid_session26_callab.csv.gz")
+    sweep26 = nb.data_path("bench", "logs", "splits_session26_callc.csv.gz")
+    tables26 = {}
+    if old_grid.exists():
+        tables26["Launches changed by the split rules (calls a-b against e)"] = ns.launch_changes(
+            pd.read_csv(old_grid, dtype=str, keep_default_na=False), grid_rows
+        )
+    if sweep26.exists():
+        tables26["Split counts at batch 8 / 32 (call c)"] = ns.split_sweep_table(
+            pd.read_csv(sweep26)
+        )
+    nb.show_tables(tables26)
+else:
+    grid = None
+    nb.note("The whole-grid rows are not shipped (data/bench/verify_grid.csv.gz).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
@@ -992,6 +1034,10 @@ nb.write_summary(
         "gpu_vs_peers": None if versus is None else versus.to_dict("records"),
         "gpu_target_met": None if versus is None else int(versus["meets_target"].sum()),
         "engine_tokens_identical": same,
+        "grid_points": None if grid is None else len(grid),
+        "grid_points_peer_faster": (
+            None if grid is None else int((grid["speedup_vs_peer"] < 1).sum())
+        ),
     }
 )
 nb.check(checks["ok"].all(), "every backend passes the 2x-reference error rule")
@@ -999,3 +1045,5 @@ nb.check(same, "the engine's tokens do not depend on the verify backend")
 nb.check((live["p50"] > 0).all(), "timings are positive")
 if versus is not None:
     nb.check(versus["ours_frac"].between(0, 1.05).all(), "fractions of the floor are ≤ 1")
+if grid is not None:
+    nb.check(grid["speedup_vs_peer"].notna().all(), "every grid point has a complete peer")

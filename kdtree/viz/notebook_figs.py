@@ -214,3 +214,29 @@ def make_cta_timeline_fig(bars: pd.DataFrame, title: str) -> go.Figure:
                       yaxis_title="CTA (split kernel by entry, then the merge)",
                       template="plotly_white", height=460)  # fmt: skip
     return fig
+
+
+def make_grid_heatmap_fig(grid: pd.DataFrame, value: str, title: str, zmid: float) -> go.Figure:
+    """One heatmap a (layout, batch) of a whole-grid table (``kdtree.nb_shipped.grid_vs_peers``):
+    ``value`` by prefix length (x) and tree size T (y), coloured on a diverging scale centred at
+    ``zmid`` (1.0 for a speed-up), each cell labelled with its value."""
+    from plotly.subplots import make_subplots
+
+    _require(grid, {"layout", "B", "T", "L", value}, "grid")
+    panels = sorted({(r.layout, int(r.B)) for r in grid.itertuples(index=False)})
+    if not panels:
+        raise ValueError("grid: no rows")
+    cols = len({b for _, b in panels})
+    rows = -(-len(panels) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"{lay}, batch {b}" for lay, b in panels],
+                        horizontal_spacing=0.06, vertical_spacing=0.09)  # fmt: skip
+    for i, (layout, b) in enumerate(panels):
+        g = grid[(grid["layout"] == layout) & (grid["B"] == b)]
+        z = g.pivot_table(index="T", columns="L", values=value)
+        fig.add_heatmap(
+            z=z.values, x=[f"{int(x) // 1024}k" for x in z.columns], y=[f"T={t}" for t in z.index],
+            zmid=zmid, colorscale="RdBu", showscale=i == 0, texttemplate="%{z:.2f}",
+            row=i // cols + 1, col=i % cols + 1,
+        )  # fmt: skip
+    fig.update_layout(title=title, template="plotly_white", height=260 * rows)
+    return fig

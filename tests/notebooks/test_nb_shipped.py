@@ -650,3 +650,67 @@ def test_show_tables_prints_each_title_and_its_rounded_table(capsys):
     out = capsys.readouterr().out
     assert out.index("call a: x") < out.index("1.23") < out.index("call b: y")
     assert "1.2346" not in out
+
+
+def _grid_rows():
+    rows = []
+    for b in (1, 8):
+        for t in (1, 65):
+            case = f"gqa_x/B{b}/L65536/T{t}"
+            ours = 0.1 * b * (2 if t == 65 else 1)
+            rows += [
+                _row(case, "ours_gqa_graph", "time", ours, floor_ms=0.05, splits=2, q_groups=1),
+                _row(case, "ours_gqa_graph", "frac_of_floor", 0.05 / ours, floor_ms=0.05),
+                _row(case, "ours_graph", "time", 1.25 * ours, floor_ms=0.05),
+                _row(case, "ref", "time", ours / 4, floor_ms=0.05),  # not a peer
+                _row(case, "fi_cascade_prefix", "time", ours / 2, floor_ms=0.05),  # a part only
+                # the peer wins at batch 8, T=1 only
+                _row(case, "fi_mask", "time", ours * (0.9 if (b, t) == (8, 1) else 3.0)),
+            ]
+    return pd.DataFrame(rows)
+
+
+def test_grid_vs_peers_and_findings():
+    grid = ns.grid_vs_peers(ns.verify_rows(_grid_rows()))
+    assert len(grid) == 4 and set(grid["B"]) == {1, 8} and set(grid["T"]) == {1, 65}
+    assert (grid["ours"] == "ours_gqa_graph").all() and (grid["best_peer"] == "fi_mask").all()
+    g = grid.set_index(["B", "T"])
+    assert g.loc[(8, 1), "speedup_vs_peer"] == pytest.approx(0.9)  # the peer was faster
+    assert g.loc[(1, 65), "speedup_vs_peer"] == pytest.approx(3.0)
+    assert g["triton_over_cuda"].to_numpy() == pytest.approx([1.25] * 4)
+    lines = ns.grid_findings(grid)
+    assert lines[0] == "4 points, 4 with a complete peer: ours faster at 3."
+    assert lines[1] == "gqa_x: 0.90-3.00x the fastest peer (median 3.00x)."
+    assert lines[2:] == ["Peer faster: gqa_x, batch 8, T=1, L=64k: fi_mask (0.900x)."]
+
+
+def test_launch_changes_lists_only_changed_launches():
+    old = _grid_rows()
+    new = old.copy()
+    moved = (new["provider"] == "ours_gqa_graph") & new["name"].str.endswith("B8/L65536/T65")
+    timed = moved & (new["metric"] == "time")
+    new.loc[timed, "config_json"] = json.dumps({"splits": 3, "q_groups": 2})
+    new.loc[timed, "p50"] = 0.8
+    out = ns.launch_changes(old, new)
+    assert len(out) == 1
+    r = out.iloc[0]
+    assert (r["B"], r["T"], r["splits_old"], r["splits_new"], r["q_groups_new"]) == (
+        8,
+        65,
+        2,
+        3,
+        2,
+    )
+    assert r["speedup"] == pytest.approx(1.6 / 0.8)
+
+
+def test_split_sweep_table_picks_todays_rule():
+    from kdtree.kernels import cuda_mla
+
+    rule = cuda_mla.choose_splits(8, 16 * 65, -(-(65536 + 257) // 16) * 16, 132)
+    rows = [{"point": "h16:65536:65:8", "layout": "mla_h16", "L": 65536, "T": 65, "batch": 8,
+             "splits": s, "chosen": s == 1, "ms": ms}
+            for s, ms in ((1, 3.5), (rule, 2.2), (16, 2.4))]  # fmt: skip
+    t = ns.split_sweep_table(pd.DataFrame(rows)).iloc[0]
+    assert (t["old_splits"], t["best_splits"], t["new_splits"]) == (1, rule, rule)
+    assert t["new_us"] == pytest.approx(2200) and t["old_over_best"] == pytest.approx(3.5 / 2.2)

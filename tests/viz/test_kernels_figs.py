@@ -83,3 +83,29 @@ def test_cta_timeline_fig():
     assert list(fig.data[1].base) == [1.0] and list(fig.data[1].x) == [4.0]
     with pytest.raises(ValueError):
         make_cta_timeline_fig(bars.drop(columns=["smid"]), "t")
+
+
+def test_grid_heatmap_fig():
+    from kdtree.viz.notebook_figs import make_grid_heatmap_fig
+
+    grid = pd.DataFrame(
+        [(lay, b, t, length, 1.0 + 0.1 * t / 65 - 0.01 * b)
+         for lay in ("gqa_a", "gqa_b") for b in (1, 8) for t in (1, 65)
+         for length in (1024, 65536)],
+        columns=["layout", "B", "T", "L", "speedup_vs_peer"],
+    )  # fmt: skip
+    fig = make_grid_heatmap_fig(grid, "speedup_vs_peer", "t", 1.0)
+    assert len(fig.data) == 4  # a panel per (layout, batch)
+    assert [a.text for a in fig.layout.annotations] == [
+        "gqa_a, batch 1",
+        "gqa_a, batch 8",
+        "gqa_b, batch 1",
+        "gqa_b, batch 8",
+    ]
+    first = fig.data[0]
+    assert list(first.x) == ["1k", "64k"] and list(first.y) == ["T=1", "T=65"]
+    assert first.z[1][0] == pytest.approx(1.09) and first.zmid == 1.0
+    with pytest.raises(ValueError):
+        make_grid_heatmap_fig(grid.iloc[:0], "speedup_vs_peer", "t", 1.0)
+    with pytest.raises(ValueError):
+        make_grid_heatmap_fig(grid.drop(columns=["T"]), "speedup_vs_peer", "t", 1.0)
