@@ -96,22 +96,30 @@ def verify_rows(df: pd.DataFrame, include_tune: bool = False) -> pd.DataFrame:
     return tidy.sort_values(["layout", "L", "T", "provider"]).reset_index(drop=True)
 
 
+def _best_ours_and_peer(g: pd.DataFrame):
+    """Of one point's timed rows: our fastest row, the fastest complete peer's row (None if no
+    peer ran) and every peer row; None if none of ours ran. Peers are complete alternatives only:
+    not our reference, not a peer's prefix-only part."""
+    ours = g[g["provider"].isin(OURS)]
+    if ours.empty:
+        return None
+    peers = g[
+        ~g["provider"].isin([*OURS, "ref"]) & ~g["provider"].astype(str).str.endswith("_prefix")
+    ]
+    peer = peers.loc[peers["time_ms"].idxmin()] if len(peers) else None
+    return ours.loc[ours["time_ms"].idxmin()], peer, peers
+
+
 def ours_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
     """Per case: our best time (``ours``, ``ours_graph``, ``ours_cuda_graph``, ``ours_wgmma_graph`` or ``ours_seesaw_graph``), its fraction of the floor, the
     fastest measured peer and the speed-up over it, and whether the floor target is met."""
     ok = tidy[tidy["status"] == "ok"].dropna(subset=["time_ms"])
     rows = []
     for (layout, L, T), g in ok.groupby(["layout", "L", "T"]):
-        ours = g[g["provider"].isin(OURS)]
-        if ours.empty:
+        picked = _best_ours_and_peer(g)
+        if picked is None:
             continue
-        best = ours.loc[ours["time_ms"].idxmin()]
-        # peers: complete alternatives only (not our reference, not a peer's prefix-only part)
-        peers = g[
-            ~g["provider"].isin([*OURS, "ref"])
-            & ~g["provider"].astype(str).str.endswith("_prefix")
-        ]
-        peer = peers.loc[peers["time_ms"].idxmin()] if len(peers) else None
+        best, peer, peers = picked
         rows.append({
             "layout": layout, "L": int(L), "T": int(T), "ours": best["provider"],
             "ours_ms": best["time_ms"], "ours_frac": best["frac_of_floor"],
@@ -137,15 +145,10 @@ def grid_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
     ok = tidy[tidy["status"] == "ok"].dropna(subset=["time_ms"])
     rows = []
     for (layout, b, t, length), g in ok.groupby(["layout", "B", "T", "L"]):
-        ours = g[g["provider"].isin(OURS)]
-        if ours.empty:
+        picked = _best_ours_and_peer(g)
+        if picked is None:
             continue
-        best = ours.loc[ours["time_ms"].idxmin()]
-        peers = g[
-            ~g["provider"].isin([*OURS, "ref"])
-            & ~g["provider"].astype(str).str.endswith("_prefix")
-        ]
-        peer = peers.loc[peers["time_ms"].idxmin()] if len(peers) else None
+        best, peer, _ = picked
         by = dict(zip(g["provider"], g["time_ms"], strict=True))
         cuda = by.get("ours_gqa_graph", by.get("ours_seesaw_graph"))
         rows.append({
