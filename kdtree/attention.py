@@ -161,14 +161,14 @@ def resolve_backend(
       in session 6);
     * GQA with head dim 128 in bf16 / fp16 on such a GPU when the packed query rows ``rows =
       G * T`` number at least 64 (1.04-1.76x the Triton kernel at 32q/8kv and 8q/1kv, T=17 and
-      65, L 16k-256k, session 14, call e; session 26's whole grid, call a: 1.3-4.8x at T=17 /
+      65, L 16k-256k, session 14, call e; session 26's whole grid, call a: 1.25-4.8x at T=17 /
       65 / 257 from 1k at batch 1, 8 and 32, and 1.29-2.24x at 8q/1kv, T=17 at 1k / 4k, where
       it used to be the Triton kernel's), or fewer rows where the requests times the KV heads
       (``batch_heads``) are below 128: ``cuda`` (call a, T=1: 1.06-1.36x at 32q/8kv, batch 1
       and 8, 1.08-1.34x at 8q/1kv, every batch; with 256 such pairs, 32q/8kv at batch 32, the
-      Triton kernel was 2-4 % faster; at 32q/8kv, T=9 (36 rows) the CUDA kernel is 1.1-2.1x
+      Triton kernel was 2-4 % faster; at 32q/8kv, T=9 (36 rows) the CUDA kernel is 1.07-2.1x
       the Triton one up to 16k and 3-5 % slower from 128k at batch 1 and 64k at batch 8).
-      ``max_len`` (the page table's keys) is accepted and not used since;
+      ``max_len`` (the page table's keys) no longer decides anything (kept for callers);
     * else ``triton`` on CUDA if registered and it supports the head dims (``dims``, when
       given), else ``ref``.
 

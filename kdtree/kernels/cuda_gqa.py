@@ -361,7 +361,6 @@ def plan_launch(
     merge = merge_for(s)
     if r > 1 and not key_tail(rows, s, merge):  # a forced count the head groups' layout lacks
         r, heads, rows = 1, num_kv_heads, group * t
-        merge = merge_for(s)
     wgs, tail_blocks, split = launch_layout(rows, s, merge)
     # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs
     grid_x = 2 if split == 2 else row_ctas(rows, wgs, tail_blocks)

@@ -1,7 +1,7 @@
 """Split-count sweep of the CUDA MLA and GQA kernels at verify bench points: graph-replayed p50
-per split count next to the count ``choose_splits`` picks (``cuda_mla.choose_splits`` models a
-split's cost as whole waves of CTAs only; ``cuda_gqa.choose_splits`` adds 256 keys' worth of
-fixed cost a CTA).
+per split count next to the count ``choose_splits`` picks (``cuda_mla.choose_splits``: whole waves
+of CTAs, with a split's fixed keys where the blocks fill more than half the SMs from 16k;
+``cuda_gqa.choose_splits``: waves x (keys + 256), from 16k in each count's own row layout).
 
     python3 tools/gpu/mla_splits.py [--points h16:131072:65,gqa_8q1kv_d128:131072:65:8,...]
         [--splits 7,8,15,23] [--out DIR]
