@@ -184,6 +184,25 @@ def test_registry_and_auto(monkeypatch, gen):
         A.register_backend("xyz", "a", spy)
 
 
+def test_tree_attention_hands_auto_its_shape(monkeypatch, gen):
+    """tree_attention resolves ``auto`` from the call's static shape: head dims, dtype, packed
+    rows G * T, the page table's keys and requests x KV heads (the CUDA GQA kernel's rule below
+    64 rows, session 26)."""
+    seen = []
+    real = A.resolve_backend
+
+    def spy(*args, **kw):
+        seen.append(args)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(A, "resolve_backend", spy)
+    q, kc, vc, table, prefix, tm, *_ = make_gqa_case([4, 9, 2], 3, 6, 2, 8, 16, gen)
+    A.tree_attention(q, kc, vc, table, prefix, tm, sm_scale=0.5)
+    (args,) = seen
+    assert args[0] == "gqa" and args[1] == "auto" and args[3] == (8,)
+    assert args[5:] == (3 * 3, table.shape[1] * 16, 3 * 2)  # rows, keys, requests x KV heads
+
+
 # ----------------------------------------------------------------------------- validation
 
 
