@@ -427,8 +427,9 @@ def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sm
     aware = max_len >= LAYOUT_AWARE_MIN_LEN
     if aware:  # (two splits at least: the two-CTA tail layouts need them)
         cap = max(cap, min(2, max_len // 256))
-    costs = {}
-    for s in range(1, cap + 1):
+
+    def terms(s: int) -> tuple[int, int, int, float]:
+        """(tile, tiles, CTAs, busiest blocks) of the layout ``s`` splits get."""
         if aware:
             wgs, tail_blocks, split = launch_layout(rows, s)
             ctas = batch * num_kv_heads * (2 if split == 2 else row_ctas(rows, wgs, tail_blocks))
@@ -436,8 +437,19 @@ def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sm
         else:
             wgs, ctas, blocks = wgs1, ctas1, 1.0
         tile = SHAPES[wgs][1]
-        keys = math.ceil(max(1, math.ceil(max_len / tile)) / s) * tile + 256
-        costs[s] = math.ceil(ctas * s / num_sms) * keys * blocks
+        return tile, max(1, math.ceil(max_len / tile)), ctas, blocks
+
+    # a count's layout depends on it only through whether the two-CTA tail layouts may run
+    # (1 < s <= MERGE_MAX_SPLITS // 2: key_tail / split_tail), so one launch_layout a range of
+    # counts, not one a count (each reads the layout knobs)
+    half = MERGE_MAX_SPLITS // 2
+    costs = {}
+    for lo, hi in ((1, 1), (2, min(cap, half)), (half + 1, cap)):
+        if lo > hi:
+            continue
+        tile, tiles, ctas, blocks = terms(lo)
+        for s in range(lo, hi + 1):
+            costs[s] = math.ceil(ctas * s / num_sms) * (math.ceil(tiles / s) * tile + 256) * blocks
     best = min(costs.values())
     return min(s for s, c in costs.items() if c <= best * 1.03)
 

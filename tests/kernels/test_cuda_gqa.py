@@ -196,6 +196,13 @@ def test_choose_splits_costs_the_layout_each_count_gets(monkeypatch):
         for length in (16384, 65536):
             plan = cuda_gqa.plan_launch(b, 65, 32, 8, length + 272, 132)
             assert (plan.num_splits, plan.wgs, plan.split) == (2, 2, 2), (b, length)
+    # host cost: one launch_layout a range of counts, not one a count (the first form read the
+    # layout knobs up to 528 times a call at 8q/1kv, T=17, 256k: ~6 ms of host time)
+    calls = []
+    real = cuda_gqa.launch_layout
+    monkeypatch.setattr(cuda_gqa, "launch_layout", lambda *a: calls.append(a) or real(*a))
+    assert cuda_gqa.choose_splits(1, 1, 136, 262144 + 272, 132) > 100
+    assert 1 <= len(calls) <= 3
     # copy-bound shapes keep whole waves of one layout: 32q/8kv, T=17 at batch 32, one split
     assert cuda_gqa.choose_splits(32, 8, 68, 65536 + 272, 132) == 1
     # and batch 1 its measured counts
