@@ -177,8 +177,8 @@ def choose_splits(batch: int, rows: int, max_len: int, num_sms: int) -> int:
     waves, the second nearly empty: 44-45 % of the floor at h=16, batch 8, T=65 and batch 32,
     T=17), so there the model is waves times (keys a split + ``_FIXED_KEYS``) for up to
     ``_MAX_SPLITS_MANY`` splits, again the smallest within 3 %: fitted on session 26's sweep
-    (call c, batch 8 / 32, T 9-257, 16k / 64k: within 4 % of the best measured count at every
-    point, up to 1.54x faster than one split; call d, the whole batch-8 / 32 grid from 16k:
+    (call c, batch 8 / 32, T 9-257, 16k / 64k, ``tools/fit_mla_splits.py``: within 4 % of the
+    best measured count wherever the sweep measured the pick, up to 1.54x faster than one split; call d, the whole batch-8 / 32 grid from 16k:
     1.03-1.71x)."""
     ctas = batch * math.ceil(rows / BLOCK_M)
     if 2 * ctas <= num_sms or max_len < _MANY_MIN_LEN:
