@@ -1417,12 +1417,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       const int slot = C::KEY_TAIL ? (pt < 32 ? run_slot<C>(p, pt_row, ts, tile, pt) : 0)
                                    : next_slot;
       if (!C::KEY_TAIL) next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
-#ifdef KDTREE_GQA_FIRST_TILES
-      // (a measurement build: the first KDTREE_GQA_FIRST_TILES tiles issued at once, the next
-      // only once tile 0 has landed, so the start's burst of every CTA's stages does not delay
-      // each CTA's first tile)
-      if (tile == KDTREE_GQA_FIRST_TILES && tile < STAGES) mbar_wait(sBar, 0);
-#endif
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {
