@@ -506,10 +506,12 @@ static inline int encode_swizzled_map(CUtensorMap* map, const void* base, int dt
 }
 
 // An L2 cache policy that evicts the lines it tags first (createpolicy: a 64-bit value made in a
-// register, no memory access). The KV prefix is read once a call, so the GQA kernels' TMA loads
-// carry it and leave L2 to what a call reads again: the page table, Q, the partials the merge
-// reads back, the output. Session 27, call c (tools/gpu/stages_s27c.txt, alternating builds):
-// 0.92-1.00x the time without it at 34 of 36 bench points, up to 1.009x at the other two.
+// register, no memory access). The KV prefix (GQA) and the latent cache (MLA) are read once a
+// call, so the kernels' TMA tile copies carry it and leave L2 to what a call reads again: the
+// page table, Q, the partials the merge reads back. KDTREE_TMA_EVICT_NORMAL (a measurement build)
+// issues them as before session 27. Session 27 (tools/gpu/stages_s27c.txt, stages_s27d.txt,
+// alternating builds): GQA at batch 1 0.95-0.99x the time from 16k to 128k, 1.02-1.03x at 8q/1kv,
+// 256k; MLA at batch 1 0.96-0.98x; both within -3.4 ... +2.3 % at batch 8 / 32.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -518,25 +520,22 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
                                             int c2, int c3, uint32_t bar) {
-#ifdef KDTREE_MLA_EVICT_FIRST
-  // (a measurement build: the MLA kernels' latent loads with the evict-first policy, as GQA's)
+#ifdef KDTREE_TMA_EVICT_NORMAL
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+#else
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
       "[%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
       "l"(l2_evict_first_policy())
       : "memory");
-#else
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-      "%3, %4, %5}], [%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
 #endif
 }
 
-// The GQA kernels' KV tile copy: with the evict-first policy unless KDTREE_TMA_EVICT_NORMAL (a
-// measurement build: the loads as before session 27).
 __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
                                             int c2, int c3, int c4, uint32_t bar) {
 #ifdef KDTREE_TMA_EVICT_NORMAL
