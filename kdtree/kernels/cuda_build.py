@@ -215,6 +215,20 @@ class CudaSource:
         path, log = self._compile([self._require_nvcc(), *flags], Path(out_dir), self.lib_name)
         return BuildResult(path, log, False)
 
+    def ptx(self, out_dir, defines: tuple[str, ...] = ()) -> str:
+        """The source's PTX from the local nvcc (``-ptx``: no ptxas, no GPU), written into
+        ``out_dir``: what the kernels issue, instruction by instruction (the TMA copies' cache
+        policy, for one). ``defines``: macros of a measurement build."""
+        nvcc = self._require_nvcc()
+        flags = [f for f in self.flags if f not in SHARED_FLAGS]
+        out = Path(out_dir) / self.name.replace(".cu", ".ptx")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [nvcc, *flags, *(f"-D{name}" for name in defines), "-ptx", "-o", str(out)]
+        proc = subprocess.run([*cmd, str(self.path)], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ptx failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr}")
+        return out.read_text()
+
     # --------------------------------------------------------------------- g++ (CPU stand-in)
     def build_cpu_emu(self) -> BuildResult:
         """The same source built for the CPU over ``kernels/cuda_cpu_emu.h`` (one thread per
