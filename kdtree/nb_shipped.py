@@ -188,6 +188,47 @@ def grid_findings(grid: pd.DataFrame) -> list[str]:
     return out
 
 
+def grid_change_table(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """Two whole-grid runs (:func:`grid_vs_peers` tables, e.g. before and after a kernel change)
+    per layout and batch: the points both have, how many of them our time fell at, and our time's
+    ratio new / old (min, median, max; < 1: faster now), with the points whose ratio rose above
+    1.02 counted."""
+    need = {"layout", "B", "T", "L", "ours_ms"}
+    require_columns(old, need, "old grid")
+    require_columns(new, need, "new grid")
+    m = new.merge(old, on=["layout", "B", "T", "L"], suffixes=("", "_old"))
+    if m.empty:
+        raise ValueError("the two grids share no point")
+    m["ratio"] = m["ours_ms"] / m["ours_ms_old"]
+    out = m.groupby(["layout", "B"]).agg(
+        points=("ratio", "size"),
+        faster=("ratio", lambda r: int((r < 1).sum())),
+        slower_2pct=("ratio", lambda r: int((r > 1.02).sum())),
+        ratio_min=("ratio", "min"),
+        ratio_median=("ratio", "median"),
+        ratio_max=("ratio", "max"),
+    )
+    return out.reset_index()
+
+
+def page_size_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Bench rows of one grid at several page sizes (a ``page_size`` column, rounds in
+    ``round``): per point and provider the median µs at each page size and, with two sizes,
+    the larger's time over the smaller's."""
+    require_columns(df, {"name", "provider", "metric", "p50", "page_size"}, "page-size rows")
+    t = df[(df["metric"] == "time") & (df["provider"] != "device")]
+    if t.empty:
+        raise ValueError("no timing rows")
+    w = (t.assign(us=t["p50"].astype(float) * 1e3)
+         .pivot_table(index=["name", "provider"], columns="page_size", values="us",
+                      aggfunc="median"))  # fmt: skip
+    sizes = sorted(w.columns)
+    w.columns = [f"us_p{c}" for c in sizes]
+    if len(sizes) == 2:
+        w[f"p{sizes[1]}_over_p{sizes[0]}"] = w[f"us_p{sizes[1]}"] / w[f"us_p{sizes[0]}"]
+    return w.reset_index()
+
+
 def launch_changes(
     old: pd.DataFrame, new: pd.DataFrame, providers=("ours_gqa_graph", "ours_seesaw_graph")
 ) -> pd.DataFrame:

@@ -875,16 +875,19 @@ else:
     nb.note("The session-25 rows are not shipped (data/bench/logs/*session25*).")
 
 # %% [markdown]
-# ### The issue's whole grid in one run (session 26)
+# ### The issue's whole grid in one run (sessions 26 and 27)
 # Every point of the issue's grid — L 1k-256k, T 1 / 9 / 17 / 65 / 257, batch 1 / 8 / 32, GQA
-# 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (call e,
-# `tools/gpu/stages_s26e.txt`; the slow peers `ref`, SDPA, FlexAttention and the eager MLA form
-# in their default domains). The first heatmaps are our fastest provider's speed-up over the
-# fastest complete peer (red below 1: the peer was faster), the second ones our fraction of the
-# floor. Calls a-b ran the same grid before this session's split rules
-# (`data/bench/logs/verify_grid_session26_callab.csv.gz`): the table after them is every point
-# whose CUDA launch changed, old time over new; the sweep table is call c's split counts at
-# batch 8 / 32 — the count the old rule chose, the fastest, and today's rule's pick.
+# 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (session 27's
+# call e, `tools/gpu/stages_s27e.txt`, the final kernels; the slow peers `ref`, SDPA,
+# FlexAttention and the eager MLA form in their default domains). The first heatmaps are our
+# fastest provider's speed-up over the fastest complete peer (red below 1: the peer was faster),
+# the second ones our fraction of the floor. Session 26 ran the grid first: calls a-b before its
+# split rules (`data/bench/logs/verify_grid_session26_callab.csv.gz`) and call e after them
+# (`verify_grid_session26_calle.csv.gz`). The first table is every point whose CUDA launch
+# those rules changed, old time over new; the sweep table is session 26's call c split counts
+# at batch 8 / 32 — the count the old rule chose, the fastest, and today's rule's pick; the last
+# one is session 27's grid against session 26's call e (the tile copies' evict-first policy,
+# below), our time new / old by layout and batch.
 
 # %%
 grid_csv = nb.data_path("bench", "verify_grid.csv.gz")
@@ -901,20 +904,68 @@ if grid_csv.exists():
                 f"grid_{kind}_floor")  # fmt: skip
     nb.markdown("".join(f"- {line}\n" for line in ns.grid_findings(grid)))
     old_grid = nb.data_path("bench", "logs", "verify_grid_session26_callab.csv.gz")
+    grid26 = nb.data_path("bench", "logs", "verify_grid_session26_calle.csv.gz")
     sweep26 = nb.data_path("bench", "logs", "splits_session26_callc.csv.gz")
     tables26 = {}
-    if old_grid.exists():
-        tables26["Launches changed by the split rules (calls a-b against e)"] = ns.launch_changes(
-            pd.read_csv(old_grid, dtype=str, keep_default_na=False), grid_rows
+    if old_grid.exists() and grid26.exists():
+        rows26 = pd.read_csv(grid26, dtype=str, keep_default_na=False)
+        tables26["Launches changed by the split rules (session 26, calls a-b against e)"] = (
+            ns.launch_changes(pd.read_csv(old_grid, dtype=str, keep_default_na=False), rows26)
+        )
+        tables26["Session 27's grid against session 26's call e (ours, new / old)"] = (
+            ns.grid_change_table(ns.grid_vs_peers(ns.verify_rows(rows26)), grid)
         )
     if sweep26.exists():
-        tables26["Split counts at batch 8 / 32 (call c)"] = ns.split_sweep_table(
+        tables26["Split counts at batch 8 / 32 (session 26, call c)"] = ns.split_sweep_table(
             pd.read_csv(sweep26)
         )
     nb.show_tables(tables26)
 else:
     grid = None
     nb.note("The whole-grid rows are not shipped (data/bench/verify_grid.csv.gz).")
+
+# %% [markdown]
+# ### Session 27: an L2 evict-first policy on the tile copies (shipped), a staggered start and
+# ### page size (measured, not shipped)
+# Alternating runs in one call each (`tools/gpu/stages_s27a.txt` ... `stages_s27d.txt`; rows in
+# `data/bench/logs/gqa_ab_session27.csv.gz` and `mla_ab_session27.csv.gz`):
+# * Call a, `a_first`: the producer issuing its first one (`v1`) or two (`v2`) tiles and the
+#   rest only once tile 0 has landed, against every stage at once (`v0`): within -1.4 ... +2.2 %,
+#   no gain anywhere; taken out.
+# * Call c, `c_t1knobs`, T=1 only: the consumers only waiting and releasing (`v1`, wrong
+#   results) take as long as the real kernel at 32q/8kv and at batch 8, so there the TMA stream
+#   itself sets the pace; five 32 KB stages (`v3`) are slower than three 64 KB ones.
+# * Call c, `c_evict`: the TMA tile copies with an L2 evict-first policy (`v1`) against none.
+# * Call d, `d_evict` / `d_evict_b32`: the policy as the default (`v0`) against the old copies
+#   (`v1`, `KDTREE_TMA_EVICT_NORMAL`); `d_mla_evict`: the MLA kernel's latent copies without
+#   (`v0`) and with it (`v1`).
+#
+# The last table is call b: the bench at pages of 16 and 64 tokens, every provider on the same
+# pages. Larger pages do not close the T=1 gap to SDPA's contiguous read.
+
+# %%
+ab27 = nb.data_path("bench", "logs", "gqa_ab_session27.csv.gz")
+mla27 = nb.data_path("bench", "logs", "mla_ab_session27.csv.gz")
+pages27 = nb.data_path("bench", "logs", "page_size_session27_callb.csv.gz")
+if ab27.exists() and mla27.exists() and pages27.exists():
+    calls27 = {
+        "a_first": "every stage at once (v0) against a staggered start (v1, v2)",
+        "c_t1knobs": "T=1: default (v0), consumers idle (v1), no softmax (v2), Tall (v3)",
+        "c_evict": "copies without a policy (v0) against evict-first (v1)",
+        "d_evict": "evict-first default (v0) against the old copies (v1), batch 1",
+        "d_evict_b32": "the same at batch 32, 64k",
+    }
+    tables27 = ns.ab_call_tables(pd.read_csv(ab27), calls27)
+    tables27.update(
+        ns.ab_call_tables(
+            pd.read_csv(mla27),
+            {"d_mla_evict": "MLA: latent copies without a policy (v0) against evict-first (v1)"},
+        )
+    )
+    tables27["call b: pages of 16 against 64 tokens"] = ns.page_size_table(pd.read_csv(pages27))
+    nb.show_tables(tables27)
+else:
+    nb.note("The session-27 rows are not shipped (data/bench/logs/*session27*).")
 
 # %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,

@@ -684,6 +684,31 @@ def test_grid_vs_peers_and_findings():
     assert lines[2:] == ["Peer faster: gqa_x, batch 8, T=1, L=64k: fi_mask (0.900x)."]
 
 
+def test_grid_change_table_counts_faster_and_slower_points():
+    old = ns.grid_vs_peers(ns.verify_rows(_grid_rows()))
+    new = old.copy()
+    new.loc[new["T"] == 65, "ours_ms"] *= 0.9  # faster at T=65
+    new.loc[(new["B"] == 8) & (new["T"] == 1), "ours_ms"] *= 1.05  # slower at batch 8, T=1
+    out = ns.grid_change_table(old, new).set_index("B")
+    assert out.loc[1, "points"] == 2 and out.loc[1, "faster"] == 1
+    assert out.loc[1, "slower_2pct"] == 0 and out.loc[8, "slower_2pct"] == 1
+    assert out.loc[8, "ratio_min"] == pytest.approx(0.9)
+    assert out.loc[8, "ratio_max"] == pytest.approx(1.05)
+    with pytest.raises(ValueError, match="share no point"):
+        ns.grid_change_table(old, new.assign(L=1))
+
+
+def test_page_size_table_medians_and_ratio():
+    rows = [_row("gqa_x/B1/L65536/T1", "ours_gqa_graph", "time", ms) | {"page_size": ps}
+            for ps, ms in ((16, 0.10), (16, 0.12), (16, 0.11), (64, 0.099), (64, 0.121))]  # fmt: skip
+    rows.append(_row("ceilings", "device", "copy_bandwidth", 4.2) | {"page_size": 16})
+    out = ns.page_size_table(pd.DataFrame(rows)).iloc[0]
+    assert out["us_p16"] == pytest.approx(110.0) and out["us_p64"] == pytest.approx(110.0)
+    assert out["p64_over_p16"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no timing rows"):
+        ns.page_size_table(pd.DataFrame(rows[-1:]))
+
+
 def test_launch_changes_lists_only_changed_launches():
     old = _grid_rows()
     new = old.copy()
