@@ -511,7 +511,7 @@ static inline int encode_swizzled_map(CUtensorMap* map, const void* base, int dt
 // page table, Q, the partials the merge reads back. KDTREE_TMA_EVICT_NORMAL (a measurement build)
 // issues them as before session 27. Session 27 (tools/gpu/stages_s27c.txt, stages_s27d.txt,
 // alternating builds, time with the policy / without): GQA at batch 1 from 16k to 128k
-// 0.95-1.01x (0.95-1.00x at T = 17 / 65), at 256k 0.99-1.00x at 32q/8kv and 1.02-1.03x at
+// 0.92-1.01x (0.95-1.00x at T = 17 / 65), at 256k 0.99-1.00x at 32q/8kv and 1.02-1.03x at
 // 8q/1kv; batch 8 0.93-1.00x, batch 32 (64k) 0.99-1.01x but 1.035x at 8q/1kv, T = 1. MLA at
 // batch 1 0.96-0.98x, batch 8 0.96-0.99x but 1.00-1.02x at T = 65 from 64k.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {

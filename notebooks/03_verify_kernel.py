@@ -907,17 +907,18 @@ if grid_csv.exists():
     grid26 = nb.data_path("bench", "logs", "verify_grid_session26_calle.csv.gz")
     sweep26 = nb.data_path("bench", "logs", "splits_session26_callc.csv.gz")
     tables26 = {}
-    if old_grid.exists() and grid26.exists():
-        rows26 = pd.read_csv(grid26, dtype=str, keep_default_na=False)
+    rows26 = pd.read_csv(grid26, dtype=str, keep_default_na=False) if grid26.exists() else None
+    if old_grid.exists() and rows26 is not None:
         tables26["Launches changed by the split rules (session 26, calls a-b against e)"] = (
             ns.launch_changes(pd.read_csv(old_grid, dtype=str, keep_default_na=False), rows26)
-        )
-        tables26["Session 27's grid against session 26's call e (ours, new / old)"] = (
-            ns.grid_change_table(ns.grid_vs_peers(ns.verify_rows(rows26)), grid)
         )
     if sweep26.exists():
         tables26["Split counts at batch 8 / 32 (session 26, call c)"] = ns.split_sweep_table(
             pd.read_csv(sweep26)
+        )
+    if rows26 is not None:
+        tables26["Session 27's grid against session 26's call e (ours, new / old)"] = (
+            ns.grid_change_table(ns.grid_vs_peers(ns.verify_rows(rows26)), grid)
         )
     nb.show_tables(tables26)
 else:
