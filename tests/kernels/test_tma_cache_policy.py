@@ -1,6 +1,7 @@
 """The CUDA kernels' TMA tile copies carry the L2 evict-first policy (session 27: the KV prefix
 and the latent cache are read once a call), and the measurement build ``KDTREE_TMA_EVICT_NORMAL``
-issues them without it. Read off the PTX of the local nvcc: no GPU needed."""
+issues them without it (``KDTREE_TMA_EVICT_HALF``: half the lines). Read off the PTX of the local
+nvcc: no GPU needed."""
 
 from __future__ import annotations
 
@@ -33,3 +34,12 @@ def test_evict_normal_build_copies_without_a_policy(tmp_path):
     ptx = cuda_mla._SRC.ptx(tmp_path, ("KDTREE_TMA_EVICT_NORMAL",))
     assert not any("cache_hint" in c for c in _copies(ptx))
     assert "createpolicy" not in ptx
+
+
+def test_evict_half_build_tags_half_the_lines(tmp_path):
+    default = cuda_mla._SRC.ptx(tmp_path / "default")
+    half = cuda_mla._SRC.ptx(tmp_path / "half", ("KDTREE_TMA_EVICT_HALF",))
+    assert all(".L2::cache_hint" in c for c in _copies(half))
+    frac = re.compile(r"createpolicy\.fractional\.L2::evict_first\.b64\s+%rd\d+, ([0-9.]+);")
+    assert set(frac.findall(half)) == {"0.5"}
+    assert set(frac.findall(default)) == {"1.0"}
