@@ -104,6 +104,8 @@ struct Params {
   int ablate;                   // wgmma / seesaw kernels, measurement only (KDTREE_MLA_ABLATE):
                                 // bit 0 no KV loads past tile 1, bit 1 no S MMAs, bit 2 no P V
                                 // MMAs (wgmma only)
+  int tail_n;                   // seesaw kernel: 8 or 16 when the last row block holds at most
+                                // that many rows and runs as a tail CTA (sw_tail), else 0
 };
 
 // Named barrier for the two warps (64 threads) of one row group; ids 1..4 (0 = __syncthreads).
@@ -556,9 +558,11 @@ __device__ __forceinline__ TileSeq wg_tiles(const Params& p, int split, int b) {
 
 // The cp.async copies of this CTA's 64 query rows (q_nope | q_pe, 72 16-byte chunks a row) into
 // the nine swizzled Q slices by THREADS threads (thread pt); rows past `rows` are zero-filled.
+// (A tail CTA copies only its first `nrows`: the N of its swapped-operand MMAs.)
 template <typename E, int THREADS = 128>
-__device__ __forceinline__ void wg_copy_q(uint32_t sQ, const Params& p, int b, int m0, int pt) {
-  for (int idx = pt; idx < BLOCK_M * CHUNKS; idx += THREADS) {
+__device__ __forceinline__ void wg_copy_q(uint32_t sQ, const Params& p, int b, int m0, int pt,
+                                          int nrows = BLOCK_M) {
+  for (int idx = pt; idx < nrows * CHUNKS; idx += THREADS) {
     const int r = idx / CHUNKS;
     const int c = idx % CHUNKS;
     bool valid;
@@ -1007,6 +1011,283 @@ __device__ __forceinline__ float2 sw_left_a(float (&o)[128], float (&s)[32], flo
   return ma;
 }
 
+// ------------------------------------------------------------------ the tail CTA (session 28)
+//
+// A last row block of at most 16 rows (h = 8 or 16 at T = 1 / 2 or at T = 9 / 17 / 65 past
+// whole 64-row blocks) pays a whole CTA's MMAs in the seesaw layout: 64 padded rows. Its CTA
+// instead swaps the operands, with the rows as the N of the MMAs (GQA's tail_rows, session 14):
+// S^T (64 keys x N) = K Q^T (A = the stage's K, B = Q^T: 36 m64nNk16), the online softmax down
+// the columns (the four warps' maxima meet in shared memory), P^T (N x 64 keys, K-major) into
+// the stage's rope slice (dead once S^T is done, as the seesaw kernel's P), and O^T (512 dims x
+// N) += V^T P^T (A = V^T, MN-major, eight 64-dim slices of 4 k-steps). Warpgroup w takes the
+// tiles of stage w (w, w + 2, ...) with its own running max, sums and O^T, and the two are
+// combined at the end; the producer is the seesaw kernel's, unchanged. What it saves is shared
+// memory traffic: a seesaw CTA reads Q, K, V and P from shared memory for every tile (~216 KB,
+// the bound of its pace), a tail CTA K and V once and N-column Q^T and P^T (~150 KB).
+namespace sw {
+constexpr int TAIL_BAR = BAR_M_A;  // + warpgroup: a tail warpgroup's own barrier (128 threads)
+}
+
+// The query row (column) of a thread's value i (0 .. N / 4 - 1) in the m64nN fragments:
+// 8 (i / 2) + 2 q4 + i % 2; fragment register 4 (i / 2) + 2 h + i % 2 holds it for key (or dim)
+// kr + 8 h.
+__device__ __forceinline__ int sw_tail_col(int i, int q4) { return 8 * (i >> 1) + 2 * q4 + (i & 1); }
+
+template <typename E, int N>
+__device__ __forceinline__ void sw_tail_mma_s(float (&d)[N / 2], uint64_t a, uint64_t b, int acc) {
+  if constexpr (N == 8)
+    Wgmma<E>::ss_n8(d, a, b, acc);
+  else
+    Wgmma<E>::ss_n16(d, a, b, acc);
+}
+
+// S^T = K Q^T over the 576 dims (dk: the stage's K, dq: Q^T), two accumulation chains, waited.
+template <typename E, int N>
+__device__ __forceinline__ void sw_tail_scores(float (&s)[N / 2], float (&s_odd)[N / 2],
+                                               uint64_t dk, uint64_t dq) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) s[i] = s_odd[i] = 0.f;
+  pin(s);  // (written here, before the batch: else ptxas serialises every wgmma, C7511)
+  pin(s_odd);
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < DQK / 16; ++ks) {
+    const uint64_t ok = static_cast<uint64_t>((ks >> 2) * (sw::SLICE >> 4) + (ks & 3) * 2);
+    const uint64_t oq = static_cast<uint64_t>((ks >> 2) * (wg::REGION >> 4) + (ks & 3) * 2);
+    if (ks & 1)
+      sw_tail_mma_s<E, N>(s_odd, dk + ok, dq + oq, ks > 1);
+    else
+      sw_tail_mma_s<E, N>(s, dk + ok, dq + oq, ks > 0);
+  }
+  wg_commit();
+  wg_wait<0>();
+  pin(s);
+  pin(s_odd);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) s[i] += s_odd[i];
+}
+
+// O^T += V^T P^T: the eight 64-dim slices of V (A, MN-major), 4 k-steps of 16 keys each
+// (dp: P^T, K-major, its 8-column atoms sw::GROUP apart), waited.
+template <typename E, int N>
+__device__ __forceinline__ void sw_tail_pv(float (&o)[8][N / 2], uint64_t dv, uint64_t dp) {
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb) pin(o[mb]);
+  wg_fence();
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t a = dv + static_cast<uint64_t>(mb * (sw::SLICE >> 4)) + kk * sw::KSTEP_V;
+      if constexpr (N == 8)
+        Wgmma<E>::ss_n8_ta(o[mb], a, dp + kk * 2, 1);
+      else
+        Wgmma<E>::ss_n16_ta(o[mb], a, dp + kk * 2, 1);
+    }
+  wg_commit();
+  wg_wait<0>();
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb) pin(o[mb]);
+}
+
+// The online softmax of S^T down its columns: masks, each column's max across the warpgroup
+// (scratch `red`: [4 warps][16], one barrier), P^T as E into `pt` (generic pointer to the rope
+// slice of the tile's stage), the running max and sums, and alpha per column.
+template <typename E, int N>
+__device__ __forceinline__ void sw_tail_softmax(float (&s)[N / 2], float (&m_run)[N / 4],
+                                                float (&l_run)[N / 4], float (&alpha)[N / 4],
+                                                bool full, const uint64_t (&bits)[N / 4],
+                                                float scale, int kr, int q4, int lane, int wi,
+                                                float* red, unsigned char* pt, int bar) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    float mx = neg_inf();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float& v = s[4 * (i >> 1) + 2 * h + (i & 1)];
+      if (!full && !((bits[i] >> (kr + 8 * h)) & 1ull)) v = neg_inf();
+      mx = fmaxf(mx, v);
+    }
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (lane < 4) red[wi * 16 + sw_tail_col(i, q4)] = mx;
+  }
+  named_sync(bar, 128);
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const int col = sw_tail_col(i, q4);
+    float m = red[col];
+#pragma unroll
+    for (int w = 1; w < 4; ++w) m = fmaxf(m, red[w * 16 + col]);
+    const float mnew = fmaxf(m_run[i], m * scale);  // scale > 0: order kept
+    const float off = wg_offset(mnew);
+    alpha[i] = exp2f(m_run[i] - off);  // 0 while the column has seen no key (-inf - off)
+    m_run[i] = mnew;
+    float sum = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float e = exp2f(fmaf(s[4 * (i >> 1) + 2 * h + (i & 1)], scale, -off));
+      sum += e;
+      const int key = kr + 8 * h;
+      *reinterpret_cast<uint16_t*>(pt + (col >> 3) * sw::GROUP + swz(col & 7, key >> 3) +
+                                   (key & 7) * 2) = static_cast<uint16_t>(Mma<E>::pack(e, 0.f));
+    }
+    l_run[i] = l_run[i] * alpha[i] + sum;
+  }
+}
+
+// A tail CTA's consumer warpgroups (tid < 256): warpgroup w takes the tiles of stage w; the last
+// row block's first N rows (m0 ..), written as the output (one split) or as partials and LSE.
+// Stage releases: each warpgroup arrives at its own stage's EMPTY after its tile, and at the
+// other stage's for tile j - 1 once its own tile j has landed (the seesaw kernel's consumers both
+// arrive at both stages; the producer refilled stage 1 - w for j + 1 only after both arrivals
+// for j - 1, so an arrival for j - 1 cannot count towards a later use of that stage).
+template <typename E, int N>
+__device__ __forceinline__ void sw_tail(const Params& p, const TileSeq& ts, int b, int split,
+                                        int m0, uint32_t sQ, uint32_t sKV, unsigned char* smem,
+                                        float* red2, int tid) {
+  static_assert(N == 8 || N == 16, "m64n8 or m64n16");
+  constexpr uint64_t STAGE_STEP = wg::SMEM_STAGE >> 4;
+  const int n = ts.n_tiles;
+  const int w = tid >> 7, t = tid & 127, lane = t & 31, wi = t >> 5, q4 = lane & 3;
+  const int kr = wi * 16 + (lane >> 2);  // this thread's keys (or dims) kr, kr + 8 of each 64
+  uint64_t dq = wg_desc(sQ, 16, 1024);
+  uint64_t dk = wg_desc(sKV, 16, sw::GROUP) + w * STAGE_STEP;
+  uint64_t dv = wg_desc(sKV, sw::SLICE, sw::GROUP) + w * STAGE_STEP;
+  uint64_t dp = wg_desc(sKV + sw::ROPE_SLICE, 16, sw::GROUP) + w * STAGE_STEP;
+  unsigned char* pt = smem + wg::SMEM_Q + w * wg::SMEM_STAGE + sw::ROPE_SLICE;
+  float* red = red2 + w * 64;
+  const int bar = sw::TAIL_BAR + w;
+  const float scale = p.qk_scale;
+  float o[8][N / 2];
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) o[mb][i] = 0.f;
+  float m_run[N / 4], l_run[N / 4];
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    m_run[i] = neg_inf();
+    l_run[i] = 0.f;
+  }
+  float s[N / 2], s_odd[N / 2];
+#pragma unroll 1
+  for (int tile = w; tile < n; tile += 2) {
+    // (the descriptors made opaque each tile: hoisted out of the loop, the 36 + 32 k-steps'
+    // 64-bit operand descriptors would be held in registers across it and spill)
+    asm volatile("" : "+l"(dq), "+l"(dk), "+l"(dv), "+l"(dp));
+    const bool full = tile < ts.n_pre && ts.end - (ts.start + tile * wg::BN) >= wg::BN;
+    uint64_t bits[N / 4];
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+      bits[i] = full ? ~0ull : wg_bits64(p, ts, b, tile, m0 + sw_tail_col(i, q4));
+    named_sync(BAR_FULL + w, sw::FULL_COUNT);  // tile landed in stage w
+    if (tile >= 1 && tile + 1 < n) named_arrive(BAR_EMPTY + 1 - w, sw::EMPTY_COUNT);  // tile - 1
+    sw_tail_scores<E, N>(s, s_odd, dk, dq);
+    float alpha[N / 4];
+    sw_tail_softmax<E, N>(s, m_run, l_run, alpha, full, bits, scale, kr, q4, lane, wi, red, pt,
+                          bar);
+#pragma unroll
+    for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+      for (int i = 0; i < N / 4; ++i) {
+        o[mb][4 * (i >> 1) + (i & 1)] *= alpha[i];
+        o[mb][4 * (i >> 1) + 2 + (i & 1)] *= alpha[i];
+      }
+    fence_async_smem();  // P^T (generic stores) -> this warpgroup's wgmma, after all its stores
+    named_sync(bar, 128);
+    sw_tail_pv<E, N>(o, dv, dp);
+    if (tile + 2 < n) named_arrive(BAR_EMPTY + w, sw::EMPTY_COUNT);  // S^T, V^T, P^T read
+  }
+
+  // ---- the two warpgroups' states combined: each finishes its own half of the 512 dims
+  // (slices 4 w .. 4 w + 3) with the other's O^T for that half, through the Q region (free once
+  // both have passed their last MMAs)
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i)
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], off);
+  // o[0..3]: this warpgroup's own half of the dims, o[4..7] the other's (a swap in warpgroup 1,
+  // by selects: indices stay constant, so the fragments stay in registers)
+#pragma unroll
+  for (int ms = 0; ms < 4; ++ms)
+#pragma unroll
+    for (int r = 0; r < N / 2; ++r) {
+      const float lo = o[ms][r], hi = o[4 + ms][r];
+      o[ms][r] = w == 0 ? lo : hi;
+      o[4 + ms][r] = w == 0 ? hi : lo;
+    }
+  named_sync(BAR_CONSUMERS, wg::CONSUMERS);
+  float* xo = reinterpret_cast<float*>(smem);  // [writer][4 slices][64 dims][N]
+  float* xl = xo + 2 * 4 * 64 * N;             // [warpgroup][4 warps][N] column sums
+  float* xm = xl + 2 * 4 * N;                  // [warpgroup][N] column maxima
+#pragma unroll
+  for (int ms = 0; ms < 4; ++ms)
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        xo[((w * 4 + ms) * 64 + kr + 8 * h) * N + sw_tail_col(i, q4)] =
+            o[4 + ms][4 * (i >> 1) + 2 * h + (i & 1)];
+  if (lane < 4) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      xl[(w * 4 + wi) * N + sw_tail_col(i, q4)] = l_run[i];
+      if (wi == 0) xm[w * N + sw_tail_col(i, q4)] = m_run[i];
+    }
+  }
+  named_sync(BAR_CONSUMERS, wg::CONSUMERS);
+  const float* xo_other = xo + (1 - w) * 4 * 64 * N;
+  float a_me[N / 4], a_ot[N / 4];  // the two warpgroups' weights of a column, over its sum
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const int col = sw_tail_col(i, q4);
+    float l_me = 0.f, l_ot = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      l_me += xl[(w * 4 + k) * N + col];
+      l_ot += xl[((1 - w) * 4 + k) * N + col];
+    }
+    const float m_me = m_run[i], m_ot = xm[(1 - w) * N + col];
+    const float off = wg_offset(fmaxf(m_me, m_ot));
+    // (a warpgroup whose column saw no key holds l = 0, O = 0, m = -inf: weight 0, never inf)
+    const float am = m_me == neg_inf() ? 0.f : exp2f(wg_offset(m_me) - off);
+    const float ao = m_ot == neg_inf() ? 0.f : exp2f(wg_offset(m_ot) - off);
+    const float l = l_me * am + l_ot * ao;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    a_me[i] = am * inv;
+    a_ot[i] = ao * inv;
+    m_run[i] = l > 0.f ? off + __log2f(l) : neg_inf();  // (now the column's LSE)
+  }
+  const int S = p.num_splits;
+  const int64_t rbase = (static_cast<int64_t>(b) * S + split) * p.rows;
+  // O (this warpgroup's half of the dims) of column i, dim 64 (4 w + ms) + kr + 8 h
+  const auto value = [&](int ms, int i, int h) {
+    const int r = 4 * (i >> 1) + 2 * h + (i & 1);
+    return o[ms][r] * a_me[i] + xo_other[(ms * 64 + kr + 8 * h) * N + sw_tail_col(i, q4)] * a_ot[i];
+  };
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const int row = m0 + sw_tail_col(i, q4);
+    if (row >= p.rows) continue;
+    if (S == 1) {
+      E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.H) * p.so_t + (row % p.H) * p.so_h +
+               256 * w + kr;
+#pragma unroll
+      for (int ms = 0; ms < 4; ++ms)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) dst[64 * ms + 8 * h] = E(value(ms, i, h));
+    } else {
+      float* dst = p.part + (rbase + row) * RANK + 256 * w + kr;
+#pragma unroll
+      for (int ms = 0; ms < 4; ++ms)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) dst[64 * ms + 8 * h] = value(ms, i, h);
+      if (w == 0 && t < 4) p.lse[rbase + row] = m_run[i];
+    }
+  }
+}
+
 template <typename E>
 __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1075,17 +1356,25 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 
   // ================= consumer warpgroups =================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
+  const bool tail_cta = p.tail_n > 0 && blockIdx.x == gridDim.x - 1;
 #ifndef KDTREE_MLA_PRODUCER_Q
   // Both consumer warpgroups copy Q (18 copies a thread) while the producer starts on the first
   // tiles at once (the GQA kernel's session-14 change: there the producer's Q copies delayed its
   // first tile by several us).
-  wg_copy_q<E, wg::CONSUMERS>(sQ, p, b, m0, tid);
+  wg_copy_q<E, wg::CONSUMERS>(sQ, p, b, m0, tid, tail_cta ? p.tail_n : BLOCK_M);
   cp_async_commit();  // (wait_group waits for committed groups only)
   cp_async_wait<0>();
   fence_async_smem();
   named_sync(BAR_CONSUMERS, wg::CONSUMERS);
   fence_async_smem();  // the other threads' copies -> this thread's wgmma operand reads
 #endif
+  if (tail_cta) {  // the last row block's <= 16 rows as the N of swapped-operand MMAs
+    if (p.tail_n == 8)
+      sw_tail<E, 8>(p, ts, b, split, m0, sQ, sKV, smem, sMa, tid);
+    else
+      sw_tail<E, 16>(p, ts, b, split, m0, sQ, sKV, smem, sMa, tid);
+    return;
+  }
   const int lane = tid & 31;
   const int w = tid >> 7;            // 0: tiles 2i, O[:, 0:256]; 1: tiles 2i + 1, O[:, 256:512]
   const int wi = (tid >> 5) & 3;     // warp within the warpgroup: rows [16 wi, 16 wi + 16)
@@ -1481,6 +1770,14 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   // KDTREE_MLA_TMA=0 keeps every tile on cp.async.
   p.tma_rows = 0;
   const char* env_tma = getenv("KDTREE_MLA_TMA");
+  // The tail CTA (sw_tail): a last row block of 1-16 rows through swapped-operand MMAs.
+  // KDTREE_MLA_TAIL=1 turns it on (a measurement knob until measured against the seesaw layout).
+  const char* env_tail = getenv("KDTREE_MLA_TAIL");
+  const int tail_rows = p.rows % BLOCK_M;
+  p.tail_n = kernel == 2 && env_tail != nullptr && env_tail[0] == '1' && tail_rows > 0 &&
+                     tail_rows <= 16
+                 ? (tail_rows <= 8 ? 8 : 16)
+                 : 0;
   if (kernel == 2 && page_size >= 8 && !(env_tma != nullptr && env_tma[0] == '0')) {
     p.tma_rows = page_size < wg::BN ? page_size : wg::BN;
     const int rc = encode_kv_map(&p.kv_map, kv, dtype, num_slots, s_slot, p.tma_rows);

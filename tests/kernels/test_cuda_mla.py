@@ -157,6 +157,7 @@ def _run(case, dtype, gen, graph=False, kernel="mma", kv_ramp=None):
     truth = mla_dense(*dev, SCALE, torch.float64)
     base = mla_dense(*dev, SCALE, dtype)
     assert_close_to_truth(got.cpu(), truth, base, ATOL[dtype], f"cuda mla {case} {dtype}")
+    return got
 
 
 @pytest.mark.gpu
@@ -208,6 +209,60 @@ def test_seesaw_tma_and_cp_async_paths(tma, ps, t, gen, monkeypatch):
     split has an even tile count, with T = 17 the last split's is odd (the tail after the pairs)."""
     monkeypatch.setenv("KDTREE_MLA_TMA", tma)
     _run(([977, 640], t, 16, ps, 3), torch.bfloat16, gen, kernel="seesaw")
+
+
+# Shapes whose last 64-row block holds 1-16 rows (the tail CTA's): T = 1 / 2 (the whole call one
+# tail CTA), T = 9 / 17 / 65 / 257 past whole blocks, with one split (the output written
+# directly), several, an empty prefix, page sizes 1 (cp.async tiles) to 64 (TMA tiles)
+TAIL_CASES = [
+    ([1], 1, 8, 1, None),
+    ([500], 1, 16, 16, None),
+    ([700, 5], 2, 8, 16, 2),
+    ([3000], 9, 8, 16, None),
+    ([3000, 77], 9, 16, 64, 5),
+    ([257, 1, 40], 17, 8, 64, 3),
+    ([97], 17, 16, 16, None),
+    ([0, 100], 17, 8, 16, 4),
+    ([5000], 65, 16, 16, 1),
+    ([1234, 4000], 65, 8, 1, 7),
+    ([64], 257, 8, 16, 3),
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "case", TAIL_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}-ps{c[3]}-s{c[4]}"
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_seesaw_tail_cta_matches_fp64(case, dtype, gen, monkeypatch):
+    """KDTREE_MLA_TAIL=1: a last row block of at most 16 rows runs as a tail CTA (swapped-operand
+    MMAs, the two warpgroups' states combined at the end); it matches fp64, eager and in a CUDA
+    graph, and it is another path than the 64-row block's (its exact running max against the
+    block's lazy one: the results differ in rounding)."""
+    monkeypatch.setenv("KDTREE_MLA_TAIL", "1")
+    tail = _run(case, dtype, gen, kernel="seesaw").clone()
+    _run(case, dtype, gen, graph=True, kernel="seesaw")
+    monkeypatch.setenv("KDTREE_MLA_TAIL", "0")
+    block = _run(case, dtype, gen, kernel="seesaw")
+    lens, t, h = case[0], case[1], case[2]
+    if max(lens) >= 500:  # (a few keys can round alike on both paths)
+        first = (h * t) // 64 * 64  # the tail CTA's first packed row (token r // h, head r % h)
+        rows = tail.reshape(len(lens), h * t, -1)[:, first:]
+        assert not torch.equal(rows, block.reshape(len(lens), h * t, -1)[:, first:]), case
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("tma", ["0", "1"])
+@pytest.mark.parametrize("ramp", [None, (0.25, 6.0), (6.0, 0.25)], ids=["flat", "up", "down"])
+def test_seesaw_tail_cta_copy_paths_and_rescale(tma, ramp, gen, monkeypatch):
+    """The tail CTA on TMA and cp.async tiles, with the latent cache ramped so the columns' maxima
+    move tile after tile (odd and even tile counts over three splits)."""
+    monkeypatch.setenv("KDTREE_MLA_TAIL", "1")
+    monkeypatch.setenv("KDTREE_MLA_TMA", tma)
+    _run(([977, 640], 17, 8, 16, 3), torch.bfloat16, gen, kernel="seesaw", kv_ramp=ramp)
+    _run(([9000], 9, 16, 64, None), torch.bfloat16, gen, kernel="seesaw", kv_ramp=ramp)
 
 
 @pytest.mark.gpu
