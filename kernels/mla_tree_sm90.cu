@@ -1023,7 +1023,12 @@ __device__ __forceinline__ float2 sw_left_a(float (&o)[128], float (&s)[32], flo
 // tiles of stage w (w, w + 2, ...) with its own running max, sums and O^T, and the two are
 // combined at the end; the producer is the seesaw kernel's, unchanged. What it saves is shared
 // memory traffic: a seesaw CTA reads Q, K, V and P from shared memory for every tile (~216 KB,
-// the bound of its pace), a tail CTA K and V once and N-column Q^T and P^T (~150 KB).
+// the bound of its pace), a tail CTA K and V once and N-column Q^T and P^T (~150 KB). Measured
+// (session 28, call b): 0.85-1.01x the 64-row block's time where it is the whole row dimension
+// (T = 1), but 1.03-1.22x beside whole blocks (h = 8 / 16 at T = 9 / 17): each warpgroup owns
+// one of the two stages, so its next tile is copied only after its own MMAs released the stage
+// and the copy's latency is not hidden; a seesaw CTA is slower per tile and hides it. So the
+// launcher takes it by default only for rows <= 16 (KDTREE_MLA_TAIL).
 namespace sw {
 constexpr int TAIL_BAR = BAR_M_A;  // + warpgroup: a tail warpgroup's own barrier (128 threads)
 }
@@ -1770,12 +1775,18 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   // KDTREE_MLA_TMA=0 keeps every tile on cp.async.
   p.tma_rows = 0;
   const char* env_tma = getenv("KDTREE_MLA_TMA");
-  // The tail CTA (sw_tail): a last row block of 1-16 rows through swapped-operand MMAs.
-  // KDTREE_MLA_TAIL=1 turns it on (a measurement knob until measured against the seesaw layout).
+  // The tail CTA (sw_tail): a last row block of 1-16 rows through swapped-operand MMAs. By
+  // default only where it is the whole row dimension (rows <= 16: T = 1 at h = 8 / 16, T = 2 at
+  // h = 8), where it was faster (session 28, call b: 0.85-1.01x at T = 1); beside whole blocks
+  // (T = 9 / 17 at h = 8 / 16) it was slower, up to 1.22x (each warpgroup holds one of the two
+  // stages, so its next tile's copy cannot overlap its MMAs). KDTREE_MLA_TAIL=0 keeps the
+  // 64-row block everywhere, =1 takes the tail CTA for every last block of <= 16 rows.
   const char* env_tail = getenv("KDTREE_MLA_TAIL");
   const int tail_rows = p.rows % BLOCK_M;
-  p.tail_n = kernel == 2 && env_tail != nullptr && env_tail[0] == '1' && tail_rows > 0 &&
-                     tail_rows <= 16
+  const bool tail_any = env_tail != nullptr && env_tail[0] == '1';
+  const bool tail_off = env_tail != nullptr && env_tail[0] == '0';
+  p.tail_n = kernel == 2 && !tail_off && tail_rows > 0 && tail_rows <= 16 &&
+                     (tail_any || p.rows <= 16)
                  ? (tail_rows <= 8 ? 8 : 16)
                  : 0;
   if (kernel == 2 && page_size >= 8 && !(env_tma != nullptr && env_tma[0] == '0')) {

@@ -254,6 +254,24 @@ def test_seesaw_tail_cta_matches_fp64(case, dtype, gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
+def test_seesaw_tail_cta_default_rule(gen, monkeypatch):
+    """KDTREE_MLA_TAIL unset: the tail CTA where it is the whole row dimension (h * T <= 16,
+    bitwise the forced tail's output), the 64-row block beside whole blocks (bitwise the
+    block's)."""
+    outs = {}
+    for case in [([3000, 700], 1, 16, 16, None), ([3000], 9, 8, 16, None)]:
+        for env in ["", "0", "1"]:
+            if env:
+                monkeypatch.setenv("KDTREE_MLA_TAIL", env)
+            else:
+                monkeypatch.delenv("KDTREE_MLA_TAIL", raising=False)
+            outs[case[1], env] = _run(case, torch.bfloat16, gen, kernel="seesaw").clone()
+    assert torch.equal(outs[1, ""], outs[1, "1"]) and not torch.equal(outs[1, ""], outs[1, "0"])
+    assert torch.equal(outs[9, ""], outs[9, "0"]) and not torch.equal(outs[9, ""], outs[9, "1"])
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("tma", ["0", "1"])
 @pytest.mark.parametrize("ramp", [None, (0.25, 6.0), (6.0, 0.25)], ids=["flat", "up", "down"])
 def test_seesaw_tail_cta_copy_paths_and_rescale(tma, ramp, gen, monkeypatch):
