@@ -514,16 +514,13 @@ static inline int encode_swizzled_map(CUtensorMap* map, const void* base, int dt
 // 0.92-1.01x (0.95-1.00x at T = 17 / 65), at 256k 0.99-1.00x at 32q/8kv and 1.02-1.03x at
 // 8q/1kv; batch 8 0.93-1.00x, batch 32 (64k) 0.99-1.01x but 1.035x at 8q/1kv, T = 1. MLA at
 // batch 1 0.96-0.98x, batch 8 0.96-0.99x but 1.00-1.02x at T = 65 from 64k.
-// KDTREE_TMA_EVICT_HALF (a measurement build, not yet run on the GPU): half the lines evict-first,
-// the rest as they were (the losses at 8q/1kv, 256k and at a few batch-8 / 32 points, where
-// several CTAs read each tile, are the case it is for).
+// Half the lines evict-first (session 28, call b: a measurement build against this one and the
+// old copies at the points where the policy had lost) was never faster: 1.00-1.05x this policy's
+// time at 8q/1kv, batch 1 / 32, 64k / 256k; removed. (In that call this policy beat the old
+// copies at 8q/1kv, 256k, 0.96-0.99x: session 27's 1.02-1.03x there was run-to-run spread.)
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;
-#ifdef KDTREE_TMA_EVICT_HALF
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 0.5;\n" : "=l"(policy));
-#else
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
   return policy;
 }
 

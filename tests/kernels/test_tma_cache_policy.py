@@ -1,7 +1,6 @@
 """The CUDA kernels' TMA tile copies carry the L2 evict-first policy (session 27: the KV prefix
 and the latent cache are read once a call), and the measurement build ``KDTREE_TMA_EVICT_NORMAL``
-issues them without it (``KDTREE_TMA_EVICT_HALF``: half the lines). Read off the PTX of the local
-nvcc: no GPU needed."""
+issues them without it. Read off the PTX of the local nvcc: no GPU needed."""
 
 from __future__ import annotations
 
@@ -35,9 +34,3 @@ def test_evict_normal_build_copies_without_a_policy(tmp_path):
     ptx = cuda_mla._SRC.ptx(tmp_path, ("KDTREE_TMA_EVICT_NORMAL",))
     assert not any("cache_hint" in c for c in _copies(ptx))
     assert "createpolicy" not in ptx
-
-
-def test_evict_half_build_tags_half_the_lines(tmp_path):
-    half = cuda_mla._SRC.ptx(tmp_path, ("KDTREE_TMA_EVICT_HALF",))
-    assert all(".L2::cache_hint" in c for c in _copies(half))
-    assert set(FRACTION.findall(half)) == {"0.5"}
