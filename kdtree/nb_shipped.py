@@ -229,6 +229,26 @@ def page_size_table(df: pd.DataFrame) -> pd.DataFrame:
     return w.reset_index()
 
 
+def extra_token_table(tidy: pd.DataFrame) -> pd.DataFrame:
+    """What one more query token costs where it opens a row block: :func:`verify_rows` of one
+    provider at tree sizes T and T + 1 (e.g. 8 / 9 and 16 / 17 at h = 8, where T + 1 adds an
+    8-row block) -> µs at each T by layout, batch and L, and ``T{t+1}_over_T{t}`` for every
+    such pair present."""
+    require_columns(tidy, {"layout", "B", "L", "T", "time_ms"}, "verify rows")
+    if tidy.empty:
+        raise ValueError("no rows")
+    w = (tidy.assign(us=tidy["time_ms"] * 1e3)
+         .pivot_table(index=["layout", "B", "L"], columns="T", values="us", aggfunc="median"))  # fmt: skip
+    ts = sorted(int(t) for t in w.columns)
+    w.columns = [f"T{int(t)}" for t in w.columns]
+    pairs = [(t, t + 1) for t in ts if t + 1 in ts]
+    if not pairs:
+        raise ValueError(f"no tree sizes T and T + 1 among {ts}")
+    for a, b in pairs:
+        w[f"T{b}_over_T{a}"] = w[f"T{b}"] / w[f"T{a}"]
+    return w.reset_index()
+
+
 def launch_changes(
     old: pd.DataFrame, new: pd.DataFrame, providers=("ours_gqa_graph", "ours_seesaw_graph")
 ) -> pd.DataFrame:

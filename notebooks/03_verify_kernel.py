@@ -875,19 +875,21 @@ else:
     nb.note("The session-25 rows are not shipped (data/bench/logs/*session25*).")
 
 # %% [markdown]
-# ### The issue's whole grid in one run (sessions 26 and 27)
+# ### The issue's whole grid in one run (sessions 26-28)
 # Every point of the issue's grid — L 1k-256k, T 1 / 9 / 17 / 65 / 257, batch 1 / 8 / 32, GQA
-# 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (session 27's
-# call e, `tools/gpu/stages_s27e.txt`, the final kernels; the slow peers `ref`, SDPA,
-# FlexAttention and the eager MLA form in their default domains). The first heatmaps are our
+# 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (GQA: session
+# 27's call e, `tools/gpu/stages_s27e.txt`; MLA: session 28's call d, `stages_s28d.txt`, with the
+# tail CTA at h·T ≤ 16; the slow peers `ref`, SDPA, FlexAttention and the eager MLA form in
+# their default domains). The first heatmaps are our
 # fastest provider's speed-up over the fastest complete peer (red below 1: the peer was faster),
 # the second ones our fraction of the floor. Session 26 ran the grid first: calls a-b before its
 # split rules (`data/bench/logs/verify_grid_session26_callab.csv.gz`) and call e after them
 # (`verify_grid_session26_calle.csv.gz`). The first table is every point whose CUDA launch
 # those rules changed, old time over new; the sweep table is session 26's call c split counts
-# at batch 8 / 32 — the count the old rule chose, the fastest, and today's rule's pick; the last
-# one is session 27's grid against session 26's call e (the tile copies' evict-first policy,
-# below), our time new / old by layout and batch.
+# at batch 8 / 32 — the count the old rule chose, the fastest, and today's rule's pick; then
+# session 27's grid against session 26's call e (the tile copies' evict-first policy, below), and
+# session 28's MLA rows against session 27's (`verify_grid_session27_calle_mla.csv.gz`; only
+# T=1 runs other code), our time new / old by layout and batch.
 
 # %%
 grid_csv = nb.data_path("bench", "verify_grid.csv.gz")
@@ -916,9 +918,19 @@ if grid_csv.exists():
         tables26["Split counts at batch 8 / 32 (session 26, call c)"] = ns.split_sweep_table(
             pd.read_csv(sweep26)
         )
+    mla27 = nb.data_path("bench", "logs", "verify_grid_session27_calle_mla.csv.gz")
+    grid27 = grid
+    if mla27.exists():
+        old_mla = ns.grid_vs_peers(
+            ns.verify_rows(pd.read_csv(mla27, dtype=str, keep_default_na=False))
+        )
+        grid27 = pd.concat([grid[grid["layout"].str.startswith("gqa")], old_mla])
+        tables26["Session 28's MLA rows against session 27's call e (ours, new / old)"] = (
+            ns.grid_change_table(old_mla, grid[grid["layout"].str.startswith("mla")])
+        )
     if rows26 is not None:
         tables26["Session 27's grid against session 26's call e (ours, new / old)"] = (
-            ns.grid_change_table(ns.grid_vs_peers(ns.verify_rows(rows26)), grid)
+            ns.grid_change_table(ns.grid_vs_peers(ns.verify_rows(rows26)), grid27)
         )
     nb.show_tables(tables26)
 else:
@@ -967,6 +979,59 @@ if ab27.exists() and mla27.exists() and pages27.exists():
     nb.show_tables(tables27)
 else:
     nb.note("The session-27 rows are not shipped (data/bench/logs/*session27*).")
+
+# %% [markdown]
+# ### Session 28: an MLA tail CTA (shipped where it is the whole row dimension), the split / merge pipeline's own cost, half the lines evict-first (removed)
+# Alternating runs in one call each (`tools/gpu/stages_s28a.txt` ... `stages_s28c.txt`; rows in
+# `data/bench/logs/mla_ab_session28.csv.gz`, `gqa_ab_session28.csv.gz` and
+# `mla_rows_session28_calla.csv.gz`):
+# * Call a: what one more query token costs the MLA kernel where it opens an 8- or 16-row block
+#   (T=8 → 9, 16 → 17): up to 1.4x at batch 8, a whole 64-row CTA a split for 8 rows.
+# * Call b, `b_tail`: the tail CTA (`KDTREE_MLA_TAIL=1`, swapped-operand MMAs with the rows as N)
+#   for every last block of ≤ 16 rows (`v1`) against 64-row blocks (`v0`): faster at T=1, slower
+#   beside whole blocks (T=9 / 17); so the default takes it only where h·T ≤ 16.
+# * Call c, `c_t1`: that default (`v1`) against `KDTREE_MLA_TAIL=0` at T=1 / 2, batch 1 / 8 / 32
+#   (h=16, T=2 is 32 rows: the same code on both sides, the comparison's spread); `c_pace`: the
+#   seesaw kernel at T=8 / 9 / 17 without its S MMAs (`v1`), without KV copies past the first
+#   tiles (`v2`), without both (`v3`; all three wrong results).
+# * GQA 8q/1kv, calls a and b (`a_fixed`, `b_ktfixed`): the block consumers idle, the KV stream
+#   cut after the first stages, and with `KDTREE_GQA_KT_IDLE` the tail warpgroup idle too — what
+#   the launch, the first stages, the handshakes, the epilogue and the merge cost alone;
+#   `b_half`: half the lines evict-first (`v1`) against the default (`v0`) and no policy (`v2`).
+
+# %%
+mla28 = nb.data_path("bench", "logs", "mla_ab_session28.csv.gz")
+gqa28 = nb.data_path("bench", "logs", "gqa_ab_session28.csv.gz")
+rows28 = nb.data_path("bench", "logs", "mla_rows_session28_calla.csv.gz")
+if mla28.exists() and gqa28.exists() and rows28.exists():
+    tables28 = {
+        "call a: one more token (µs by T; MLA, ours_seesaw_graph)": ns.extra_token_table(
+            ns.verify_rows(pd.read_csv(rows28))
+        )
+    }
+    tables28.update(
+        ns.ab_call_tables(
+            pd.read_csv(mla28),
+            {
+                "b_tail": "64-row blocks (v0) against the tail CTA for every last block (v1)",
+                "c_t1": "T=1 / 2: 64-row blocks (v0) against the default (v1)",
+                "c_pace": "default (v0), no S MMAs (v1), no copies (v2), neither (v3)",
+            },
+        )
+    )
+    tables28.update(
+        ns.ab_call_tables(
+            pd.read_csv(gqa28),
+            {
+                "a_fixed": "8q/1kv: default (v0), block consumers idle (v1), and no copies (v2)",
+                "b_ktfixed": "idle and no copies (v0), and the tail warpgroup idle (v1)",
+                "b_half": "evict-first (v0), on half the lines (v1), no policy (v2)",
+            },
+        )
+    )
+    nb.show_tables(tables28)
+else:
+    nb.note("The session-28 rows are not shipped (data/bench/logs/*session28*).")
 
 # %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,

@@ -739,3 +739,17 @@ def test_split_sweep_table_picks_todays_rule():
     t = ns.split_sweep_table(pd.DataFrame(rows)).iloc[0]
     assert (t["old_splits"], t["best_splits"], t["new_splits"]) == (1, rule, rule)
     assert t["new_us"] == pytest.approx(2200) and t["old_over_best"] == pytest.approx(3.5 / 2.2)
+
+
+def test_extra_token_table_pairs_t_and_t_plus_one():
+    rows = pd.DataFrame(
+        [
+            {"layout": "mla_h8", "B": 8, "L": 65536, "T": t, "time_ms": ms}
+            for t, ms in [(8, 0.100), (9, 0.150), (16, 0.200), (17, 0.300), (65, 1.0)]
+        ]
+    )
+    out = ns.extra_token_table(rows).iloc[0]
+    assert out["T9_over_T8"] == pytest.approx(1.5) and out["T17_over_T16"] == pytest.approx(1.5)
+    assert "T66_over_T65" not in out.index and out["T65"] == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="T and T"):
+        ns.extra_token_table(rows[rows["T"].isin([8, 16])])
