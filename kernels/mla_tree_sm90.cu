@@ -1013,8 +1013,9 @@ __device__ __forceinline__ float2 sw_left_a(float (&o)[128], float (&s)[32], flo
 
 // ------------------------------------------------------------------ the tail CTA (session 28)
 //
-// A last row block of at most 16 rows (h = 8 or 16 at T = 1 / 2 or at T = 9 / 17 / 65 past
-// whole 64-row blocks) pays a whole CTA's MMAs in the seesaw layout: 64 padded rows. Its CTA
+// A last row block of at most 16 rows (h = 8 / 16 at T = 1, h = 8 at T = 2, or h = 8 / 16 at
+// T = 9 / 17 / 65 past whole 64-row blocks) pays a whole CTA's MMAs in the seesaw layout: 64
+// padded rows. Its CTA
 // instead swaps the operands, with the rows as the N of the MMAs (GQA's tail_rows, session 14):
 // S^T (64 keys x N) = K Q^T (A = the stage's K, B = Q^T: 36 m64nNk16), the online softmax down
 // the columns (the four warps' maxima meet in shared memory), P^T (N x 64 keys, K-major) into
@@ -1028,7 +1029,10 @@ __device__ __forceinline__ float2 sw_left_a(float (&o)[128], float (&s)[32], flo
 // (T = 1), but 1.03-1.22x beside whole blocks (h = 8 / 16 at T = 9 / 17): each warpgroup owns
 // one of the two stages, so its next tile is copied only after its own MMAs released the stage
 // and the copy's latency is not hidden; a seesaw CTA is slower per tile and hides it. So the
-// launcher takes it by default only for rows <= 16 (KDTREE_MLA_TAIL).
+// launcher takes it by default only for rows <= 16 (KDTREE_MLA_TAIL). It keeps no phase clocks
+// (KDTREE_MLA_CLOCKS) and ignores KDTREE_MLA_ABLATE, and the -DKDTREE_MLA_PRODUCER_Q measurement
+// build never takes it (there the Q region is the producer's until the first tile lands, which a
+// split without tiles never waits for, and the tail's epilogue writes that region).
 namespace sw {
 constexpr int TAIL_BAR = BAR_M_A;  // + warpgroup: a tail warpgroup's own barrier (128 threads)
 }
@@ -1361,7 +1365,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 
   // ================= consumer warpgroups =================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
+#ifdef KDTREE_MLA_PRODUCER_Q
+  constexpr bool tail_cta = false;  // (see sw_tail: its epilogue reuses the Q region)
+#else
   const bool tail_cta = p.tail_n > 0 && blockIdx.x == gridDim.x - 1;
+#endif
 #ifndef KDTREE_MLA_PRODUCER_Q
   // Both consumer warpgroups copy Q (18 copies a thread) while the producer starts on the first
   // tiles at once (the GQA kernel's session-14 change: there the producer's Q copies delayed its
