@@ -1015,8 +1015,8 @@ __device__ __forceinline__ float2 sw_left_a(float (&o)[128], float (&s)[32], flo
 //
 // A last row block of at most 16 rows (h = 8 / 16 at T = 1, h = 8 at T = 2, or h = 8 / 16 at
 // T = 9 / 17 / 65 past whole 64-row blocks) pays a whole CTA's MMAs in the seesaw layout: 64
-// padded rows. Its CTA
-// instead swaps the operands, with the rows as the N of the MMAs (GQA's tail_rows, session 14):
+// padded rows. A tail CTA instead swaps the operands, with the rows as the N of the MMAs (GQA's
+// tail_rows, session 14):
 // S^T (64 keys x N) = K Q^T (A = the stage's K, B = Q^T: 36 m64nNk16), the online softmax down
 // the columns (the four warps' maxima meet in shared memory), P^T (N x 64 keys, K-major) into
 // the stage's rope slice (dead once S^T is done, as the seesaw kernel's P), and O^T (512 dims x
