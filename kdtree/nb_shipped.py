@@ -229,6 +229,40 @@ def page_size_table(df: pd.DataFrame) -> pd.DataFrame:
     return w.reset_index()
 
 
+def grid_history_tables(
+    grid: pd.DataFrame,
+    callab26: pd.DataFrame | None = None,
+    calle26: pd.DataFrame | None = None,
+    sweep26: pd.DataFrame | None = None,
+    mla27: pd.DataFrame | None = None,
+) -> dict[str, pd.DataFrame]:
+    """The whole grid's history for notebook 03, from the runs that are present: session 26's
+    launch changes (its calls a-b against e: raw bench rows) and split sweep (call c), session
+    28's MLA rows against session 27's (``mla27``: raw rows of session 27's MLA run), and
+    session 27's grid (today's GQA rows with session 27's MLA rows) against session 26's call e.
+    ``grid``: today's :func:`grid_vs_peers` table."""
+    out: dict[str, pd.DataFrame] = {}
+    if callab26 is not None and calle26 is not None:
+        out["Launches changed by the split rules (session 26, calls a-b against e)"] = (
+            launch_changes(callab26, calle26)
+        )
+    if sweep26 is not None:
+        out["Split counts at batch 8 / 32 (session 26, call c)"] = split_sweep_table(sweep26)
+    grid27 = grid
+    if mla27 is not None:
+        old_mla = grid_vs_peers(verify_rows(mla27))
+        is_mla = grid["layout"].str.startswith("mla")
+        grid27 = pd.concat([grid[~is_mla], old_mla], ignore_index=True)
+        out["Session 28's MLA rows against session 27's call e (ours, new / old)"] = (
+            grid_change_table(old_mla, grid[is_mla])
+        )
+    if calle26 is not None:
+        out["Session 27's grid against session 26's call e (ours, new / old)"] = grid_change_table(
+            grid_vs_peers(verify_rows(calle26)), grid27
+        )
+    return out
+
+
 def extra_token_table(tidy: pd.DataFrame) -> pd.DataFrame:
     """What one more query token costs where it opens a row block: :func:`verify_rows` of one
     provider at tree sizes T and T + 1 (e.g. 8 / 9 and 16 / 17 at h = 8, where T + 1 adds an

@@ -905,34 +905,19 @@ if grid_csv.exists():
                                          f"{kind.upper()}: ours, fraction of the floor", 0.6),
                 f"grid_{kind}_floor")  # fmt: skip
     nb.markdown("".join(f"- {line}\n" for line in ns.grid_findings(grid)))
-    old_grid = nb.data_path("bench", "logs", "verify_grid_session26_callab.csv.gz")
-    grid26 = nb.data_path("bench", "logs", "verify_grid_session26_calle.csv.gz")
-    sweep26 = nb.data_path("bench", "logs", "splits_session26_callc.csv.gz")
-    tables26 = {}
-    rows26 = pd.read_csv(grid26, dtype=str, keep_default_na=False) if grid26.exists() else None
-    if old_grid.exists() and rows26 is not None:
-        tables26["Launches changed by the split rules (session 26, calls a-b against e)"] = (
-            ns.launch_changes(pd.read_csv(old_grid, dtype=str, keep_default_na=False), rows26)
-        )
-    if sweep26.exists():
-        tables26["Split counts at batch 8 / 32 (session 26, call c)"] = ns.split_sweep_table(
-            pd.read_csv(sweep26)
-        )
-    mla27 = nb.data_path("bench", "logs", "verify_grid_session27_calle_mla.csv.gz")
-    grid27 = grid
-    if mla27.exists():
-        old_mla = ns.grid_vs_peers(
-            ns.verify_rows(pd.read_csv(mla27, dtype=str, keep_default_na=False))
-        )
-        grid27 = pd.concat([grid[grid["layout"].str.startswith("gqa")], old_mla])
-        tables26["Session 28's MLA rows against session 27's call e (ours, new / old)"] = (
-            ns.grid_change_table(old_mla, grid[grid["layout"].str.startswith("mla")])
-        )
-    if rows26 is not None:
-        tables26["Session 27's grid against session 26's call e (ours, new / old)"] = (
-            ns.grid_change_table(ns.grid_vs_peers(ns.verify_rows(rows26)), grid27)
-        )
-    nb.show_tables(tables26)
+
+    def logs(name: str, **kw) -> pd.DataFrame | None:
+        path = nb.data_path("bench", "logs", name)
+        return pd.read_csv(path, **kw) if path.exists() else None
+
+    raw = {"dtype": str, "keep_default_na": False}
+    nb.show_tables(ns.grid_history_tables(
+        grid,
+        callab26=logs("verify_grid_session26_callab.csv.gz", **raw),
+        calle26=logs("verify_grid_session26_calle.csv.gz", **raw),
+        sweep26=logs("splits_session26_callc.csv.gz"),
+        mla27=logs("verify_grid_session27_calle_mla.csv.gz", **raw),
+    ))  # fmt: skip
 else:
     grid = None
     nb.note("The whole-grid rows are not shipped (data/bench/verify_grid.csv.gz).")

@@ -753,3 +753,19 @@ def test_extra_token_table_pairs_t_and_t_plus_one():
     assert "T66_over_T65" not in out.index and out["T65"] == pytest.approx(1000.0)
     with pytest.raises(ValueError, match="T and T"):
         ns.extra_token_table(rows[rows["T"].isin([8, 16])])
+
+
+def test_grid_history_tables_swap_in_the_older_mla_rows():
+    rows = _grid_rows()
+    mla_rows = rows.assign(name=rows["name"].str.replace("gqa_x", "mla_x"))
+    old = ns.grid_vs_peers(ns.verify_rows(pd.concat([rows, mla_rows], ignore_index=True)))
+    grid = old.copy()
+    grid.loc[grid["layout"] == "mla_x", "ours_ms"] *= 0.8  # today's MLA rows: faster
+    assert ns.grid_history_tables(grid) == {}
+    out = ns.grid_history_tables(grid, calle26=pd.concat([rows, mla_rows]), mla27=mla_rows)
+    now, then = out.values()
+    assert list(now["layout"].unique()) == ["mla_x"]  # today's MLA against session 27's
+    assert now["ratio_max"].to_numpy() == pytest.approx([0.8, 0.8])
+    # session 27's grid is today's GQA rows with session 27's MLA rows: unchanged against itself
+    assert then["ratio_min"].to_numpy() == pytest.approx([1.0] * 4)
+    assert then["ratio_max"].to_numpy() == pytest.approx([1.0] * 4)
