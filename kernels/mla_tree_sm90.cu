@@ -1328,6 +1328,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     const int lt = pt & 63;
     const uint32_t stage = sKV + half * wg::SMEM_STAGE;
 #ifdef KDTREE_MLA_PRODUCER_Q  // (a measurement build: the producer copies Q, as in session 13)
+    griddep_wait();  // (Q: the kernel before may have written it)
     wg_copy_q<E>(sQ, p, b, m0, pt);
 #endif
     const uint32_t bar = sBar + 8 * half;
@@ -1338,7 +1339,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     }
     named_sync(sw::BAR_PRODUCER, 128);  // the mbarriers are initialised
     uint32_t parity = 0;
+    // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the prefix
+    // tiles (and the page table, the prefix lengths) are read before it has finished, the tree
+    // tokens' keys and values (which it may have written) after
     if (half < n) {
+      if (half >= ts.n_pre) griddep_wait();
       const bool tma = sw_tma_tile(p, ts, half);
       const int run = tma ? sw_run_slot(p, pt_row, ts, half, lt) : 0;
       sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity);
@@ -1353,6 +1358,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 #endif
     if (half < n) named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     for (int tile = half + 2; tile < n; tile += 2) {
+      if (tile >= ts.n_pre) griddep_wait();
       const bool tma = sw_tma_tile(p, ts, tile);
       const int run = tma ? sw_run_slot(p, pt_row, ts, tile, lt) : 0;
       named_sync(BAR_EMPTY + half, sw::EMPTY_COUNT);  // tile - 2 released by both consumers
@@ -1365,6 +1371,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 
   // ================= consumer warpgroups =================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
+  griddep_wait();  // Q, the tree mask, the workspace and out: after the kernel before completes
 #ifdef KDTREE_MLA_PRODUCER_Q
   constexpr bool tail_cta = false;  // (see sw_tail: its epilogue reuses the Q region)
 #else
@@ -1577,6 +1584,18 @@ __global__ void __launch_bounds__(128) mla_wgmma_probe_kernel(const E* a, const 
   }
 }
 
+// The seesaw split kernel is a programmatic dependent of the kernel before it (cudaLaunch-
+// AttributeProgrammaticStreamSerialization; KDTREE_CUDA_SPLIT_PDL=0 launches it plainly), as the
+// GQA split kernel since session 18: it starts on the SMs that kernel frees and its producer
+// reads the page table, the prefix lengths and the prefix's latent cache before that kernel has
+// finished. The caller's contract: the kernel launched right before writes none of those (Q, the
+// tree tokens' cache entries, the tree mask, the workspace and the output are touched only after
+// it has completed). The mma and wgmma kernels launch plainly.
+static inline bool split_pdl() {
+  const char* env = getenv("KDTREE_CUDA_SPLIT_PDL");
+  return env == nullptr || env[0] != '0';
+}
+
 template <typename E>
 int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
   int dev = 0;
@@ -1603,7 +1622,18 @@ int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
   } else if (kernel == 1) {
     mla_split_wgmma_kernel<E><<<grid, wg::THREADS, wg::SMEM_TOTAL, stream>>>(p);
   } else {
-    mla_split_seesaw_kernel<E><<<grid, wg::THREADS, sw::SMEM_TOTAL, stream>>>(p);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(wg::THREADS);
+    cfg.dynamicSmemBytes = sw::SMEM_TOTAL;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = split_pdl() ? 1 : 0;
+    err = cudaLaunchKernelEx(&cfg, mla_split_seesaw_kernel<E>, p);
+    if (err != cudaSuccess) return static_cast<int>(err);
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);

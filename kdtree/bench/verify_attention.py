@@ -450,8 +450,11 @@ def setup_ours_wgmma_graph(wl, ti, opts):
 def setup_ours_seesaw_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
+    from kdtree.kernels.cuda_gqa import split_pdl  # (the seesaw kernel reads the same setting)
+
     fn, splits = _cuda_mla_fn(wl, ti, kernel="seesaw")
-    return (*_graphed(fn, wl.n_rot, wl.device), {"splits": splits, "kernel": "seesaw"})
+    cfg = {"splits": splits, "kernel": "seesaw", "split_pdl": split_pdl()}
+    return (*_graphed(fn, wl.n_rot, wl.device), cfg)
 
 
 def _cuda_gqa_fn(wl: Workload, ti: TreeInputs, num_splits: int | None = None):

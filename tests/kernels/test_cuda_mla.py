@@ -295,6 +295,63 @@ def test_seesaw_tail_cta_copy_paths_and_rescale(tma, ramp, gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("split_pdl", ["1", "0"])
+@pytest.mark.parametrize("merge", ["plain", "pdl"])
+@pytest.mark.parametrize(
+    "case", [(17, 8, 3), (1, 8, 5), (9, 16, 1)], ids=lambda c: f"T{c[0]}-h{c[1]}-s{c[2]}"
+)
+def test_seesaw_as_programmatic_dependent(split_pdl, merge, case, gen, monkeypatch):
+    """The seesaw split kernel as a programmatic dependent (the default; KDTREE_CUDA_SPLIT_PDL=0:
+    a plain launch) starts while the kernel before it runs (the prefix read early; Q, the tree
+    part, the workspace and the output after that kernel is done). One graph: two calls back to
+    back (the second starts under the first's merge, which still reads the workspace the second
+    writes), Q overwritten by copy kernels, a third call; eager calls too. Each output matches
+    the fp64 result of its own Q (T=1 at h=8: tail CTAs)."""
+    monkeypatch.setenv("KDTREE_CUDA_SPLIT_PDL", split_pdl)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
+    t, h, splits = case
+    dev = [x.cuda() for x in mla_inputs([20000, 3000], t, h, 512, 64, 16, torch.bfloat16, gen)]
+    (qn1, qp1), rest = dev[:2], dev[2:]
+    qn2 = torch.randn(qn1.shape, generator=gen).to(qn1)
+    qp2 = torch.randn(qp1.shape, generator=gen).to(qp1)
+    qn, qp = qn1.clone(), qp1.clone()
+    ws = torch.empty(max(cuda_mla.workspace_numel(2, t, h, splits), 1), dtype=torch.float32,
+                     device="cuda")  # fmt: skip
+    outs = [torch.empty(2, t, h, 512, dtype=qn1.dtype, device="cuda") for _ in range(3)]
+
+    def call(o):
+        cuda_mla.tree_attention_mla_cuda(qn, qp, *rest, sm_scale=SCALE, out=o, num_splits=splits,
+                                         workspace=ws, kernel="seesaw")  # fmt: skip
+
+    def three():
+        call(outs[0])
+        call(outs[1])
+        qn.copy_(qn2)
+        qp.copy_(qp2)
+        call(outs[2])
+
+    call(outs[0])  # (warm: build and load)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        three()
+    for replay in (True, False):
+        qn.copy_(qn1)
+        qp.copy_(qp1)
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay() if replay else three()
+        torch.cuda.synchronize()
+        for o, (a, b) in zip(outs, ((qn1, qp1), (qn1, qp1), (qn2, qp2)), strict=True):
+            truth = mla_dense(a, b, *rest, SCALE, torch.float64)
+            base = mla_dense(a, b, *rest, SCALE, torch.bfloat16)
+            assert_close_to_truth(
+                o.cpu(), truth, base, ATOL[torch.bfloat16], f"pdl {case} {replay}"
+            )
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "seesaw"])
 def test_cuda_graph_replay(splits, kernel, gen):
