@@ -983,6 +983,8 @@ else:
 #   cut after the first stages, and with `KDTREE_GQA_KT_IDLE` the tail warpgroup idle too — what
 #   the launch, the first stages, the handshakes, the epilogue and the merge cost alone;
 #   `b_half`: half the lines evict-first (`v1`) against the default (`v0`) and no policy (`v2`).
+# * Calls h and i (`h_pdl`, `i_pdl`): the seesaw MLA split kernel as a programmatic dependent of
+#   the kernel before it (`v1`, the default since this session) against a plain launch (`v0`).
 
 # %%
 mla28 = nb.data_path("bench", "logs", "mla_ab_session28.csv.gz")
@@ -1001,6 +1003,7 @@ if mla28.exists() and gqa28.exists() and rows28.exists():
                 "b_tail": "64-row blocks (v0) against the tail CTA for every last block (v1)",
                 "c_t1": "T=1 / 2: 64-row blocks (v0) against the default (v1)",
                 "c_pace": "default (v0), no S MMAs (v1), no copies (v2), neither (v3)",
+                "i_pdl": "plain split launch (v0) against a programmatic dependent (v1), 3 rounds",
             },
         )
     )
