@@ -966,8 +966,8 @@ else:
     nb.note("The session-27 rows are not shipped (data/bench/logs/*session27*).")
 
 # %% [markdown]
-# ### Session 28: an MLA tail CTA (shipped where it is the whole row dimension), the split / merge pipeline's own cost, half the lines evict-first (removed)
-# Alternating runs in one call each (`tools/gpu/stages_s28a.txt` ... `stages_s28c.txt`; rows in
+# ### Session 28: an MLA tail CTA (shipped where it is the whole row dimension), the MLA split kernel under PDL, the split / merge pipeline's own cost, half the lines evict-first (removed)
+# Alternating runs in one call each (`tools/gpu/stages_s28a.txt` ... `stages_s28i.txt`; rows in
 # `data/bench/logs/mla_ab_session28.csv.gz`, `gqa_ab_session28.csv.gz` and
 # `mla_rows_session28_calla.csv.gz`):
 # * Call a: what one more query token costs the MLA kernel where it opens an 8- or 16-row block
