@@ -1584,10 +1584,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 // right before does not write those (Q, the tree tokens' keys and values, the tree mask, the
 // workspace and the output are touched only after it has completed). Session 18, call d: 1.0-1.3
 // us a call faster at 8q/1kv (3-7 %), 0.9-1.0 at 32q/8kv 16k, 0.3-0.7 slower at 32q/8kv 32k-128k.
-static inline bool split_pdl() {
-  const char* env = getenv("KDTREE_CUDA_SPLIT_PDL");
-  return env == nullptr || env[0] != '0';
-}
+// (split_pdl, launch_kernel: sm90_common.cuh)
 
 template <class C, typename E, int SWAP>
 int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
@@ -1602,18 +1599,9 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(row_ctas, p.num_splits, B * p.Hkv);
-  cfg.blockDim = dim3(C::THREADS);
-  cfg.dynamicSmemBytes = C::SMEM_TOTAL;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = split_pdl() ? 1 : 0;
-  err = cudaLaunchKernelEx(&cfg, gqa_split_kernel<C, E, SWAP>, p);
-  if (err != cudaSuccess) return static_cast<int>(err);
+  const int rc = launch_kernel(gqa_split_kernel<C, E, SWAP>, dim3(row_ctas, p.num_splits, B * p.Hkv),
+                               dim3(C::THREADS), C::SMEM_TOTAL, stream, split_pdl(), p);
+  if (rc != 0) return rc;
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
   MergeParams mp = merge_params_of(p, p.Hkv, p.G);
   mp.ws_rows = p.ws_rows;

@@ -1590,11 +1590,8 @@ __global__ void __launch_bounds__(128) mla_wgmma_probe_kernel(const E* a, const 
 // reads the page table, the prefix lengths and the prefix's latent cache before that kernel has
 // finished. The caller's contract: the kernel launched right before writes none of those (Q, the
 // tree tokens' cache entries, the tree mask, the workspace and the output are touched only after
-// it has completed). The mma and wgmma kernels launch plainly.
-static inline bool split_pdl() {
-  const char* env = getenv("KDTREE_CUDA_SPLIT_PDL");
-  return env == nullptr || env[0] != '0';
-}
+// it has completed). The mma and wgmma kernels launch plainly. (split_pdl, launch_kernel:
+// sm90_common.cuh)
 
 template <typename E>
 int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
@@ -1622,18 +1619,9 @@ int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
   } else if (kernel == 1) {
     mla_split_wgmma_kernel<E><<<grid, wg::THREADS, wg::SMEM_TOTAL, stream>>>(p);
   } else {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(wg::THREADS);
-    cfg.dynamicSmemBytes = sw::SMEM_TOTAL;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = split_pdl() ? 1 : 0;
-    err = cudaLaunchKernelEx(&cfg, mla_split_seesaw_kernel<E>, p);
-    if (err != cudaSuccess) return static_cast<int>(err);
+    const int rc = launch_kernel(mla_split_seesaw_kernel<E>, grid, dim3(wg::THREADS),
+                                 sw::SMEM_TOTAL, stream, split_pdl(), p);
+    if (rc != 0) return rc;
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);

@@ -1148,6 +1148,33 @@ static inline bool merge_by_warp_allowed() {
   return env == nullptr || env[0] != '0';
 }
 
+// Whether the split kernels (GQA; the seesaw MLA kernel since session 28) launch as programmatic
+// dependents of the kernel before them: unless KDTREE_CUDA_SPLIT_PDL=0 (read at every launch; a
+// CUDA graph keeps what it captured). The launchers' comments give the caller's contract.
+static inline bool split_pdl() {
+  const char* env = getenv("KDTREE_CUDA_SPLIT_PDL");
+  return env == nullptr || env[0] != '0';
+}
+
+// Launch `kernel` (grid, block, dynamic shared memory) on `stream`; `pdl`: as a programmatic
+// dependent of the kernel before it (cudaLaunchAttributeProgrammaticStreamSerialization). 0 or a
+// cudaError_t.
+template <typename... K, typename... A>
+static inline int launch_kernel(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, bool pdl, const A&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
 // Launch the merge on `stream` (grid (rows / 8 rounded up or rows, B * Hkv)); `pdl`: as a
 // programmatic dependent of the kernel before it (the split kernel, which triggers early). 0 or
 // a cudaError_t.
@@ -1157,23 +1184,15 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
   // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane)
   const bool by_warp = D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed();
-  cudaLaunchConfig_t cfg = {};
   constexpr int ROWS_A_CTA = MERGE_THREADS / 32;
-  cfg.gridDim = dim3(static_cast<unsigned>(by_warp ? (p.rows + ROWS_A_CTA - 1) / ROWS_A_CTA : p.rows),
-                     static_cast<unsigned>(B * p.Hkv));
-  cfg.blockDim = dim3(MERGE_THREADS);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  if (by_warp) return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_warp_kernel<E, P>, p));
+  const dim3 grid(static_cast<unsigned>(by_warp ? (p.rows + ROWS_A_CTA - 1) / ROWS_A_CTA : p.rows),
+                  static_cast<unsigned>(B * p.Hkv));
+  const dim3 block(MERGE_THREADS);
+  if (by_warp) return launch_kernel(merge_splits_warp_kernel<E, P>, grid, block, 0, stream, pdl, p);
   if constexpr (std::is_same<P, float>::value) {  // fp32 partials (MLA): the two-pass merge
-    return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_twopass_kernel<E, D, P>, p));
+    return launch_kernel(merge_splits_twopass_kernel<E, D, P>, grid, block, 0, stream, pdl, p);
   } else {  // 16-bit partials (GQA): the one-pass merge
-    return static_cast<int>(cudaLaunchKernelEx(&cfg, merge_splits_kernel<E, D, P>, p));
+    return launch_kernel(merge_splits_kernel<E, D, P>, grid, block, 0, stream, pdl, p);
   }
 }
 

@@ -450,7 +450,7 @@ def setup_ours_wgmma_graph(wl, ti, opts):
 def setup_ours_seesaw_graph(wl, ti, opts):
     if wl.device.type != "cuda":
         raise Skip("CUDA graphs need a GPU")
-    from kdtree.kernels.cuda_gqa import split_pdl  # (the seesaw kernel reads the same setting)
+    from kdtree.kernels.cuda_common import split_pdl
 
     fn, splits = _cuda_mla_fn(wl, ti, kernel="seesaw")
     cfg = {"splits": splits, "kernel": "seesaw", "split_pdl": split_pdl()}
@@ -503,7 +503,7 @@ def setup_ours_gqa_graph(wl, ti, opts):
         raise Skip("CUDA graphs need a GPU")
     fn, splits = _cuda_gqa_fn(wl, ti)
     plan = _gqa_plan(wl, ti, splits)
-    from kdtree.kernels.cuda_gqa import split_pdl
+    from kdtree.kernels.cuda_common import split_pdl
 
     return (
         *_graphed(fn, wl.n_rot, wl.device),

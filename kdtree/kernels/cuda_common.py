@@ -20,6 +20,7 @@ __all__ = [
     "merge_mode",
     "on_sm90",
     "resolve_merge",
+    "split_pdl",
     "split_workspace",
     "warn_ablation",
 ]
@@ -114,6 +115,13 @@ def split_workspace(
             f"on {workspace.device}"
         )
     return workspace
+
+
+def split_pdl() -> bool:
+    """Whether the CUDA split kernels (GQA; the seesaw MLA kernel since session 28) launch as
+    programmatic dependents of the kernel before them (``KDTREE_CUDA_SPLIT_PDL``, anything but
+    ``0``; the default), as ``split_pdl`` in ``kernels/sm90_common.cuh`` reads it."""
+    return os.environ.get("KDTREE_CUDA_SPLIT_PDL", "1")[:1] != "0"
 
 
 def merge_mode() -> int:

@@ -53,6 +53,7 @@ from kdtree.kernels.cuda_common import (
     merge_for,
     on_sm90,
     resolve_merge,
+    split_pdl,
     split_workspace,
     warn_ablation,
 )
@@ -171,8 +172,6 @@ def available() -> bool:  # nvcc and an sm_90 device
 
 
 def _env_int(name: str, allowed: tuple[int, ...]) -> int | None:
-    import os
-
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
@@ -744,12 +743,6 @@ def timeline_records(discard: bool = False):
     if n > TIMELINE_CAP and not discard:
         raise RuntimeError(f"the CTA timeline ring overflowed: {n} records, {TIMELINE_CAP} kept")
     return buf[:n].copy()
-
-
-def split_pdl() -> bool:
-    """Whether the split kernel launches as a programmatic dependent of the kernel before it
-    (``KDTREE_CUDA_SPLIT_PDL``, anything but ``0``; the default), as the launcher reads it."""
-    return os.environ.get("KDTREE_CUDA_SPLIT_PDL", "1")[:1] != "0"
 
 
 def _register() -> None:
