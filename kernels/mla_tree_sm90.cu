@@ -106,8 +106,6 @@ struct Params {
                                 // MMAs (wgmma only)
   int tail_n;                   // seesaw kernel: 8 or 16 when the last row block holds at most
                                 // that many rows and runs as a tail CTA (sw_tail), else 0
-  int l2_mode;                  // seesaw kernel: which row CTAs' TMA tile copies are not
-                                // evict-first (KDTREE_MLA_L2, sw_l2_kind)
 };
 
 // Named barrier for the two warps (64 threads) of one row group; ids 1..4 (0 = __syncthreads).
@@ -885,26 +883,6 @@ __device__ __forceinline__ int sw_run_slot(const Params& p, const int32_t* pt_ro
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
-// The L2 policy (l2_policy's kind) of this CTA's TMA tile copies. The row CTAs of a split read
-// the same tiles; evict-first suits the last of them to read a tile. KDTREE_MLA_L2 (p.l2_mode):
-// 0 every CTA evict-first; 1 the tail CTA beside whole blocks evict-normal (it runs ahead of
-// them: session 29, call a); 2 that tail CTA evict-last; 3 every row CTA of a split of several
-// but the last whole block evict-normal; 4 every CTA evict-normal. A CTA alone in its split's
-// row dimension is evict-first in modes 0-3.
-__device__ __forceinline__ int sw_l2_kind(const Params& p, bool tail_cta) {
-  const bool alone = gridDim.x == 1;
-  switch (p.l2_mode) {
-    case 1: return tail_cta && !alone ? L2_EVICT_NORMAL : L2_EVICT_FIRST;
-    case 2: return tail_cta && !alone ? L2_EVICT_LAST : L2_EVICT_FIRST;
-    case 3: {
-      const int last_block = static_cast<int>(gridDim.x) - 1 - (p.tail_n > 0 ? 1 : 0);
-      return alone || static_cast<int>(blockIdx.x) == last_block ? L2_EVICT_FIRST : L2_EVICT_NORMAL;
-    }
-    case 4: return L2_EVICT_NORMAL;
-    default: return L2_EVICT_FIRST;
-  }
-}
-
 // Issue one tile's copies into `stage` and wait until they landed. TMA: lane 0 sets the
 // stage mbarrier's byte count, lanes < 64 / tma_rows each issue their run's box, all 64
 // threads wait for the phase. cp.async (partial and tree tiles, pages of < 8 slots): rows
@@ -914,14 +892,14 @@ template <typename E>
 __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, const E* kv,
                                         const Params& p, const int32_t* pt_row,
                                         const TileSeq& ts, int tile, int lt, uint32_t bar,
-                                        uint32_t& parity, int l2) {
+                                        uint32_t& parity) {
   if (tma) {
     if (lt < 32) {
       if (lt == 0) mbar_expect_tx(bar, wg::KBLOCKS * wg::REGION);
       __syncwarp();
       if (lt * p.tma_rows < wg::BN)
         tma_load_4d(stage + (lt * p.tma_rows >> 3) * sw::GROUP, &p.kv_map, 0, 0, 0, run_slot >> 3,
-                    bar, l2);
+                    bar);
     }
     mbar_wait(bar, parity);
     parity ^= 1u;
@@ -1354,11 +1332,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     wg_copy_q<E>(sQ, p, b, m0, pt);
 #endif
     const uint32_t bar = sBar + 8 * half;
-#ifdef KDTREE_MLA_PRODUCER_Q
-    const int l2 = sw_l2_kind(p, false);  // (that build never takes the tail CTA)
-#else
-    const int l2 = sw_l2_kind(p, p.tail_n > 0 && blockIdx.x == gridDim.x - 1);
-#endif
     if (pt == 0) {
       mbar_init(sBar, 1);
       mbar_init(sBar + 8, 1);
@@ -1373,7 +1346,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       if (half >= ts.n_pre) griddep_wait();
       const bool tma = sw_tma_tile(p, ts, half);
       const int run = tma ? sw_run_slot(p, pt_row, ts, half, lt) : 0;
-      sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity, l2);
+      sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity);
     }
 #ifdef KDTREE_MLA_PRODUCER_Q
     cp_async_commit();
@@ -1389,8 +1362,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const bool tma = sw_tma_tile(p, ts, tile);
       const int run = tma ? sw_run_slot(p, pt_row, ts, tile, lt) : 0;
       named_sync(BAR_EMPTY + half, sw::EMPTY_COUNT);  // tile - 2 released by both consumers
-      if (!(p.ablate & 1))
-        sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, tile, lt, bar, parity, l2);
+      if (!(p.ablate & 1)) sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, tile, lt, bar, parity);
       fence_async_smem();
       named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     }
@@ -1745,7 +1717,6 @@ const char* kdtree_mla_error_string(int code) {
     case -13: return "the seesaw kernel needs 1 <= num_pages * page_size <= 2^31 - 1";
     case -14: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
                      "or as a programmatic dependent launch, at most 2048 splits)";
-    case -15: return "KDTREE_MLA_L2 must be 0-4 (which row CTAs' tile copies are not evict-first)";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -1825,10 +1796,6 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
   if (kernel == 2 && (num_slots < 1 || num_slots > INT32_MAX)) return -13;  // TMA row coordinates
-  // Which row CTAs' tile copies are not evict-first (sw_l2_kind; 0-4, else -15).
-  const char* env_l2 = getenv("KDTREE_MLA_L2");
-  p.l2_mode = env_l2 != nullptr && env_l2[0] != 0 ? atoi(env_l2) : 0;
-  if (p.l2_mode < 0 || p.l2_mode > 4) return -15;
   // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots: a box's
   // key groups of 8 (sw::GROUP) must not cross a page, so smaller pages keep the cp.async path;
   // KDTREE_MLA_TMA=0 keeps every tile on cp.async.

@@ -282,27 +282,6 @@ def test_seesaw_tail_cta_default_rule(gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("tail", ["0", "1"])
-def test_seesaw_l2_policy_modes_same_output(tail, gen, monkeypatch):
-    """KDTREE_MLA_L2 0-4 (which row CTAs' TMA tile copies are not evict-first) changes only the
-    copies' L2 priority: bitwise the same output as mode 0, with whole blocks beside a tail CTA
-    (T = 17, h = 8: 136 rows) and without; a mode out of range is a clear error."""
-    monkeypatch.setenv("KDTREE_MLA_TAIL", tail)
-    case = ([6000, 2500], 17, 8, 16, 3)
-    outs = []
-    for mode in ["0", "1", "2", "3", "4"]:
-        monkeypatch.setenv("KDTREE_MLA_L2", mode)
-        gen.manual_seed(11)
-        outs.append(_run(case, torch.bfloat16, gen, kernel="seesaw").clone())
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-    monkeypatch.setenv("KDTREE_MLA_L2", "5")
-    gen.manual_seed(11)
-    with pytest.raises(RuntimeError, match="KDTREE_MLA_L2"):
-        _run(case, torch.bfloat16, gen, kernel="seesaw")
-
-
-@pytest.mark.gpu
-@needs_sm90
 @pytest.mark.parametrize("tma", ["0", "1"])
 @pytest.mark.parametrize("ramp", [None, (0.25, 6.0), (6.0, 0.25)], ids=["flat", "up", "down"])
 def test_seesaw_tail_cta_copy_paths_and_rescale(tma, ramp, gen, monkeypatch):
