@@ -147,10 +147,11 @@ __device__ __forceinline__ int64_t key_slot(const P& p, const int32_t* pt_row,
 // from 128k down to 16k). No split streams more tiles than with the prefix's S-th alone (the
 // most loaded split then streams at least the S-th of all). (Counting a tree tile twice moved
 // 8q/1kv, T=65, 16k to 7-tile splits and cost it 0.4 us: call d.)
+// (`S`: the split count the keys are cut into; the other overload: p.num_splits. A split at or
+// past S covers no key.)
 template <int BN, class P, bool TREE_BALANCED = false>
-__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
+__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b, int S) {
   TileSeq ts;
-  const int S = p.num_splits;
   ts.T = p.T;
   ts.L = max(__ldg(p.prefix_lens + b), 0);
   const int per = TREE_BALANCED ? ((ts.L + BN - 1) / BN + (ts.T + BN - 1) / BN) * BN : ts.L;
@@ -160,6 +161,10 @@ __device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
   ts.n_pre = (ts.end - ts.start + BN - 1) / BN;
   ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + BN - 1) / BN : 0);
   return ts;
+}
+template <int BN, class P, bool TREE_BALANCED = false>
+__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
+  return split_tiles<BN, P, TREE_BALANCED>(p, split, b, p.num_splits);
 }
 // ------------------------------------------------------------------ wgmma
 

@@ -280,6 +280,58 @@ def test_seesaw_tail_cta_default_rule(gen, monkeypatch):
     assert torch.equal(outs[9, ""], outs[9, "0"]) and not torch.equal(outs[9, ""], outs[9, "1"])
 
 
+# (case, the tail CTAs' split count): fewer tail splits than splits, dividing them or not, an
+# empty prefix, cp.async tiles (page size 1), 16 tail rows, and a call that is all tail (h*T <= 16)
+TAIL_SPLIT_CASES = [
+    (([6000, 2500], 17, 8, 16, 6), 3),
+    (([6000, 2500], 17, 8, 16, 6), 4),
+    (([6000, 2500], 17, 8, 16, 6), 1),
+    (([0, 3000], 9, 8, 64, 5), 2),
+    (([2000], 9, 16, 1, 4), 3),
+    (([3000, 40], 1, 8, 16, 4), 2),
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    "case,tail_splits", TAIL_SPLIT_CASES,
+    ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}-ps{c[3]}-s{c[4]}" if isinstance(c, tuple) else f"st{c}",
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_seesaw_tail_cta_own_split_count(case, tail_splits, dtype, gen, monkeypatch):
+    """KDTREE_MLA_TAIL_SPLITS: the tail CTAs cut the keys into fewer splits than the whole
+    blocks (their own grid order, sw_cta; the workspace slots past theirs filled with weight
+    0). It matches fp64, eager and in a CUDA graph, and it is another partition of the tail
+    rows' keys than the blocks' (the results differ in rounding)."""
+    monkeypatch.setenv("KDTREE_MLA_TAIL", "1")
+    monkeypatch.setenv("KDTREE_MLA_TAIL_SPLITS", str(tail_splits))
+    gen.manual_seed(5)
+    own = _run(case, dtype, gen, kernel="seesaw").clone()
+    gen.manual_seed(5)
+    _run(case, dtype, gen, graph=True, kernel="seesaw")
+    monkeypatch.delenv("KDTREE_MLA_TAIL_SPLITS")
+    gen.manual_seed(5)
+    same = _run(case, dtype, gen, kernel="seesaw")
+    lens, t, h = case[0], case[1], case[2]
+    if max(lens) >= 2000:
+        first = (h * t) // 64 * 64
+        rows = own.reshape(len(lens), h * t, -1)[:, first:]
+        assert not torch.equal(rows, same.reshape(len(lens), h * t, -1)[:, first:])
+        blocks = own.reshape(len(lens), h * t, -1)[:, :first]  # (the whole blocks: unchanged)
+        assert torch.equal(blocks, same.reshape(len(lens), h * t, -1)[:, :first])
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_seesaw_tail_splits_out_of_range_is_an_error(gen, monkeypatch):
+    monkeypatch.setenv("KDTREE_MLA_TAIL", "1")
+    for bad in ["0", "7"]:
+        monkeypatch.setenv("KDTREE_MLA_TAIL_SPLITS", bad)
+        with pytest.raises(RuntimeError, match="KDTREE_MLA_TAIL_SPLITS"):
+            _run(([3000], 17, 8, 16, 6), torch.bfloat16, gen, kernel="seesaw")
+
+
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("tma", ["0", "1"])
