@@ -108,6 +108,8 @@ struct Params {
                                 // that many rows and runs as a tail CTA (sw_tail), else 0
   int tail_splits;              // seesaw kernel: the splits the tail CTAs cut the keys into
                                 // (num_splits, or fewer: sw_cta; KDTREE_MLA_TAIL_SPLITS)
+  int l2_mode;                  // seesaw kernel: the tail CTA's tile copies' L2 priority
+                                // beside whole blocks (KDTREE_MLA_L2, sw_l2_kind)
 };
 
 // Named barrier for the two warps (64 threads) of one row group; ids 1..4 (0 = __syncthreads).
@@ -885,6 +887,15 @@ __device__ __forceinline__ int sw_run_slot(const Params& p, const int32_t* pt_ro
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
+// The L2 policy (l2_policy's kind) of this CTA's TMA tile copies: evict-first (the KV is read
+// once a call), but KDTREE_MLA_L2 (p.l2_mode) 1 / 2 tags a tail CTA's evict-normal / evict-last
+// where whole blocks read the same tiles: the tail CTA is faster per tile and runs ahead of
+// them, so a tile it brings in evict-first may be gone before they read it (session 29).
+__device__ __forceinline__ int sw_l2_kind(const Params& p, bool tail_cta) {
+  if (!tail_cta || p.rows < BLOCK_M || p.l2_mode == 0) return L2_EVICT_FIRST;
+  return p.l2_mode == 2 ? L2_EVICT_LAST : L2_EVICT_NORMAL;
+}
+
 // Issue one tile's copies into `stage` and wait until they landed. TMA: lane 0 sets the
 // stage mbarrier's byte count, lanes < 64 / tma_rows each issue their run's box, all 64
 // threads wait for the phase. cp.async (partial and tree tiles, pages of < 8 slots): rows
@@ -894,14 +905,14 @@ template <typename E>
 __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, const E* kv,
                                         const Params& p, const int32_t* pt_row,
                                         const TileSeq& ts, int tile, int lt, uint32_t bar,
-                                        uint32_t& parity) {
+                                        uint32_t& parity, int l2) {
   if (tma) {
     if (lt < 32) {
       if (lt == 0) mbar_expect_tx(bar, wg::KBLOCKS * wg::REGION);
       __syncwarp();
       if (lt * p.tma_rows < wg::BN)
         tma_load_4d(stage + (lt * p.tma_rows >> 3) * sw::GROUP, &p.kv_map, 0, 0, 0, run_slot >> 3,
-                    bar);
+                    bar, l2);
     }
     mbar_wait(bar, parity);
     parity ^= 1u;
@@ -1377,6 +1388,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     wg_copy_q<E>(sQ, p, b, m0, pt);
 #endif
     const uint32_t bar = sBar + 8 * half;
+    const int l2 = sw_l2_kind(p, tail_cta);
     if (pt == 0) {
       mbar_init(sBar, 1);
       mbar_init(sBar + 8, 1);
@@ -1391,7 +1403,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       if (half >= ts.n_pre) griddep_wait();
       const bool tma = sw_tma_tile(p, ts, half);
       const int run = tma ? sw_run_slot(p, pt_row, ts, half, lt) : 0;
-      sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity);
+      sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity, l2);
     }
 #ifdef KDTREE_MLA_PRODUCER_Q
     cp_async_commit();
@@ -1407,7 +1419,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const bool tma = sw_tma_tile(p, ts, tile);
       const int run = tma ? sw_run_slot(p, pt_row, ts, tile, lt) : 0;
       named_sync(BAR_EMPTY + half, sw::EMPTY_COUNT);  // tile - 2 released by both consumers
-      if (!(p.ablate & 1)) sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, tile, lt, bar, parity);
+      if (!(p.ablate & 1))
+        sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, tile, lt, bar, parity, l2);
       fence_async_smem();
       named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     }
@@ -1760,6 +1773,7 @@ const char* kdtree_mla_error_string(int code) {
     case -14: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
                      "or as a programmatic dependent launch, at most 2048 splits)";
     case -15: return "KDTREE_MLA_TAIL_SPLITS must be 1 .. num_splits (the tail CTAs' split count)";
+    case -16: return "KDTREE_MLA_L2 must be 0-2 (the tail CTA's tile copies evict-first / normal / last)";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -1839,6 +1853,10 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
   if (kernel == 2 && (num_slots < 1 || num_slots > INT32_MAX)) return -13;  // TMA row coordinates
+  // The tail CTA's tile copies' L2 priority beside whole blocks (sw_l2_kind; 0-2, else -16).
+  const char* env_l2 = getenv("KDTREE_MLA_L2");
+  p.l2_mode = env_l2 != nullptr && env_l2[0] != 0 ? atoi(env_l2) : 0;
+  if (p.l2_mode < 0 || p.l2_mode > 2) return -16;
   // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots: a box's
   // key groups of 8 (sw::GROUP) must not cross a page, so smaller pages keep the cp.async path;
   // KDTREE_MLA_TMA=0 keeps every tile on cp.async.

@@ -529,9 +529,29 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
+// The L2 eviction priority a TMA copy tags its lines with, by kind: L2_EVICT_FIRST (the default,
+// above), L2_EVICT_NORMAL, L2_EVICT_LAST. The MLA kernel's row CTAs of one split read the same
+// tiles, so a tile one of them brings in evict-first may be gone before the others read it; its
+// tail CTA (8 / 16 rows, faster per tile than a 64-row block) runs ahead of the blocks and reads
+// first (KDTREE_MLA_L2, mla_tree_sm90.cu).
+constexpr int L2_EVICT_FIRST = 0, L2_EVICT_NORMAL = 1, L2_EVICT_LAST = 2;
+
+__device__ __forceinline__ uint64_t l2_policy(int kind) {
+  uint64_t policy;
+  if (kind == L2_EVICT_NORMAL)
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  else if (kind == L2_EVICT_LAST)
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  else
+    policy = l2_evict_first_policy();
+  return policy;
+}
+
+// (`l2`: the policy's kind, l2_policy; ignored by the KDTREE_TMA_EVICT_NORMAL build)
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                            int c2, int c3, uint32_t bar) {
+                                            int c2, int c3, uint32_t bar, int l2) {
 #ifdef KDTREE_TMA_EVICT_NORMAL
+  (void)l2;
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
       "%3, %4, %5}], [%6];\n" ::"r"(dst),
@@ -542,7 +562,7 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
       "[%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
-      "l"(l2_evict_first_policy())
+      "l"(l2_policy(l2))
       : "memory");
 #endif
 }

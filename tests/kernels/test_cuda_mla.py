@@ -334,6 +334,30 @@ def test_seesaw_tail_splits_out_of_range_is_an_error(gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("tail", ["0", "1"])
+def test_seesaw_l2_policy_modes_same_output(tail, gen, monkeypatch):
+    """KDTREE_MLA_L2 0-2 (the tail CTA's tile copies evict-first / normal / last beside whole
+    blocks) changes only the copies' L2 priority: bitwise the same output as mode 0, with whole
+    blocks beside a tail CTA (T = 17, h = 8: 136 rows; with its own split count too) and
+    without; a mode out of range is a clear error."""
+    monkeypatch.setenv("KDTREE_MLA_TAIL", tail)
+    case = ([6000, 2500], 17, 8, 16, 3)
+    for tail_splits in ["", "2"]:
+        monkeypatch.setenv("KDTREE_MLA_TAIL_SPLITS", tail_splits)
+        outs = []
+        for mode in ["0", "1", "2"]:
+            monkeypatch.setenv("KDTREE_MLA_L2", mode)
+            gen.manual_seed(11)
+            outs.append(_run(case, torch.bfloat16, gen, kernel="seesaw").clone())
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+    monkeypatch.setenv("KDTREE_MLA_L2", "3")
+    gen.manual_seed(11)
+    with pytest.raises(RuntimeError, match="KDTREE_MLA_L2"):
+        _run(case, torch.bfloat16, gen, kernel="seesaw")
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("tma", ["0", "1"])
 @pytest.mark.parametrize("ramp", [None, (0.25, 6.0), (6.0, 0.25)], ids=["flat", "up", "down"])
 def test_seesaw_tail_cta_copy_paths_and_rescale(tma, ramp, gen, monkeypatch):
