@@ -106,10 +106,6 @@ struct Params {
                                 // MMAs (wgmma only)
   int tail_n;                   // seesaw kernel: 8 or 16 when the last row block holds at most
                                 // that many rows and runs as a tail CTA (sw_tail), else 0
-  int tail_splits;              // seesaw kernel: the splits the tail CTAs cut the keys into
-                                // (num_splits, or fewer: sw_cta; KDTREE_MLA_TAIL_SPLITS)
-  int l2_mode;                  // seesaw kernel: the tail CTA's tile copies' L2 priority
-                                // beside whole blocks (KDTREE_MLA_L2, sw_l2_kind)
 };
 
 // Named barrier for the two warps (64 threads) of one row group; ids 1..4 (0 = __syncthreads).
@@ -887,15 +883,6 @@ __device__ __forceinline__ int sw_run_slot(const Params& p, const int32_t* pt_ro
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
-// The L2 policy (l2_policy's kind) of this CTA's TMA tile copies: evict-first (the KV is read
-// once a call), but KDTREE_MLA_L2 (p.l2_mode) 1 / 2 tags a tail CTA's evict-normal / evict-last
-// where whole blocks read the same tiles: the tail CTA is faster per tile and runs ahead of
-// them, so a tile it brings in evict-first may be gone before they read it (session 29).
-__device__ __forceinline__ int sw_l2_kind(const Params& p, bool tail_cta) {
-  if (!tail_cta || p.rows < BLOCK_M || p.l2_mode == 0) return L2_EVICT_FIRST;
-  return p.l2_mode == 2 ? L2_EVICT_LAST : L2_EVICT_NORMAL;
-}
-
 // Issue one tile's copies into `stage` and wait until they landed. TMA: lane 0 sets the
 // stage mbarrier's byte count, lanes < 64 / tma_rows each issue their run's box, all 64
 // threads wait for the phase. cp.async (partial and tree tiles, pages of < 8 slots): rows
@@ -905,14 +892,14 @@ template <typename E>
 __device__ __forceinline__ void sw_fill(uint32_t stage, int run_slot, bool tma, const E* kv,
                                         const Params& p, const int32_t* pt_row,
                                         const TileSeq& ts, int tile, int lt, uint32_t bar,
-                                        uint32_t& parity, int l2) {
+                                        uint32_t& parity) {
   if (tma) {
     if (lt < 32) {
       if (lt == 0) mbar_expect_tx(bar, wg::KBLOCKS * wg::REGION);
       __syncwarp();
       if (lt * p.tma_rows < wg::BN)
         tma_load_4d(stage + (lt * p.tma_rows >> 3) * sw::GROUP, &p.kv_map, 0, 0, 0, run_slot >> 3,
-                    bar, l2);
+                    bar);
     }
     mbar_wait(bar, parity);
     parity ^= 1u;
@@ -1306,45 +1293,8 @@ __device__ __forceinline__ void sw_tail(const Params& p, const TileSeq& ts, int 
 #pragma unroll
         for (int h = 0; h < 2; ++h) dst[64 * ms + 8 * h] = value(ms, i, h);
       if (w == 0 && t < 4) p.lse[rbase + row] = m_run[i];
-      // the slots past tail_splits that fall to this split (sw_cta): no keys, weight 0
-      for (int x = split + p.tail_splits; x < S; x += p.tail_splits) {
-        const int64_t xbase = (static_cast<int64_t>(b) * S + x) * p.rows;
-        float* xdst = p.part + (xbase + row) * RANK + 256 * w + kr;
-#pragma unroll
-        for (int ms = 0; ms < 4; ++ms)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) xdst[64 * ms + 8 * h] = 0.f;
-        if (w == 0 && t < 4) p.lse[xbase + row] = neg_inf();
-      }
     }
   }
-}
-
-// Where a seesaw CTA sits: its first row (m0), its split, and whether it is the tail CTA. With
-// tail_splits == num_splits the grid is (row blocks, splits, B) as ever. With fewer (a tail CTA
-// is faster per tile than a 64-row block, so it may take longer key ranges: the tail rows' keys
-// cut into tail_splits), the grid is (whole blocks x num_splits + tail_splits, 1, B): every
-// whole block's CTA first (the blocks of a split side by side), then the tail CTAs, so no CTA
-// waits behind one with nothing to do. Each tail CTA also fills the tail rows' workspace slots
-// past tail_splits that fall to it (zeros, LSE -inf: weight 0 in the merge).
-struct SwCta {
-  int m0, split;
-  bool tail;
-};
-__device__ __forceinline__ SwCta sw_cta(const Params& p) {
-  SwCta c;
-  if (p.tail_splits == p.num_splits) {
-    c.m0 = blockIdx.x * BLOCK_M;
-    c.split = blockIdx.y;
-    c.tail = p.tail_n > 0 && blockIdx.x == gridDim.x - 1;
-  } else {
-    const int nb = p.rows / BLOCK_M;  // whole blocks (the launcher: tail_n > 0 here)
-    const int l = blockIdx.x;
-    c.tail = l >= nb * p.num_splits;
-    c.split = c.tail ? l - nb * p.num_splits : l / nb;
-    c.m0 = (c.tail ? nb : l % nb) * BLOCK_M;
-  }
-  return c;
 }
 
 template <typename E>
@@ -1362,16 +1312,10 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 
   const int tid = threadIdx.x;
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
-  const SwCta cta = sw_cta(p);
-  const int m0 = cta.m0;
-  const int split = cta.split;
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int split = blockIdx.y;
   const int b = blockIdx.z;
-#ifdef KDTREE_MLA_PRODUCER_Q
-  constexpr bool tail_cta = false;  // (see sw_tail: its epilogue reuses the Q region)
-#else
-  const bool tail_cta = cta.tail;
-#endif
-  const TileSeq ts = tail_cta ? split_tiles<wg::BN>(p, split, b, p.tail_splits) : wg_tiles(p, split, b);
+  const TileSeq ts = wg_tiles(p, split, b);
   const int32_t* pt_row = p.page_table + b * p.spt_b;
   const E* kv = static_cast<const E*>(p.kv);
   const int n = ts.n_tiles;
@@ -1388,7 +1332,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     wg_copy_q<E>(sQ, p, b, m0, pt);
 #endif
     const uint32_t bar = sBar + 8 * half;
-    const int l2 = sw_l2_kind(p, tail_cta);
     if (pt == 0) {
       mbar_init(sBar, 1);
       mbar_init(sBar + 8, 1);
@@ -1403,7 +1346,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       if (half >= ts.n_pre) griddep_wait();
       const bool tma = sw_tma_tile(p, ts, half);
       const int run = tma ? sw_run_slot(p, pt_row, ts, half, lt) : 0;
-      sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity, l2);
+      sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity);
     }
 #ifdef KDTREE_MLA_PRODUCER_Q
     cp_async_commit();
@@ -1419,8 +1362,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
       const bool tma = sw_tma_tile(p, ts, tile);
       const int run = tma ? sw_run_slot(p, pt_row, ts, tile, lt) : 0;
       named_sync(BAR_EMPTY + half, sw::EMPTY_COUNT);  // tile - 2 released by both consumers
-      if (!(p.ablate & 1))
-        sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, tile, lt, bar, parity, l2);
+      if (!(p.ablate & 1)) sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, tile, lt, bar, parity);
       fence_async_smem();
       named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     }
@@ -1430,6 +1372,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   // ================= consumer warpgroups =================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
   griddep_wait();  // Q, the tree mask, the workspace and out: after the kernel before completes
+#ifdef KDTREE_MLA_PRODUCER_Q
+  constexpr bool tail_cta = false;  // (see sw_tail: its epilogue reuses the Q region)
+#else
+  const bool tail_cta = p.tail_n > 0 && blockIdx.x == gridDim.x - 1;
+#endif
 #ifndef KDTREE_MLA_PRODUCER_Q
   // Both consumer warpgroups copy Q (18 copies a thread) while the producer starts on the first
   // tiles at once (the GQA kernel's session-14 change: there the producer's Q copies delayed its
@@ -1666,9 +1613,7 @@ int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  const dim3 grid = kernel == 2 && p.tail_splits != p.num_splits
-                        ? dim3((p.rows / BLOCK_M) * p.num_splits + p.tail_splits, 1, B)  // sw_cta
-                        : dim3((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B);
+  const dim3 grid((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B);
   if (kernel == 0) {
     mla_split_kernel<E><<<grid, NUM_THREADS, SMEM_TOTAL, stream>>>(p);
   } else if (kernel == 1) {
@@ -1772,8 +1717,6 @@ const char* kdtree_mla_error_string(int code) {
     case -13: return "the seesaw kernel needs 1 <= num_pages * page_size <= 2^31 - 1";
     case -14: return "merge: expected 0 (the caller merges), 1 or 2 (the CUDA merge in stream order "
                      "or as a programmatic dependent launch, at most 2048 splits)";
-    case -15: return "KDTREE_MLA_TAIL_SPLITS must be 1 .. num_splits (the tail CTAs' split count)";
-    case -16: return "KDTREE_MLA_L2 must be 0-2 (the tail CTA's tile copies evict-first / normal / last)";
     default:
       return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
@@ -1853,10 +1796,6 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   if (kernel == 2 && (p.ablate & 4)) return -11;  // the seesaw kernel has no P V ablation
   if (kernel == 2 && (num_slots < 1 || num_slots > INT32_MAX)) return -13;  // TMA row coordinates
-  // The tail CTA's tile copies' L2 priority beside whole blocks (sw_l2_kind; 0-2, else -16).
-  const char* env_l2 = getenv("KDTREE_MLA_L2");
-  p.l2_mode = env_l2 != nullptr && env_l2[0] != 0 ? atoi(env_l2) : 0;
-  if (p.l2_mode < 0 || p.l2_mode > 2) return -16;
   // The seesaw kernel's whole prefix tiles go through TMA when a page holds >= 8 slots: a box's
   // key groups of 8 (sw::GROUP) must not cross a page, so smaller pages keep the cp.async path;
   // KDTREE_MLA_TMA=0 keeps every tile on cp.async.
@@ -1876,17 +1815,6 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
                      (tail_any || p.rows <= 16)
                  ? (tail_rows <= 8 ? 8 : 16)
                  : 0;
-  // The tail CTAs' own split count (sw_cta): KDTREE_MLA_TAIL_SPLITS (1 .. num_splits; else
-  // -15), only where a tail CTA runs; num_splits otherwise.
-  p.tail_splits = num_splits;
-  const char* env_tail_splits = getenv("KDTREE_MLA_TAIL_SPLITS");
-  if (env_tail_splits != nullptr && env_tail_splits[0] != 0) {
-    const int v = atoi(env_tail_splits);
-    if (v < 1 || v > num_splits) return -15;
-#ifndef KDTREE_MLA_PRODUCER_Q  // (that build never takes the tail CTA: sw_tail)
-    if (p.tail_n > 0) p.tail_splits = v;
-#endif
-  }
   if (kernel == 2 && page_size >= 8 && !(env_tma != nullptr && env_tma[0] == '0')) {
     p.tma_rows = page_size < wg::BN ? page_size : wg::BN;
     const int rc = encode_kv_map(&p.kv_map, kv, dtype, num_slots, s_slot, p.tma_rows);

@@ -147,11 +147,10 @@ __device__ __forceinline__ int64_t key_slot(const P& p, const int32_t* pt_row,
 // from 128k down to 16k). No split streams more tiles than with the prefix's S-th alone (the
 // most loaded split then streams at least the S-th of all). (Counting a tree tile twice moved
 // 8q/1kv, T=65, 16k to 7-tile splits and cost it 0.4 us: call d.)
-// (`S`: the split count the keys are cut into; the other overload: p.num_splits. A split at or
-// past S covers no key.)
 template <int BN, class P, bool TREE_BALANCED = false>
-__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b, int S) {
+__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
   TileSeq ts;
+  const int S = p.num_splits;
   ts.T = p.T;
   ts.L = max(__ldg(p.prefix_lens + b), 0);
   const int per = TREE_BALANCED ? ((ts.L + BN - 1) / BN + (ts.T + BN - 1) / BN) * BN : ts.L;
@@ -161,10 +160,6 @@ __device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b, int
   ts.n_pre = (ts.end - ts.start + BN - 1) / BN;
   ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + BN - 1) / BN : 0);
   return ts;
-}
-template <int BN, class P, bool TREE_BALANCED = false>
-__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
-  return split_tiles<BN, P, TREE_BALANCED>(p, split, b, p.num_splits);
 }
 // ------------------------------------------------------------------ wgmma
 
@@ -529,29 +524,9 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
-// The L2 eviction priority a TMA copy tags its lines with, by kind: L2_EVICT_FIRST (the default,
-// above), L2_EVICT_NORMAL, L2_EVICT_LAST. The MLA kernel's row CTAs of one split read the same
-// tiles, so a tile one of them brings in evict-first may be gone before the others read it; its
-// tail CTA (8 / 16 rows, faster per tile than a 64-row block) runs ahead of the blocks and reads
-// first (KDTREE_MLA_L2, mla_tree_sm90.cu).
-constexpr int L2_EVICT_FIRST = 0, L2_EVICT_NORMAL = 1, L2_EVICT_LAST = 2;
-
-__device__ __forceinline__ uint64_t l2_policy(int kind) {
-  uint64_t policy;
-  if (kind == L2_EVICT_NORMAL)
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-  else if (kind == L2_EVICT_LAST)
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  else
-    policy = l2_evict_first_policy();
-  return policy;
-}
-
-// (`l2`: the policy's kind, l2_policy; ignored by the KDTREE_TMA_EVICT_NORMAL build)
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                            int c2, int c3, uint32_t bar, int l2) {
+                                            int c2, int c3, uint32_t bar) {
 #ifdef KDTREE_TMA_EVICT_NORMAL
-  (void)l2;
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
       "%3, %4, %5}], [%6];\n" ::"r"(dst),
@@ -562,7 +537,7 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
       "[%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
-      "l"(l2_policy(l2))
+      "l"(l2_evict_first_policy())
       : "memory");
 #endif
 }

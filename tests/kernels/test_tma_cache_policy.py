@@ -34,14 +34,3 @@ def test_evict_normal_build_copies_without_a_policy(tmp_path):
     ptx = cuda_mla._SRC.ptx(tmp_path, ("KDTREE_TMA_EVICT_NORMAL",))
     assert not any("cache_hint" in c for c in _copies(ptx))
     assert "createpolicy" not in ptx
-
-
-def test_mla_copies_can_take_each_l2_priority(tmp_path):
-    """The seesaw MLA kernel's copies take their policy by kind (KDTREE_MLA_L2: evict-first by
-    default, evict-normal or evict-last for the row CTAs that read a tile before others do), so
-    its PTX makes all three; the GQA kernel's copies stay evict-first only."""
-    mla = cuda_mla._SRC.ptx(tmp_path / "mla")
-    for kind in ("evict_first", "evict_normal", "evict_last"):
-        assert re.search(rf"createpolicy\.fractional\.L2::{kind}\.b64\s+%rd\d+, 1\.0;", mla), kind
-    gqa = cuda_gqa._SRC.ptx(tmp_path / "gqa")
-    assert set(re.findall(r"createpolicy\.fractional\.L2::(\w+)\.", gqa)) == {"evict_first"}

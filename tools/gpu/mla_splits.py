@@ -6,9 +6,6 @@ of CTAs, with a split's fixed keys where the blocks fill more than half the SMs 
     python3 tools/gpu/mla_splits.py [--points h16:131072:65,gqa_8q1kv_d128:131072:65:8,...]
         [--splits 7,8,15,23] [--out DIR]
 
-A split count ``S/St`` (MLA) runs the tail CTA (``KDTREE_MLA_TAIL=1``) with the tail rows' keys
-cut into ``St`` splits (``KDTREE_MLA_TAIL_SPLITS``), the whole blocks' into ``S``; its row records
-the largest difference from the chosen count's output (``max_abs_diff``).
 A point is ``layout:length:tree[:batch]`` (batch 1 when left out); ``h8`` / ``h16`` are short
 for ``mla_h8`` / ``mla_h16``. A GQA row also records the launch each split count gets
 (``cuda_gqa.plan_launch``: head groups, warpgroups, tail, CTAs). A split count that fails (its
@@ -20,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -91,41 +87,25 @@ def main() -> None:
                 return _cuda_mla_fn(wl, ti, kernel=a.kernel, num_splits=splits)
             return _cuda_gqa_fn(wl, ti, num_splits=splits)
 
-        fn0, chosen = make()
-        ref = fn0(0).float().clone()
-        fn0 = None
-        items = [(int(x.split("/")[0]), x) for x in a.splits.split(",")]
-        counts = [(s, x) for s, x in sorted({(chosen, str(chosen)), *items})]
-        for splits, item in counts:
+        _, chosen = make()
+        counts = sorted({chosen, *(int(x) for x in a.splits.split(","))})
+        for splits in counts:
             if splits > 1 and length // splits < 256:
                 continue
-            tail_splits = int(item.split("/")[1]) if "/" in item else None
             row = {"point": spec, "layout": name, "L": length, "T": t, "batch": batch,
-                   "kernel": kernel, "splits": splits, "tail_splits": tail_splits or "",
-                   "chosen": item == str(chosen)}  # fmt: skip
-            saved = {k: os.environ.get(k) for k in ("KDTREE_MLA_TAIL", "KDTREE_MLA_TAIL_SPLITS")}
-            if tail_splits:
-                os.environ.update(KDTREE_MLA_TAIL="1", KDTREE_MLA_TAIL_SPLITS=str(tail_splits))
+                   "kernel": kernel, "splits": splits, "chosen": splits == chosen}  # fmt: skip
             try:
                 row.update(launch_info(wl, ti, splits))
                 fn, _ = make(splits)
-                diff = float((fn(0).float() - ref).abs().max())
                 replay, per = _graphed(fn, wl.n_rot, wl.device)
                 ms = time_cuda(lambda replay=replay: replay(0)).p50 / per
-                row.update(ms=ms, max_abs_diff=diff, error="")
-                mark = " (chosen)" if row["chosen"] else ""
-                print(f"{spec} splits={item:>7s}: {ms * 1e3:9.1f} us{mark} "
-                      f"(max |diff| {diff:.1e})", flush=True)  # fmt: skip
+                row.update(ms=ms, error="")
+                mark = " (chosen)" if splits == chosen else ""
+                print(f"{spec} splits={splits:3d}: {ms * 1e3:9.1f} us{mark}", flush=True)
             except Exception as exc:  # (one split count's failure, e.g. its workspace)
                 row.update(ms=float("nan"), error=f"{type(exc).__name__}: {str(exc)[:200]}")
-                print(f"{spec} splits={item:>7s}: failed: {row['error']}", flush=True)
+                print(f"{spec} splits={splits:3d}: failed: {row['error']}", flush=True)
                 torch.cuda.synchronize()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
             rows.append({**row, **env})
             fn = replay = None
             torch.cuda.empty_cache()
