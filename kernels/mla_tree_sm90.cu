@@ -106,8 +106,6 @@ struct Params {
                                 // MMAs (wgmma only)
   int tail_n;                   // seesaw kernel: 8 or 16 when the last row block holds at most
                                 // that many rows and runs as a tail CTA (sw_tail), else 0
-  int tail_pairs;               // seesaw kernel: 1 when a tail CTA takes the keys of two
-                                // splits (sw_cta, sw_pair_tile; KDTREE_MLA_TAIL_PAIRS)
 };
 
 // Named barrier for the two warps (64 threads) of one row group; ids 1..4 (0 = __syncthreads).
@@ -1147,29 +1145,6 @@ __device__ __forceinline__ void sw_tail_softmax(float (&s)[N / 2], float (&m_run
   }
 }
 
-// Pair tail CTAs (p.tail_pairs): the tail CTA of splits 2y and 2y + 1 streams both ranges, tile
-// j of each in turn while both have one (then the rest of the longer), so its warpgroup 0 takes
-// split 2y's tiles and warpgroup 1 split 2y + 1's beside the whole blocks' CTAs of those splits,
-// which read the same tiles at about the same time (L2 hits for whoever reads second). A tail
-// CTA's tile costs less than a 64-row block's, so it can keep pace with two of them.
-struct SwTile {
-  TileSeq ts;  // the split's tile sequence the tile belongs to
-  int j;       // the tile's index in it
-};
-__device__ __forceinline__ SwTile sw_pair_tile(const Params& p, int split, int b, int n0, int n1,
-                                               int i) {
-  const int a = min(n0, n1);
-  int r, j;
-  if (i < 2 * a) {
-    r = i & 1;
-    j = i >> 1;
-  } else {
-    r = n0 > n1 ? 0 : 1;
-    j = a + (i - 2 * a);
-  }
-  return SwTile{wg_tiles(p, split + r, b), j};
-}
-
 // A tail CTA's consumer warpgroups (tid < 256): warpgroup w takes the tiles of stage w; the last
 // row block's first N rows (m0 ..), written as the output (one split) or as partials and LSE.
 // Stage releases: each warpgroup arrives at its own stage's EMPTY after its tile, and at the
@@ -1179,10 +1154,10 @@ __device__ __forceinline__ SwTile sw_pair_tile(const Params& p, int split, int b
 template <typename E, int N>
 __device__ __forceinline__ void sw_tail(const Params& p, const TileSeq& ts, int b, int split,
                                         int m0, uint32_t sQ, uint32_t sKV, unsigned char* smem,
-                                        float* red2, int tid, bool pair, int n0, int n1) {
+                                        float* red2, int tid) {
   static_assert(N == 8 || N == 16, "m64n8 or m64n16");
   constexpr uint64_t STAGE_STEP = wg::SMEM_STAGE >> 4;
-  const int n = n0 + n1;  // (n1: the second split's tiles of a pair tail CTA, else 0)
+  const int n = ts.n_tiles;
   const int w = tid >> 7, t = tid & 127, lane = t & 31, wi = t >> 5, q4 = lane & 3;
   const int kr = wi * 16 + (lane >> 2);  // this thread's keys (or dims) kr, kr + 8 of each 64
   uint64_t dq = wg_desc(sQ, 16, 1024);
@@ -1210,12 +1185,11 @@ __device__ __forceinline__ void sw_tail(const Params& p, const TileSeq& ts, int 
     // (the descriptors made opaque each tile: hoisted out of the loop, the 36 + 32 k-steps'
     // 64-bit operand descriptors would be held in registers across it and spill)
     asm volatile("" : "+l"(dq), "+l"(dk), "+l"(dv), "+l"(dp));
-    const SwTile at = pair ? sw_pair_tile(p, split, b, n0, n1, tile) : SwTile{ts, tile};
-    const bool full = at.j < at.ts.n_pre && at.ts.end - (at.ts.start + at.j * wg::BN) >= wg::BN;
+    const bool full = tile < ts.n_pre && ts.end - (ts.start + tile * wg::BN) >= wg::BN;
     uint64_t bits[N / 4];
 #pragma unroll
     for (int i = 0; i < N / 4; ++i)
-      bits[i] = full ? ~0ull : wg_bits64(p, at.ts, b, at.j, m0 + sw_tail_col(i, q4));
+      bits[i] = full ? ~0ull : wg_bits64(p, ts, b, tile, m0 + sw_tail_col(i, q4));
     named_sync(BAR_FULL + w, sw::FULL_COUNT);  // tile landed in stage w
     if (tile >= 1 && tile + 1 < n) named_arrive(BAR_EMPTY + 1 - w, sw::EMPTY_COUNT);  // tile - 1
     sw_tail_scores<E, N>(s, s_odd, dk, dq);
@@ -1319,40 +1293,8 @@ __device__ __forceinline__ void sw_tail(const Params& p, const TileSeq& ts, int 
 #pragma unroll
         for (int h = 0; h < 2; ++h) dst[64 * ms + 8 * h] = value(ms, i, h);
       if (w == 0 && t < 4) p.lse[rbase + row] = m_run[i];
-      if (pair && split + 1 < S) {  // the pair's second slot: no keys, weight 0 in the merge
-        float* xdst = dst + static_cast<int64_t>(p.rows) * RANK;
-#pragma unroll
-        for (int ms = 0; ms < 4; ++ms)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) xdst[64 * ms + 8 * h] = 0.f;
-        if (w == 0 && t < 4) p.lse[rbase + p.rows + row] = neg_inf();
-      }
     }
   }
-}
-
-// Where a seesaw CTA sits: its first row (m0), its split (a pair tail CTA's first one), and
-// whether it is the tail CTA. The grid is (row blocks, splits, B), or with pair tail CTAs
-// (p.tail_pairs) (whole blocks x splits + ceil(splits / 2), 1, B): every whole block's CTA first
-// (the blocks of a split side by side), then the tail CTAs.
-struct SwCta {
-  int m0, split;
-  bool tail;
-};
-__device__ __forceinline__ SwCta sw_cta(const Params& p) {
-  SwCta c;
-  if (!p.tail_pairs) {
-    c.m0 = blockIdx.x * BLOCK_M;
-    c.split = blockIdx.y;
-    c.tail = p.tail_n > 0 && blockIdx.x == gridDim.x - 1;
-  } else {
-    const int nb = p.rows / BLOCK_M;  // whole blocks (the launcher: >= 1, and tail_n > 0)
-    const int l = blockIdx.x;
-    c.tail = l >= nb * p.num_splits;
-    c.split = c.tail ? 2 * (l - nb * p.num_splits) : l / nb;
-    c.m0 = (c.tail ? nb : l % nb) * BLOCK_M;
-  }
-  return c;
 }
 
 template <typename E>
@@ -1370,22 +1312,13 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 
   const int tid = threadIdx.x;
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
-  const SwCta cta = sw_cta(p);
-  const int m0 = cta.m0;
-  const int split = cta.split;
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int split = blockIdx.y;
   const int b = blockIdx.z;
-#ifdef KDTREE_MLA_PRODUCER_Q
-  constexpr bool tail_cta = false;  // (see sw_tail: its epilogue reuses the Q region)
-#else
-  const bool tail_cta = cta.tail;
-#endif
-  const bool pair = tail_cta && p.tail_pairs;
   const TileSeq ts = wg_tiles(p, split, b);
-  const int n0 = ts.n_tiles;
-  const int n1 = pair ? wg_tiles(p, split + 1, b).n_tiles : 0;
   const int32_t* pt_row = p.page_table + b * p.spt_b;
   const E* kv = static_cast<const E*>(p.kv);
-  const int n = n0 + n1;
+  const int n = ts.n_tiles;
 
   if (tid >= wg::CONSUMERS) {
     // ================= producer: half s (64 threads) fills stage s with tiles s, s + 2, ... ==
@@ -1410,11 +1343,10 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
     // tiles (and the page table, the prefix lengths) are read before it has finished, the tree
     // tokens' keys and values (which it may have written) after
     if (half < n) {
-      const SwTile at = pair ? sw_pair_tile(p, split, b, n0, n1, half) : SwTile{ts, half};
-      if (at.j >= at.ts.n_pre) griddep_wait();
-      const bool tma = sw_tma_tile(p, at.ts, at.j);
-      const int run = tma ? sw_run_slot(p, pt_row, at.ts, at.j, lt) : 0;
-      sw_fill<E>(stage, run, tma, kv, p, pt_row, at.ts, at.j, lt, bar, parity);
+      if (half >= ts.n_pre) griddep_wait();
+      const bool tma = sw_tma_tile(p, ts, half);
+      const int run = tma ? sw_run_slot(p, pt_row, ts, half, lt) : 0;
+      sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, half, lt, bar, parity);
     }
 #ifdef KDTREE_MLA_PRODUCER_Q
     cp_async_commit();
@@ -1426,13 +1358,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 #endif
     if (half < n) named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     for (int tile = half + 2; tile < n; tile += 2) {
-      const SwTile at = pair ? sw_pair_tile(p, split, b, n0, n1, tile) : SwTile{ts, tile};
-      if (at.j >= at.ts.n_pre) griddep_wait();
-      const bool tma = sw_tma_tile(p, at.ts, at.j);
-      const int run = tma ? sw_run_slot(p, pt_row, at.ts, at.j, lt) : 0;
+      if (tile >= ts.n_pre) griddep_wait();
+      const bool tma = sw_tma_tile(p, ts, tile);
+      const int run = tma ? sw_run_slot(p, pt_row, ts, tile, lt) : 0;
       named_sync(BAR_EMPTY + half, sw::EMPTY_COUNT);  // tile - 2 released by both consumers
-      if (!(p.ablate & 1))
-        sw_fill<E>(stage, run, tma, kv, p, pt_row, at.ts, at.j, lt, bar, parity);
+      if (!(p.ablate & 1)) sw_fill<E>(stage, run, tma, kv, p, pt_row, ts, tile, lt, bar, parity);
       fence_async_smem();
       named_arrive(BAR_FULL + half, sw::FULL_COUNT);
     }
@@ -1442,6 +1372,11 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   // ================= consumer warpgroups =================================================
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(wg::CONSUMER_REGS));
   griddep_wait();  // Q, the tree mask, the workspace and out: after the kernel before completes
+#ifdef KDTREE_MLA_PRODUCER_Q
+  constexpr bool tail_cta = false;  // (see sw_tail: its epilogue reuses the Q region)
+#else
+  const bool tail_cta = p.tail_n > 0 && blockIdx.x == gridDim.x - 1;
+#endif
 #ifndef KDTREE_MLA_PRODUCER_Q
   // Both consumer warpgroups copy Q (18 copies a thread) while the producer starts on the first
   // tiles at once (the GQA kernel's session-14 change: there the producer's Q copies delayed its
@@ -1455,9 +1390,9 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
 #endif
   if (tail_cta) {  // the last row block's <= 16 rows as the N of swapped-operand MMAs
     if (p.tail_n == 8)
-      sw_tail<E, 8>(p, ts, b, split, m0, sQ, sKV, smem, sMa, tid, pair, n0, n1);
+      sw_tail<E, 8>(p, ts, b, split, m0, sQ, sKV, smem, sMa, tid);
     else
-      sw_tail<E, 16>(p, ts, b, split, m0, sQ, sKV, smem, sMa, tid, pair, n0, n1);
+      sw_tail<E, 16>(p, ts, b, split, m0, sQ, sKV, smem, sMa, tid);
     return;
   }
   const int lane = tid & 31;
@@ -1678,9 +1613,7 @@ int launch(const Params& p, int B, int kernel, int merge, cudaStream_t stream) {
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  const dim3 grid = kernel == 2 && p.tail_pairs
-                        ? dim3((p.rows / BLOCK_M) * p.num_splits + (p.num_splits + 1) / 2, 1, B)
-                        : dim3((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B);  // (sw_cta)
+  const dim3 grid((p.rows + BLOCK_M - 1) / BLOCK_M, p.num_splits, B);
   if (kernel == 0) {
     mla_split_kernel<E><<<grid, NUM_THREADS, SMEM_TOTAL, stream>>>(p);
   } else if (kernel == 1) {
@@ -1882,15 +1815,6 @@ int kdtree_mla_tree_launch(int dtype, const void* q_nope, const void* q_pe, cons
                      (tail_any || p.rows <= 16)
                  ? (tail_rows <= 8 ? 8 : 16)
                  : 0;
-  // Pair tail CTAs (sw_cta, sw_pair_tile): KDTREE_MLA_TAIL_PAIRS=1, where a tail CTA runs
-  // beside whole blocks with at least two splits.
-  const char* env_pairs = getenv("KDTREE_MLA_TAIL_PAIRS");
-  p.tail_pairs = 0;
-#ifndef KDTREE_MLA_PRODUCER_Q  // (that build never takes the tail CTA: sw_tail)
-  if (env_pairs != nullptr && env_pairs[0] == '1' && p.tail_n > 0 && p.rows >= BLOCK_M &&
-      num_splits >= 2)
-    p.tail_pairs = 1;
-#endif
   if (kernel == 2 && page_size >= 8 && !(env_tma != nullptr && env_tma[0] == '0')) {
     p.tma_rows = page_size < wg::BN ? page_size : wg::BN;
     const int rc = encode_kv_map(&p.kv_map, kv, dtype, num_slots, s_slot, p.tma_rows);

@@ -280,47 +280,6 @@ def test_seesaw_tail_cta_default_rule(gen, monkeypatch):
     assert torch.equal(outs[9, ""], outs[9, "0"]) and not torch.equal(outs[9, ""], outs[9, "1"])
 
 
-# Pair tail CTAs: even and odd split counts, prefixes whose last splits are short or empty (the
-# pair's ranges of unequal length, the tree tiles in either one), cp.async tiles (page size 1),
-# 8 and 16 tail rows, one and several whole blocks
-PAIR_CASES = [
-    ([6000, 2500], 9, 8, 16, 6),
-    ([6000, 2500], 9, 8, 16, 7),
-    ([3000, 0, 70], 17, 8, 64, 5),
-    ([2000], 9, 16, 1, 4),
-    ([9000], 17, 16, 16, 9),
-    ([1500, 4100], 65, 8, 16, 4),  # (L=1500: the last pair's second range the longer)
-]
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize(
-    "case", PAIR_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}-ps{c[3]}-s{c[4]}"
-)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_seesaw_pair_tail_ctas(case, dtype, gen, monkeypatch):
-    """KDTREE_MLA_TAIL_PAIRS=1: a tail CTA takes two splits' keys (tile j of each in turn, its
-    warpgroups one split each), after the whole blocks' CTAs in the grid, the pair's second
-    workspace slot weight 0. It matches fp64, eager and in a CUDA graph; the whole blocks' rows
-    are bitwise those of the tail CTA a split, the tail rows another sum of the same keys."""
-    monkeypatch.setenv("KDTREE_MLA_TAIL", "1")
-    monkeypatch.setenv("KDTREE_MLA_TAIL_PAIRS", "1")
-    gen.manual_seed(5)
-    pairs = _run(case, dtype, gen, kernel="seesaw").clone()
-    gen.manual_seed(5)
-    _run(case, dtype, gen, graph=True, kernel="seesaw")
-    monkeypatch.setenv("KDTREE_MLA_TAIL_PAIRS", "0")
-    gen.manual_seed(5)
-    single = _run(case, dtype, gen, kernel="seesaw")
-    lens, t, h = case[0], case[1], case[2]
-    first = (h * t) // 64 * 64
-    shape = (len(lens), h * t, -1)
-    assert torch.equal(pairs.reshape(shape)[:, :first], single.reshape(shape)[:, :first])
-    if max(lens) >= 2000:
-        assert not torch.equal(pairs.reshape(shape)[:, first:], single.reshape(shape)[:, first:])
-
-
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("tma", ["0", "1"])
