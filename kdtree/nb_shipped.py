@@ -283,6 +283,32 @@ def extra_token_table(tidy: pd.DataFrame) -> pd.DataFrame:
     return w.reset_index()
 
 
+def tail_sweep_table(df: pd.DataFrame, call: str, base: str) -> pd.DataFrame:
+    """Session 29's MLA tail-CTA sweeps (``data/bench/logs/mla_tail_splits_session29.csv.gz``,
+    rows of ``tools/gpu/mla_splits.py`` with ``call``, ``variant`` and ``round`` added): one call's
+    median µs by point and split count (``S``, or ``S/St`` where the tail CTAs took ``St`` splits
+    of their own) for each variant, and ``<variant>_over_default``: that time over the point's
+    default (the ``base`` variant's row at ``choose_splits``' count, ``chosen``)."""
+    require_columns(df, {"call", "variant", "point", "splits", "tail_splits", "chosen", "ms"},
+                    "tail sweep rows")  # fmt: skip
+    d = df[df["call"] == call].copy()
+    if d.empty:
+        raise ValueError(f"no rows for call {call!r}")
+    if base not in set(d["variant"]):
+        raise ValueError(f"no {base!r} rows in call {call!r}")
+    st = pd.to_numeric(d["tail_splits"], errors="coerce")
+    d["item"] = [
+        f"{s}/{int(t)}" if t == t else str(s) for s, t in zip(d["splits"], st, strict=True)
+    ]
+    d["us"] = d["ms"] * 1e3
+    w = d.pivot_table(index=["point", "item"], columns="variant", values="us", aggfunc="median")
+    chosen = d[(d["variant"] == base) & d["chosen"].astype(bool)].groupby("point")["us"].median()
+    ref = w.index.get_level_values("point").map(chosen).to_numpy(dtype=float)
+    for v in list(w.columns):
+        w[f"{v}_over_default"] = w[v].to_numpy() / ref
+    return w.reset_index()
+
+
 def launch_changes(
     old: pd.DataFrame, new: pd.DataFrame, providers=("ours_gqa_graph", "ours_seesaw_graph")
 ) -> pd.DataFrame:

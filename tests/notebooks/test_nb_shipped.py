@@ -755,6 +755,29 @@ def test_extra_token_table_pairs_t_and_t_plus_one():
         ns.extra_token_table(rows[rows["T"].isin([8, 16])])
 
 
+def test_tail_sweep_table_against_the_default_count():
+    rows = pd.DataFrame(
+        [
+            {"call": "e", "variant": v, "point": "h8:65536:9", "splits": sp, "tail_splits": ts,
+             "chosen": sp == 65, "ms": ms, "round": r}
+            for r in (1, 2)
+            for v, sp, ts, ms in [("default", 65, "", 0.050), ("default", 80, "", 0.070),
+                                  ("pairs", 65, "", 0.065), ("pairs", 80, "", 0.060),
+                                  ("default", 80, 40.0, 0.100)]
+        ]
+        + [{"call": "x", "variant": "default", "point": "p", "splits": 1, "tail_splits": "",
+            "chosen": True, "ms": 1.0, "round": 1}]
+    )  # fmt: skip
+    t = ns.tail_sweep_table(rows, "e", "default").set_index(["point", "item"])
+    assert t.loc[("h8:65536:9", "80"), "pairs_over_default"] == pytest.approx(1.2)
+    assert t.loc[("h8:65536:9", "65"), "default_over_default"] == pytest.approx(1.0)
+    assert t.loc[("h8:65536:9", "80/40"), "default"] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="no rows"):
+        ns.tail_sweep_table(rows, "z", "default")
+    with pytest.raises(ValueError, match="no 'base'"):
+        ns.tail_sweep_table(rows, "e", "base")
+
+
 def test_grid_history_tables_swap_in_the_older_mla_rows():
     rows = _grid_rows()
     mla_rows = rows.assign(name=rows["name"].str.replace("gqa_x", "mla_x"))
