@@ -173,7 +173,9 @@ def choose_splits(batch: int, rows: int, max_len: int, num_sms: int) -> int:
     split count that minimises the per-SM serial work
     ``ceil(ctas * s / num_sms) / s`` within ``_MAX_WAVES`` waves, the smallest one within 3 % of
     the best, with at least ``_MIN_KEYS_PER_SPLIT`` keys per split (measured at batch 1: session
-    10's sweep). With more blocks that rule allowed one split only (136-160 CTAs ran as two
+    10's sweep); where that takes two waves of CTAs, the most splits of one wave if they are
+    within 3 % of it under the many-block model below (session 29). With more blocks that rule
+    allowed one split only (136-160 CTAs ran as two
     waves, the second nearly empty: 44-45 % of the floor at h=16, batch 8, T=65 and batch 32,
     T=17), so there the model is waves times (keys a split + ``_FIXED_KEYS``) for up to
     ``_MAX_SPLITS_MANY`` splits, again the smallest within 3 %: fitted on session 26's sweep
@@ -184,6 +186,21 @@ def choose_splits(batch: int, rows: int, max_len: int, num_sms: int) -> int:
     if 2 * ctas <= num_sms or max_len < _MANY_MIN_LEN:
         cap = max(1, min(max_len // _MIN_KEYS_PER_SPLIT, (_MAX_WAVES * num_sms) // ctas))
         costs = {s: math.ceil(ctas * s / num_sms) / s for s in range(1, cap + 1)}
+        best = min(costs.values())
+        pick = min(s for s, c in costs.items() if c <= best * 1.03)
+        one = min(num_sms // ctas, cap)  # the most splits in one wave of CTAs
+        if max_len >= _MANY_MIN_LEN and one >= 1 and math.ceil(ctas * pick / num_sms) > 1:
+            # A second wave pays the fixed cost again: costed as the many-block model does
+            # (waves x (keys a split + _FIXED_KEYS)), one wave within 3 % of the pick is taken.
+            # (Session 29, call f: h=8, T=65 (9 row blocks) 14 splits against 29: 0.82 / 0.94 /
+            # 0.98x the time at 16k / 64k / 256k; h=16, T=65 (17) 7 against 15: 0.90 / 1.00x at
+            # 16k / 64k, and 15 kept at 256k, where 7 took 1.008x.)
+            def waves_cost(s: int) -> float:
+                return math.ceil(ctas * s / num_sms) * (math.ceil(max_len / s) + _FIXED_KEYS)
+
+            if waves_cost(one) <= waves_cost(pick) * 1.03:
+                return one
+        return pick
     else:
         cap = max(1, min(max_len // _MIN_KEYS_PER_SPLIT, _MAX_SPLITS_MANY))
         costs = {
