@@ -235,12 +235,14 @@ def grid_history_tables(
     calle26: pd.DataFrame | None = None,
     sweep26: pd.DataFrame | None = None,
     mla27: pd.DataFrame | None = None,
+    mla28: pd.DataFrame | None = None,
 ) -> dict[str, pd.DataFrame]:
     """The whole grid's history for notebook 03, from the runs that are present: session 26's
-    launch changes (its calls a-b against e: raw bench rows) and split sweep (call c), session
-    28's MLA rows against session 27's (``mla27``: raw rows of session 27's MLA run), and
-    session 27's grid (today's GQA rows with session 27's MLA rows) against session 26's call e.
-    ``grid``: today's :func:`grid_vs_peers` table."""
+    launch changes (its calls a-b against e: raw bench rows) and split sweep (call c), today's
+    MLA rows against session 28's (``mla28``: raw rows of session 28's MLA run, call d), session
+    28's MLA rows against session 27's (``mla27``: session 27's MLA run; session 28's are today's
+    where ``mla28`` is not given), and session 27's grid (today's GQA rows with session 27's MLA
+    rows) against session 26's call e. ``grid``: today's :func:`grid_vs_peers` table."""
     out: dict[str, pd.DataFrame] = {}
     if callab26 is not None and calle26 is not None:
         out["Launches changed by the split rules (session 26, calls a-b against e)"] = (
@@ -248,13 +250,19 @@ def grid_history_tables(
         )
     if sweep26 is not None:
         out["Split counts at batch 8 / 32 (session 26, call c)"] = split_sweep_table(sweep26)
+    is_mla = grid["layout"].str.startswith("mla")
+    mla_28 = grid[is_mla]
+    if mla28 is not None:
+        mla_28 = grid_vs_peers(verify_rows(mla28))
+        out["Session 29's MLA rows against session 28's call d (ours, new / old)"] = (
+            grid_change_table(mla_28, grid[is_mla])
+        )
     grid27 = grid
     if mla27 is not None:
         old_mla = grid_vs_peers(verify_rows(mla27))
-        is_mla = grid["layout"].str.startswith("mla")
         grid27 = pd.concat([grid[~is_mla], old_mla], ignore_index=True)
         out["Session 28's MLA rows against session 27's call e (ours, new / old)"] = (
-            grid_change_table(old_mla, grid[is_mla])
+            grid_change_table(old_mla, mla_28)
         )
     if calle26 is not None:
         out["Session 27's grid against session 26's call e (ours, new / old)"] = grid_change_table(

@@ -878,8 +878,8 @@ else:
 # ### The issue's whole grid in one run (sessions 26-28)
 # Every point of the issue's grid — L 1k-256k, T 1 / 9 / 17 / 65 / 257, batch 1 / 8 / 32, GQA
 # 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (GQA: session
-# 27's call e, `tools/gpu/stages_s27e.txt`; MLA: session 28's call d, `stages_s28d.txt`, with the
-# tail CTA at h·T ≤ 16; the slow peers `ref`, SDPA, FlexAttention and the eager MLA form in
+# 27's call e, `tools/gpu/stages_s27e.txt`; MLA: session 29's call g, `stages_s29g.txt`, with the
+# tail CTA at h·T ≤ 16 and one wave of splits at T=65; the slow peers `ref`, SDPA, FlexAttention and the eager MLA form in
 # their default domains). The first heatmaps are our
 # fastest provider's speed-up over the fastest complete peer (red below 1: the peer was faster),
 # the second ones our fraction of the floor. Session 26 ran the grid first: calls a-b before its
@@ -887,9 +887,11 @@ else:
 # (`verify_grid_session26_calle.csv.gz`). The first table is every point whose CUDA launch
 # those rules changed, old time over new; the sweep table is session 26's call c split counts
 # at batch 8 / 32 — the count the old rule chose, the fastest, and today's rule's pick; then
-# session 27's grid against session 26's call e (the tile copies' evict-first policy, below), and
-# session 28's MLA rows against session 27's (`verify_grid_session27_calle_mla.csv.gz`; only
-# T=1 runs other code), our time new / old by layout and batch.
+# session 27's grid against session 26's call e (the tile copies' evict-first policy, below),
+# today's MLA rows against session 28's (`verify_grid_session28_calld_mla.csv.gz`; only the
+# batch-1 T=65 split counts changed) and session 28's against session 27's
+# (`verify_grid_session27_calle_mla.csv.gz`; only T=1 ran other code), our time new / old by
+# layout and batch.
 
 # %%
 grid_csv = nb.data_path("bench", "verify_grid.csv.gz")
@@ -917,6 +919,7 @@ if grid_csv.exists():
         calle26=logs("verify_grid_session26_calle.csv.gz", **raw),
         sweep26=logs("splits_session26_callc.csv.gz"),
         mla27=logs("verify_grid_session27_calle_mla.csv.gz", **raw),
+        mla28=logs("verify_grid_session28_calld_mla.csv.gz", **raw),
     ))  # fmt: skip
 else:
     grid = None
@@ -1020,6 +1023,49 @@ if mla28.exists() and gqa28.exists() and rows28.exists():
     nb.show_tables(tables28)
 else:
     nb.note("The session-28 rows are not shipped (data/bench/logs/*session28*).")
+
+# %% [markdown]
+# ### Session 29: the MLA tail CTA beside whole blocks (three measured negatives), one wave of splits at T=65 (shipped)
+# Alternating runs in one call each (`tools/gpu/stages_s29a.txt` ... `stages_s29g.txt`; rows in
+# `data/bench/logs/mla_ab_session29.csv.gz`, `mla_tail_splits_session29.csv.gz` and
+# `mla_splits_session29_callf.csv.gz`):
+# * Call a, `a_tailpace` (batch 1 / 8, 64k, T=9 / 17): the tail CTA forced (`v1`, `v3`, `v5`)
+#   against 64-row blocks (`v0`, `v2`, `v4`), with the blocks' S MMAs ablated (`v2`–`v5`) so the
+#   tail CTA would show if it were the straggler; at batch 8 it was cheaper than a block beside
+#   S-free blocks and dearer beside real ones: it runs ahead and the blocks then read from DRAM
+#   what it brought in evict-first. `a_merge`: the MLA merge as a dependent launch (`v1`)
+#   against stream order (`v0`): up to 13 % slower at T=17; kept in stream order.
+# * Call b, `b_l2`: the tail CTA's copies evict-normal (`v2`) or evict-last (`v3`): 4–7 % back
+#   at batch 8, still slower than blocks; the lead CTAs evict-normal (`v4`, `v5`): slower.
+# * Calls c–e (the sweep tables): the tail rows' keys in fewer, longer splits than the blocks'
+#   (`S/St`), and pair tail CTAs streaming two splits' keys beside their blocks: slower
+#   everywhere — a tail CTA's tile costs ~2 µs against a block's ~2.7, not the half it needs.
+# * Calls f–g: the batch-1 rule's two waves at T=65 against one (`f_waves`: h=8, 14 splits
+#   against 29; h=16, 7 against 15), and the new rule against the old (`g_rule`).
+
+# %%
+ab29 = nb.data_path("bench", "logs", "mla_ab_session29.csv.gz")
+tail29 = nb.data_path("bench", "logs", "mla_tail_splits_session29.csv.gz")
+waves29 = nb.data_path("bench", "logs", "mla_splits_session29_callf.csv.gz")
+if ab29.exists() and tail29.exists() and waves29.exists():
+    tables29 = ns.ab_call_tables(
+        pd.read_csv(ab29),
+        {
+            "a_tailpace": "blocks (v0, v2, v4) against the tail CTA (v1, v3, v5, v6), ablated",
+            "a_merge": "the MLA merge in stream order (v0) against a dependent launch (v1)",
+            "b_l2": "the tail CTA's copies evict-first (v1), normal (v2), last (v3)",
+            "g_rule": "the batch-1 split rule of e999bac (v0) against one wave (v1)",
+        },
+    )
+    sweeps29 = pd.read_csv(tail29)
+    for call, base in (("d_tailsplits_l2", "evict-first"), ("e_pairs", "default")):
+        tables29[f"call {call}: µs by split count"] = ns.tail_sweep_table(sweeps29, call, base)
+    keys = ["point", "layout", "L", "T", "batch", "splits", "chosen"]  # (three rounds: medians)
+    waves = pd.read_csv(waves29).groupby(keys, as_index=False)["ms"].median()
+    tables29["call f: split counts at T=65, batch 1 (medians)"] = ns.split_sweep_table(waves)
+    nb.show_tables(tables29)
+else:
+    nb.note("The session-29 rows are not shipped (data/bench/logs/*session29*).")
 
 # %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,

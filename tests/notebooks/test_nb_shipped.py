@@ -792,3 +792,13 @@ def test_grid_history_tables_swap_in_the_older_mla_rows():
     # session 27's grid is today's GQA rows with session 27's MLA rows: unchanged against itself
     assert then["ratio_min"].to_numpy() == pytest.approx([1.0] * 4)
     assert then["ratio_max"].to_numpy() == pytest.approx([1.0] * 4)
+    # with session 28's MLA rows given, today's are compared with them and they with session 27's
+    mla28 = mla_rows.copy()
+    t = (mla28["metric"] == "time") & mla28["provider"].str.startswith("ours")
+    mla28.loc[t, "p50"] = mla28.loc[t, "p50"].astype(float) * 0.9
+    out = ns.grid_history_tables(grid, calle26=pd.concat([rows, mla_rows]), mla27=mla_rows,
+                                 mla28=mla28)  # fmt: skip
+    now, mid, then = out.values()
+    assert now["ratio_max"].to_numpy() == pytest.approx([0.8 / 0.9] * 2)
+    assert mid["ratio_max"].to_numpy() == pytest.approx([0.9] * 2)
+    assert then["ratio_max"].to_numpy() == pytest.approx([1.0] * 4)
