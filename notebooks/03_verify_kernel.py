@@ -1040,14 +1040,16 @@ else:
 # * Calls c–e (the sweep tables): the tail rows' keys in fewer, longer splits than the blocks'
 #   (`S/St`), and pair tail CTAs streaming two splits' keys beside their blocks: slower
 #   everywhere — a tail CTA's tile costs ~2 µs against a block's ~2.7, not the half it needs.
-# * Calls f–g: the batch-1 rule's two waves at T=65 against one (`f_waves`: h=8, 14 splits
-#   against 29; h=16, 7 against 15), and the new rule against the old (`g_rule`).
+# * Calls f–h: the batch-1 rule's two waves at T=65 against one (`f_waves`: h=8, 14 splits
+#   against 29; h=16, 7 against 15), the new rule against the old (`g_rule`), and the new rule
+#   at shapes off the grid whose count it changed (call h: batch 4, T=9 / 17 / 33; batch 1,
+#   T=33 / 129).
 
 # %%
 ab29 = nb.data_path("bench", "logs", "mla_ab_session29.csv.gz")
 tail29 = nb.data_path("bench", "logs", "mla_tail_splits_session29.csv.gz")
-waves29 = nb.data_path("bench", "logs", "mla_splits_session29_callf.csv.gz")
-if ab29.exists() and tail29.exists() and waves29.exists():
+waves29 = {c: nb.data_path("bench", "logs", f"mla_splits_session29_call{c}.csv.gz") for c in "fh"}
+if ab29.exists() and tail29.exists() and all(p.exists() for p in waves29.values()):
     tables29 = ns.ab_call_tables(
         pd.read_csv(ab29),
         {
@@ -1061,8 +1063,9 @@ if ab29.exists() and tail29.exists() and waves29.exists():
     for call, base in (("d_tailsplits_l2", "evict-first"), ("e_pairs", "default")):
         tables29[f"call {call}: µs by split count"] = ns.tail_sweep_table(sweeps29, call, base)
     keys = ["point", "layout", "L", "T", "batch", "splits", "chosen"]  # (three rounds: medians)
-    waves = pd.read_csv(waves29).groupby(keys, as_index=False)["ms"].median()
-    tables29["call f: split counts at T=65, batch 1 (medians)"] = ns.split_sweep_table(waves)
+    for c, what in (("f", "at T=65, batch 1"), ("h", "off the grid (chosen: 8df9359's rule)")):
+        waves = pd.read_csv(waves29[c]).groupby(keys, as_index=False)["ms"].median()
+        tables29[f"call {c}: split counts {what}, medians"] = ns.split_sweep_table(waves)
     nb.show_tables(tables29)
 else:
     nb.note("The session-29 rows are not shipped (data/bench/logs/*session29*).")

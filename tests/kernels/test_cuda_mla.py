@@ -91,7 +91,7 @@ def test_choose_splits_one_wave_where_the_batch_1_rule_took_two():
     it under the many-block model (waves x (keys a split + fixed keys)) is taken: h=8, T=65 (9
     row blocks) 14 splits, not 29 (0.82 / 0.94 / 0.98x the time at 16k / 64k / 256k); h=16,
     T=65 (17) 7, not 15, at 16k / 64k (0.90 / 1.00x), 15 kept from 128k (7 took 1.008x at
-    256k)."""
+    256k). Off the grid (call h): batch 4, h=8, T=9 16, not 33 (0.86-0.97x)."""
     pick = cuda_mla.choose_splits
     for length in (16384, 65536, 131072, 262144):
         assert pick(1, 8 * 65, length + 80, 132) == 14
@@ -101,6 +101,7 @@ def test_choose_splits_one_wave_where_the_batch_1_rule_took_two():
         15,
         15,
     ]
+    assert pick(4, 8 * 9, 65536 + 16, 132) == 16
     for rows, length in ((8 * 65, 65536), (16 * 65, 16384), (16 * 65, 262144)):
         ctas = -(-rows // 64)
         s = pick(1, rows, length, 132)
