@@ -310,7 +310,8 @@ def tail_sweep_table(df: pd.DataFrame, call: str, base: str) -> pd.DataFrame:
     ]
     d["us"] = d["ms"] * 1e3
     w = d.pivot_table(index=["point", "item"], columns="variant", values="us", aggfunc="median")
-    chosen = d[(d["variant"] == base) & d["chosen"].astype(bool)].groupby("point")["us"].median()
+    is_chosen = d["chosen"].astype(str) == "True"
+    chosen = d[(d["variant"] == base) & is_chosen].groupby("point")["us"].median()
     ref = w.index.get_level_values("point").map(chosen).to_numpy(dtype=float)
     for v in list(w.columns):
         w[f"{v}_over_default"] = w[v].to_numpy() / ref
