@@ -1043,7 +1043,8 @@ else:
 # * Calls f–h: the batch-1 rule's two waves at T=65 against one (`f_waves`: h=8, 14 splits
 #   against 29; h=16, 7 against 15), the new rule against the old (`g_rule`), and the new rule
 #   at shapes off the grid whose count it changed (call h: batch 4, T=9 / 17 / 33; batch 1,
-#   T=33 / 129).
+#   T=33 / 129). Call i, `i_tailcopy`: at T=1 / 2 (every CTA a tail CTA) without KV copies past
+#   the first tiles (`v1`, wrong results): the tail CTA's own work, ~1.26 µs a tile.
 
 # %%
 ab29 = nb.data_path("bench", "logs", "mla_ab_session29.csv.gz")
@@ -1057,6 +1058,7 @@ if ab29.exists() and tail29.exists() and all(p.exists() for p in waves29.values(
             "a_merge": "the MLA merge in stream order (v0) against a dependent launch (v1)",
             "b_l2": "the tail CTA's copies evict-first (v1), normal (v2), last (v3)",
             "g_rule": "the batch-1 split rule of e999bac (v0) against one wave (v1)",
+            "i_tailcopy": "T=1 / 2: tail CTAs (v0) against no copies past the first tiles (v1)",
         },
     )
     sweeps29 = pd.read_csv(tail29)
