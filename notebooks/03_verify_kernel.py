@@ -1044,12 +1044,13 @@ else:
 #   against 29; h=16, 7 against 15), the new rule against the old (`g_rule`), and the new rule
 #   at shapes off the grid whose count it changed (call h: batch 4, T=9 / 17 / 33; batch 1,
 #   T=33 / 129). Call i, `i_tailcopy`: at T=1 / 2 (every CTA a tail CTA) without KV copies past
-#   the first tiles (`v1`, wrong results): the tail CTA's own work, ~1.26 µs a tile.
+#   the first tiles (`v1`, wrong results): the tail CTA's own work, ~1.26 µs a tile. Call j: the
+#   batch-1 rule's one-wave counts at T=1 / 9 / 17 against fewer splits (within 2.3 % of the best).
 
 # %%
 ab29 = nb.data_path("bench", "logs", "mla_ab_session29.csv.gz")
 tail29 = nb.data_path("bench", "logs", "mla_tail_splits_session29.csv.gz")
-waves29 = {c: nb.data_path("bench", "logs", f"mla_splits_session29_call{c}.csv.gz") for c in "fh"}
+waves29 = {c: nb.data_path("bench", "logs", f"mla_splits_session29_call{c}.csv.gz") for c in "fhj"}
 if ab29.exists() and tail29.exists() and all(p.exists() for p in waves29.values()):
     tables29 = ns.ab_call_tables(
         pd.read_csv(ab29),
@@ -1065,7 +1066,11 @@ if ab29.exists() and tail29.exists() and all(p.exists() for p in waves29.values(
     for call, base in (("d_tailsplits_l2", "evict-first"), ("e_pairs", "default")):
         tables29[f"call {call}: µs by split count"] = ns.tail_sweep_table(sweeps29, call, base)
     keys = ["point", "layout", "L", "T", "batch", "splits", "chosen"]  # (three rounds: medians)
-    for c, what in (("f", "at T=65, batch 1"), ("h", "off the grid (chosen: 8df9359's rule)")):
+    for c, what in (
+        ("f", "at T=65, batch 1"),
+        ("h", "off the grid (chosen: 8df9359's rule)"),
+        ("j", "at batch 1, T=1 / 9 / 17 (chosen: 8df9359's rule)"),
+    ):
         waves = pd.read_csv(waves29[c]).groupby(keys, as_index=False)["ms"].median()
         tables29[f"call {c}: split counts {what}, medians"] = ns.split_sweep_table(waves)
     nb.show_tables(tables29)
