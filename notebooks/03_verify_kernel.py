@@ -875,12 +875,12 @@ else:
     nb.note("The session-25 rows are not shipped (data/bench/logs/*session25*).")
 
 # %% [markdown]
-# ### The issue's whole grid in one run (sessions 26-28)
+# ### The issue's whole grid in one run (sessions 26-29)
 # Every point of the issue's grid — L 1k-256k, T 1 / 9 / 17 / 65 / 257, batch 1 / 8 / 32, GQA
 # 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (GQA: session
 # 27's call e, `tools/gpu/stages_s27e.txt`; MLA: session 29's call g, `stages_s29g.txt`, with the
-# tail CTA at h·T ≤ 16 and one wave of splits at T=65; the slow peers `ref`, SDPA, FlexAttention and the eager MLA form in
-# their default domains). The first heatmaps are our
+# tail CTA at h·T ≤ 16 and one wave of splits at T=65; the slow peers `ref`, SDPA,
+# FlexAttention and the eager MLA form in their default domains). The first heatmaps are our
 # fastest provider's speed-up over the fastest complete peer (red below 1: the peer was faster),
 # the second ones our fraction of the floor. Session 26 ran the grid first: calls a-b before its
 # split rules (`data/bench/logs/verify_grid_session26_callab.csv.gz`) and call e after them
@@ -1026,9 +1026,9 @@ else:
 
 # %% [markdown]
 # ### Session 29: the MLA tail CTA beside whole blocks (three measured negatives), one wave of splits at T=65 (shipped)
-# Alternating runs in one call each (`tools/gpu/stages_s29a.txt` ... `stages_s29g.txt`; rows in
+# Alternating runs in one call each (`tools/gpu/stages_s29a.txt` ... `stages_s29j.txt`; rows in
 # `data/bench/logs/mla_ab_session29.csv.gz`, `mla_tail_splits_session29.csv.gz` and
-# `mla_splits_session29_callf.csv.gz`):
+# `mla_splits_session29_call{f,h,j}.csv.gz`):
 # * Call a, `a_tailpace` (batch 1 / 8, 64k, T=9 / 17): the tail CTA forced (`v1`, `v3`, `v5`)
 #   against 64-row blocks (`v0`, `v2`, `v4`), with the blocks' S MMAs ablated (`v2`–`v5`) so the
 #   tail CTA would show if it were the straggler; at batch 8 it was cheaper than a block beside
