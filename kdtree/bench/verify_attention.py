@@ -46,6 +46,8 @@ L2_BYTES = 60 << 20
 FULL_L = (1024, 4096, 16384, 65536, 131072, 262144)
 FULL_T = (1, 9, 17, 65, 257)
 FULL_B = (1, 8, 32)
+#: How the bench lays each request's pages out in the pool (:class:`Options.page_order`).
+PAGE_ORDERS = ("random", "sequential")
 # Run order of the default grid (what a short budget must measure first): batch 1 at long
 # context and the main tree sizes, then short context, then larger batches, then T 9 / 257.
 CORE_L = (16384, 131072, 65536, 262144)  # in this order
@@ -125,6 +127,9 @@ class Options:
     trees: tuple[int, ...] = FULL_T
     batches: tuple[int, ...] = FULL_B
     page_size: int = 16
+    # "random": each request's pages a random permutation of the pool (a fragmented cache, the
+    # default); "sequential": its pages consecutive in the pool (a cache allocated in order)
+    page_order: str = "random"
     dtype: torch.dtype = torch.bfloat16
     max_seconds: float = 360.0
     all_points: bool = False  # run slow peers everywhere, not only on their default domain
@@ -236,7 +241,11 @@ class Workload:
         dtype: torch.dtype,
         device: torch.device,
         seed: int,
+        page_order: str = "random",
     ):
+        if page_order not in PAGE_ORDERS:
+            raise ValueError(f"page_order={page_order!r}: expected one of {PAGE_ORDERS}")
+        self.page_order = page_order
         self.layout, self.batch, self.length, self.t_max = layout, batch, length, t_max
         self.page_size, self.dtype, self.device = page_size, dtype, device
         self.pages_per_req = math.ceil((length + t_max) / page_size)
@@ -255,7 +264,10 @@ class Workload:
         else:
             self.kv = torch.empty(*shape, layout.d + layout.rope, dtype=dtype, device=device)
             self.kv.normal_(generator=gen)
-        perm = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
+        if page_order == "random":
+            perm = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
+        else:
+            perm = torch.arange(total_pages, device=device, dtype=torch.int32)
         per_rot = batch * self.pages_per_req
         self.tables = [
             perm[r * per_rot : (r + 1) * per_rot].view(batch, self.pages_per_req).contiguous()
@@ -1023,6 +1035,7 @@ class _Runner:
             "L": wl.length,
             "T": t,
             "page_size": wl.page_size,
+            "page_order": wl.page_order,
             "dtype": str(wl.dtype),
             "n_rot": wl.n_rot,
             "bytes": nbytes,
@@ -1096,7 +1109,9 @@ class _Runner:
                 for p in opts.providers:
                     self.error_row(p, self._name(lay, b, n, t), cfg, f"skipped: {reason}")
             return
-        wl = Workload(lay, b, n, t_max, opts.page_size, opts.dtype, self.device, opts.seed)
+        wl = Workload(
+            lay, b, n, t_max, opts.page_size, opts.dtype, self.device, opts.seed, opts.page_order
+        )
         self.point_deadline = time.time() + opts.point_seconds
         try:
             for t in trees:

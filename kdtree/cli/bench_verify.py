@@ -42,6 +42,12 @@ def verify_attention(
     trees: str = typer.Option("", "--trees", help="Tree sizes T, e.g. 17,65."),
     batches: str = typer.Option("", "--batches", help="Batch sizes, e.g. 1,8."),
     page_size: int = typer.Option(16, "--page-size", help="Tokens per KV page."),
+    page_order: str = typer.Option(
+        "random",
+        "--page-order",
+        help="Each request's pages: 'random' (a permutation of the pool, a fragmented cache) "
+        "or 'sequential' (consecutive, a cache allocated in order).",
+    ),
     max_seconds: float = typer.Option(
         360.0,
         "--max-seconds",
@@ -89,6 +95,8 @@ def verify_attention(
         defaults = (va.QUICK_L, va.QUICK_T, va.QUICK_B)
     else:
         defaults = (va.FULL_L, va.FULL_T, va.FULL_B)
+    if page_order not in va.PAGE_ORDERS:
+        raise typer.BadParameter(f"--page-order {page_order!r}: expected one of {va.PAGE_ORDERS}")
     known, default = va.known_layouts(smoke)
     lay_names = tuple(x.strip() for x in layouts.split(",") if x.strip()) or tuple(default)
     bad = [x for x in lay_names if x not in known]
@@ -101,6 +109,7 @@ def verify_attention(
         trees=_ints(trees, defaults[1]),
         batches=_ints(batches, defaults[2]),
         page_size=page_size,
+        page_order=page_order,
         max_seconds=max_seconds,
         all_points=all_points,
         seed=seed,

@@ -96,3 +96,38 @@ def test_point_time_box_skips_with_a_reason():
     res = va.run_suite(opts, torch.device("cpu"), log=lambda _m: None)
     reasons = [r.config.get("reason", "") for r in res.rows if r.metric == "error"]
     assert any("point time box" in x for x in reasons)
+
+
+def test_page_order_lays_requests_out_in_order_or_permuted():
+    lay = va.SMOKE_LAYOUTS["gqa_4q2kv_d32"]
+    cpu = torch.device("cpu")
+    seq = va.Workload(lay, 3, 40, 3, 8, torch.float32, cpu, 0, page_order="sequential")
+    rnd = va.Workload(lay, 3, 40, 3, 8, torch.float32, cpu, 0)
+    assert rnd.page_order == "random"
+    for w in (seq, rnd):  # every rotation's pages are distinct pool pages
+        pages = torch.cat([t.flatten() for t in w.tables])
+        assert sorted(pages.tolist()) == list(range(w.n_rot * 3 * w.pages_per_req))
+    for r, t in enumerate(seq.tables):
+        start = r * 3 * seq.pages_per_req
+        assert torch.equal(t.flatten(), torch.arange(start, start + t.numel(), dtype=t.dtype))
+    assert not torch.equal(torch.cat(rnd.tables), torch.cat(seq.tables))
+    # the gathered keys of a request are its pages' slots, in order
+    k = seq.gather(seq.k, 0, 16)
+    assert torch.equal(k[1], seq.k[seq.pages_per_req : seq.pages_per_req + 2].flatten(0, 1))
+    with pytest.raises(ValueError, match="page_order"):
+        va.Workload(lay, 1, 40, 3, 8, torch.float32, cpu, 0, page_order="reversed")
+
+
+def test_page_order_reaches_the_rows():
+    opts = va.Options(
+        providers=("ours",),
+        layouts=("gqa_4q2kv_d32",),
+        lengths=(40,),
+        trees=(3,),
+        batches=(1,),
+        dtype=torch.float32,
+        smoke=True,
+        page_order="sequential",
+    )
+    res = va.run_suite(opts, torch.device("cpu"), log=lambda _m: None)
+    assert {r.config["page_order"] for r in res.rows if r.metric == "time"} == {"sequential"}
