@@ -88,7 +88,7 @@ def period_us(lib, bufs, nbytes: int, sink, blocks: int, threads: int, paged=Non
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         calls()
-    return time_cuda(g.replay).p50 / len(bufs) * 1e3
+    return time_cuda(g.replay).p50 / (len(paged[1]) if paged is not None else len(bufs)) * 1e3
 
 
 #: Each point's (query heads, KV heads) for ``--points``.
