@@ -302,8 +302,6 @@ struct Params {
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
-  int prefetch;              // the producer's L2 prefetch distance in tiles (0: none; not in
-                             // WideTail; KDTREE_GQA_PREFETCH)
 };
 
 // Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
@@ -1433,14 +1431,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           tma_load_5d(dst, &p.kv_map, 0, 0, 2 * kv_head, 0, slot >> 3, bar);
         }
         if (pt != 0) mbar_arrive(bar);
-        if constexpr (!C::KEY_TAIL) {
-          // the same run of tile + prefetch into L2 (its load then waits on L2, not DRAM)
-          if (p.prefetch > 0 && pt < 32 && pt * p.tma_rows < BN &&
-              tma_tile<C>(p, ts, tile + p.prefetch)) {
-            const int pf = run_slot<C>(p, pt_row, ts, tile + p.prefetch, pt);
-            tma_prefetch_5d(&p.kv_map, 0, 0, 2 * kv_head, 0, pf >> 3);
-          }
-        }
       } else {
         copy_kv_tile<C, E, SWAP>(stage, kbase, vbase, p, pt_row, ts, tile, pt);
         cp_async_mbar_arrive(bar);
@@ -1704,7 +1694,6 @@ const char* kdtree_gqa_error_string(int code) {
     case -16: return "split_tail 2 (the tail warpgroup) is not built into the CTA timeline's "
                      "measurement build (its static shared memory leaves less than 227 KB)";
     case -17: return "q_groups: expected >= 1, dividing the Hq / Hkv query heads of a KV head";
-    case -18: return "KDTREE_GQA_PREFETCH: expected 0..64 tiles";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
 }
@@ -1839,9 +1828,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.pingpong = env_pingpong == nullptr ? 1 : (env_pingpong[0] == '0' ? 0 : (env_pingpong[0] == '2' ? 2 : 1));
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
-  const char* env_prefetch = getenv("KDTREE_GQA_PREFETCH");
-  p.prefetch = env_prefetch != nullptr ? atoi(env_prefetch) : 0;
-  if (p.prefetch < 0 || p.prefetch > 64) return -18;
   // Whole prefix tiles go through TMA when a page holds >= 8 slots: a TMA box's key groups of 8
   // (kv_off) must not cross a page, so smaller pages keep the cp.async path. KDTREE_GQA_TMA=0
   // keeps every tile on cp.async; a layout the driver will not map does too, except under

@@ -567,34 +567,6 @@ def test_both_kernel_shapes_match_fp64(wgs, case, gen, monkeypatch):
     _run(case, torch.bfloat16, gen)
 
 
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("ahead", ["1", "3", "8"])
-@pytest.mark.parametrize(
-    "case",
-    [
-        *(GPU_CASES[i] for i in (0, 2, 4, 11)),
-        ([20000, 3000], 1, 32, 8, 16, None),  # decode: 157 whole tiles, two-warpgroup CTAs
-        ([9000], 17, 8, 1, 16, None),
-    ],
-    ids=str,
-)
-def test_l2_prefetch_changes_no_value(ahead, case, gen, monkeypatch):
-    """KDTREE_GQA_PREFETCH (the producer's L2 prefetch of a later tile's page runs) matches fp64
-    and leaves every output bit as it was; a distance past 64 tiles is a clear error."""
-    _run(case, torch.bfloat16, gen)
-    lens, t, hq, hkv, ps, splits = case
-    dev = [x.cuda() for x in gqa_inputs(lens, t, hq, hkv, 128, ps, torch.bfloat16, gen)]
-    plain = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=splits)
-    monkeypatch.setenv("KDTREE_GQA_PREFETCH", ahead)
-    _run(case, torch.bfloat16, gen)
-    ahead_out = cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=splits)
-    assert torch.equal(plain, ahead_out)
-    monkeypatch.setenv("KDTREE_GQA_PREFETCH", "65")
-    with pytest.raises(RuntimeError, match="KDTREE_GQA_PREFETCH"):
-        cuda_gqa.tree_attention_gqa_cuda(*dev, sm_scale=SCALE, num_splits=splits)
-
-
 TAIL_CASES = [  # rows = G * T with 1..16 past the whole 64-row blocks
     ([977, 1900], 65, 32, 8, 16, 3),  # 260 rows: [64 x 3] [64 | 4]
     ([0, 100], 17, 8, 1, 16, 4),  # 136: an empty prefix, splits with no keys
