@@ -1246,6 +1246,61 @@ def read_floor_table(
     return t.sort_values(["layout", "T", "L"]).reset_index(drop=True)
 
 
+def t1_stream_table(rows: pd.DataFrame, read: pd.DataFrame) -> pd.DataFrame:
+    """The T=1 points where SDPA's contiguous gather beats ours, against what any reader of the
+    same bytes reaches (session 32, call a; ``data/bench/logs/gqa_t1_session32.csv.gz`` and
+    ``read_floor_decode_session32.csv``): ``ours_us`` the shipped kernel (the median of the
+    ``a_t1forms`` rounds of side ``v0``), ``sdpa_us`` SDPA on its contiguous K / V (the
+    ``a_order`` run with shuffled pages), ``read_<order>_us`` the read floor of the same bytes
+    (``tools/gpu/read_floor.py``: a load-only kernel, contiguous and through a shuffled page
+    table), ``ours_vs_read`` the paged read's µs over ours, ``sdpa_vs_read`` the contiguous
+    read's over SDPA's, ``ours_vs_sdpa`` SDPA's µs over ours (< 1: SDPA faster)."""
+    require_columns(rows, {"call", "side", "name", "provider", "metric", "p50"}, "T=1 rows")
+    require_columns(read, {"layout", "B", "L", "order", "read_us"}, "read floor rows")
+    t = rows[(rows["metric"] == "time") & rows["name"].astype(str).str.endswith("/T1")]
+    us = t.assign(us=t["p50"].astype(float) * 1e3)
+    ours = us[(us["call"] == "a_t1forms") & (us["side"] == "v0")]
+    sdpa = us[(us["call"] == "a_order") & (us["provider"] == "sdpa_dense")]
+    sdpa = sdpa[sdpa["page_order"] == "random"] if "page_order" in sdpa else sdpa
+    if ours.empty or sdpa.empty:
+        raise ValueError("T=1 rows: need call a_t1forms side v0 and a_order's sdpa_dense rows")
+    out = pd.DataFrame({"ours_us": ours.groupby("name")["us"].median(),
+                        "sdpa_us": sdpa.groupby("name")["us"].median()}).dropna()  # fmt: skip
+    parts = out.index.to_series().str.extract(r"^(gqa_\w+?)_d128/B(\d+)/L(\d+)/T1$")
+    out = out.assign(layout=parts[0].to_numpy(), B=pd.to_numeric(parts[1]).to_numpy(),
+                     L=pd.to_numeric(parts[2]).to_numpy())  # fmt: skip
+    r = read.pivot_table(index=["layout", "B", "L"], columns="order", values="read_us")
+    r.columns = [f"read_{c}_us" for c in r.columns]
+    t = out.merge(r.reset_index(), on=["layout", "B", "L"])
+    if t.empty or not {"read_random_us", "read_contiguous_us"} <= set(t.columns):
+        raise ValueError("no T=1 point matches a read-floor size with random and contiguous reads")
+    t["ours_vs_read"] = t["read_random_us"] / t["ours_us"]
+    t["sdpa_vs_read"] = t["read_contiguous_us"] / t["sdpa_us"]
+    t["ours_vs_sdpa"] = t["sdpa_us"] / t["ours_us"]
+    cols = ["layout", "B", "L", "ours_us", "sdpa_us", *r.columns, "ours_vs_read",
+            "sdpa_vs_read", "ours_vs_sdpa"]  # fmt: skip
+    return t[cols].sort_values(["layout", "B", "L"]).reset_index(drop=True)
+
+
+def run_spread_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """The same bench points run in several processes (rows with a ``run`` column, e.g.
+    session 32's calls d and e): per call and point the runs, the fastest, median and slowest
+    run's µs and slowest over fastest; ``within_run`` the widest p80 / p20 of any one run (how
+    tight each run is by itself)."""
+    require_columns(rows, {"call", "run", "name", "metric", "p50", "p20", "p80"}, "spread rows")
+    t = rows[(rows["metric"] == "time") & (rows["run"].astype(str) != "")]
+    if t.empty:
+        raise ValueError("no timing rows with a run")
+    t = t.assign(us=t["p50"].astype(float) * 1e3,
+                 spread=t["p80"].astype(float) / t["p20"].astype(float))  # fmt: skip
+    g = t.groupby(["call", "name"], sort=False)
+    out = pd.DataFrame({"runs": g["us"].size(), "min_us": g["us"].min(),
+                        "median_us": g["us"].median(), "max_us": g["us"].max(),
+                        "within_run": g["spread"].max()})  # fmt: skip
+    out.insert(4, "max_over_min", out["max_us"] / out["min_us"])
+    return out.reset_index()
+
+
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     """Heap vs every device builder of ``tree_build.csv``: ms per step by (batch, budget) and
     provider, plus the fastest device provider and its speed-up over the heap."""

@@ -1078,6 +1078,53 @@ else:
     nb.note("The session-29 rows are not shipped (data/bench/logs/*session29*).")
 
 # %% [markdown]
+# ### Sessions 30–32: the T=1 gap to SDPA is the paged TMA stream's own rate (measured)
+# Sessions 30 and 31 measured this and lost both machines' rows before they were committed;
+# session 32 measured it again (`tools/gpu/stages_s32a.txt` … `stages_s32e.txt`; rows in
+# `data/bench/logs/gqa_t1_session32.csv.gz`, `read_floor_decode_session32.csv`,
+# `splits_session32_calla.csv`):
+# * Call a, `a_t1forms` (T=1, batch 1 / 8, two rounds): the kernel as shipped (`v0`), the
+#   producer also prefetching the tile 3 ahead into L2 (`v1`: 1.00–1.34× slower, taken out),
+#   the consumers idle (`v2`: within 2 % of `v0` wherever SDPA wins — the KV streamer alone sets
+#   the pace), cp.async instead of TMA (`v3`: 1.08–1.26× slower), the three-warpgroup shape's
+#   five 32 KB stages (`v4`: 1.02–1.08× slower, but 0.91 / 0.98× at 8q/1kv, batch 1, 16k / 64k,
+#   points where ours is already 3–5× SDPA).
+# * The first table: the same bytes through a load-only kernel. Ours reaches 92–95 % of the
+#   shuffled-page read; SDPA reads its contiguous copy at 88–99 % of the contiguous read, and the
+#   page shuffle itself costs a reader 1–3 %. `a_order` / `a_pages`: pages in order or 64-token
+#   pages take ours 0–3.5 % faster, not the 7 % SDPA leads by. The split sweep: the rule's count
+#   is the fastest measured at the three points.
+# * Calls c–e: call b's spot run was 1.17–1.22× the grid at 8q/1kv, batch 8, 64k, T=17 / 65; the
+#   grid's commit against main (`c_gridcommit`) and eight processes of each (`d_spread`, pages
+#   shuffled; `e_spread`, in order) show a run-to-run spread up to 1.23× at the batch-8 tree
+#   points with either commit and either page order (32q/8kv, T=17: under 1 %; batch 1 across
+#   calls a–c: within 3 %).
+
+# %%
+t1_32 = nb.data_path("bench", "logs", "gqa_t1_session32.csv.gz")
+read32 = nb.data_path("bench", "logs", "read_floor_decode_session32.csv")
+splits32 = nb.data_path("bench", "logs", "splits_session32_calla.csv")
+if t1_32.exists() and read32.exists() and splits32.exists():
+    rows32 = pd.read_csv(t1_32, dtype=str, keep_default_na=False)
+    num = rows32.assign(**{c: pd.to_numeric(rows32[c], errors="coerce")
+                           for c in ("p50", "p20", "p80")})  # fmt: skip
+    tables32 = {"call a: T=1, ours and SDPA against the read floor of the same bytes (µs)":
+                ns.t1_stream_table(num, pd.read_csv(read32))}  # fmt: skip
+    tables32.update(ns.ab_call_tables(num, {
+        "a_t1forms": "T=1: shipped (v0), L2 prefetch (v1), consumers idle (v2), cp.async (v3), "
+                     "Tall (v4)",
+        "c_gridcommit": "the grid's commit 9503043 (old) against main (new)",
+    }))  # fmt: skip
+    tables32["call a: pages of 16 against 64 tokens"] = ns.page_size_table(
+        num[num["call"] == "a_pages"].astype({"page_size": int})
+    )
+    tables32["call a: split counts at T=1"] = ns.split_sweep_table(pd.read_csv(splits32))
+    tables32["calls d, e: the same points in eight processes"] = ns.run_spread_table(num)
+    nb.show_tables(tables32)
+else:
+    nb.note("The session-32 rows are not shipped (data/bench/logs/*session32*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

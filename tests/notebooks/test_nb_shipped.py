@@ -802,3 +802,47 @@ def test_grid_history_tables_swap_in_the_older_mla_rows():
     assert now["ratio_max"].to_numpy() == pytest.approx([0.8 / 0.9] * 2)
     assert mid["ratio_max"].to_numpy() == pytest.approx([0.9] * 2)
     assert then["ratio_max"].to_numpy() == pytest.approx([1.0] * 4)
+
+
+def test_t1_stream_table_against_the_read_floor():
+    def row(call, name, provider, ms, side="", page_order=""):
+        return _row(name, provider, "time", ms) | {"call": call, "side": side,
+                                                   "page_order": page_order}  # fmt: skip
+
+    case = "gqa_8q1kv_d128/B8/L65536/T1"
+    rows = pd.DataFrame([
+        row("a_t1forms", case, "ours_gqa_graph", 0.100, side="v0"),
+        row("a_t1forms", case, "ours_gqa_graph", 0.104, side="v0"),
+        row("a_t1forms", case, "ours_gqa_graph", 0.050, side="v2"),  # another form: not ours
+        row("a_order", case, "sdpa_dense", 0.090, page_order="random"),
+        row("a_order", case, "sdpa_dense", 0.500, page_order="sequential"),
+        row("a_t1forms", "gqa_8q1kv_d128/B8/L65536/T17", "ours_gqa_graph", 0.3, side="v0"),
+    ])  # fmt: skip
+    read = pd.DataFrame([
+        {"layout": "gqa_8q1kv", "B": 8, "L": 65536, "order": o, "read_us": us}
+        for o, us in (("contiguous", 81.0), ("random", 90.0))
+    ])  # fmt: skip
+    t = ns.t1_stream_table(rows, read).iloc[0]
+    assert t["ours_us"] == pytest.approx(102.0) and t["sdpa_us"] == pytest.approx(90.0)
+    assert t["ours_vs_read"] == pytest.approx(90 / 102)
+    assert t["sdpa_vs_read"] == pytest.approx(81 / 90)
+    assert t["ours_vs_sdpa"] == pytest.approx(90 / 102)
+    with pytest.raises(ValueError, match="read-floor size"):
+        ns.t1_stream_table(rows, read.assign(B=1))
+    with pytest.raises(ValueError, match="a_order"):
+        ns.t1_stream_table(rows[rows["call"] != "a_order"], read)
+
+
+def test_run_spread_table():
+    def row(run, ms, p20=None, p80=None, name="gqa_x/B8/L65536/T65", metric="time"):
+        return {"call": "d", "run": run, "name": name, "metric": metric, "p50": ms,
+                "p20": p20 or ms, "p80": p80 or ms}  # fmt: skip
+
+    rows = pd.DataFrame([row("1", 0.2), row("2", 0.25, 0.24, 0.264), row("3", 0.22),
+                         row("", 9.9), row("4", 9.9, metric="bandwidth")])  # fmt: skip
+    t = ns.run_spread_table(rows).iloc[0]
+    assert t["runs"] == 3 and t["min_us"] == pytest.approx(200.0)
+    assert t["median_us"] == pytest.approx(220.0) and t["max_over_min"] == pytest.approx(1.25)
+    assert t["within_run"] == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="no timing rows"):
+        ns.run_spread_table(rows[rows["run"] == ""])
