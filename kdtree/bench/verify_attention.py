@@ -46,6 +46,16 @@ L2_BYTES = 60 << 20
 FULL_L = (1024, 4096, 16384, 65536, 131072, 262144)
 FULL_T = (1, 9, 17, 65, 257)
 FULL_B = (1, 8, 32)
+#: The most page sets (rotations) a workload keeps.
+MAX_ROTATIONS = 32
+
+
+def rotations(kv_bytes: int, min_rotations: int = 1) -> int:
+    """How many disjoint page sets a workload of ``kv_bytes`` rotates through: enough for 2 x L2
+    of KV, at least ``min_rotations``, at most :data:`MAX_ROTATIONS`."""
+    return min(MAX_ROTATIONS, max(min_rotations, math.ceil(2 * L2_BYTES / max(kv_bytes, 1))))
+
+
 #: How the bench lays each request's pages out in the pool (:class:`Options.page_order`).
 PAGE_ORDERS = ("random", "sequential")
 # Run order of the default grid (what a short budget must measure first): batch 1 at long
@@ -130,6 +140,9 @@ class Options:
     # "random": each request's pages a random permutation of the pool (a fragmented cache, the
     # default); "sequential": its pages consecutive in the pool (a cache allocated in order)
     page_order: str = "random"
+    # at least this many disjoint page sets (rotations) whatever the KV size: the default rule
+    # keeps 2 x L2 of KV in rotation, so a KV above 120 MB is read again from one set each call
+    min_rotations: int = 1
     dtype: torch.dtype = torch.bfloat16
     max_seconds: float = 360.0
     all_points: bool = False  # run slow peers everywhere, not only on their default domain
@@ -242,17 +255,20 @@ class Workload:
         device: torch.device,
         seed: int,
         page_order: str = "random",
+        min_rotations: int = 1,
     ):
         if page_order not in PAGE_ORDERS:
             raise ValueError(f"page_order={page_order!r}: expected one of {PAGE_ORDERS}")
+        if not 1 <= min_rotations <= MAX_ROTATIONS:
+            raise ValueError(f"min_rotations={min_rotations}: expected 1..{MAX_ROTATIONS}")
         self.page_order = page_order
         self.layout, self.batch, self.length, self.t_max = layout, batch, length, t_max
         self.page_size, self.dtype, self.device = page_size, dtype, device
         self.pages_per_req = math.ceil((length + t_max) / page_size)
         self.kv_bytes = batch * (length + t_max) * self.token_bytes
-        self.n_rot = max(1, min(32, math.ceil(2 * L2_BYTES / max(self.kv_bytes, 1))))
+        self.n_rot = rotations(self.kv_bytes, min_rotations)
         if device.type != "cuda":
-            self.n_rot = min(self.n_rot, 2)
+            self.n_rot = min(self.n_rot, max(2, min_rotations))  # (small KV: two unless asked)
         total_pages = self.n_rot * batch * self.pages_per_req
         gen = torch.Generator(device=device).manual_seed(seed)
         shape = (total_pages, page_size)
@@ -286,7 +302,12 @@ class Workload:
 
     @staticmethod
     def bytes_needed(
-        layout: HeadLayout, batch: int, length: int, t_max: int, dtype: torch.dtype
+        layout: HeadLayout,
+        batch: int,
+        length: int,
+        t_max: int,
+        dtype: torch.dtype,
+        min_rotations: int = 1,
     ) -> int:
         elem = torch.finfo(dtype).bits // 8
         tok = (
@@ -295,8 +316,7 @@ class Workload:
             else (layout.d + layout.rope) * elem
         )
         kv = batch * (length + t_max) * tok
-        n_rot = max(1, min(32, math.ceil(2 * L2_BYTES / max(kv, 1))))
-        return n_rot * kv
+        return rotations(kv, min_rotations) * kv
 
     def gather(self, cache: torch.Tensor, r: int, n: int) -> torch.Tensor:
         """Logical positions ``0..n-1`` of every request of rotation ``r``: ``[B, n, ...]``."""
@@ -1096,7 +1116,7 @@ class _Runner:
         opts = self.opts
         trees = list(trees)
         t_max = max(opts.trees)  # one cache layout per (layout, batch, L) whatever the group
-        need = Workload.bytes_needed(lay, b, n, t_max, opts.dtype)
+        need = Workload.bytes_needed(lay, b, n, t_max, opts.dtype, opts.min_rotations)
         free = _free_bytes(self.device)
         if self.over_budget() or need > 0.6 * free:
             reason = (
@@ -1110,8 +1130,9 @@ class _Runner:
                     self.error_row(p, self._name(lay, b, n, t), cfg, f"skipped: {reason}")
             return
         wl = Workload(
-            lay, b, n, t_max, opts.page_size, opts.dtype, self.device, opts.seed, opts.page_order
-        )
+            lay, b, n, t_max, opts.page_size, opts.dtype, self.device, opts.seed, opts.page_order,
+            opts.min_rotations,
+        )  # fmt: skip
         self.point_deadline = time.time() + opts.point_seconds
         try:
             for t in trees:

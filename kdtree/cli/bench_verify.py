@@ -48,6 +48,12 @@ def verify_attention(
         help="Each request's pages: 'random' (a permutation of the pool, a fragmented cache) "
         "or 'sequential' (consecutive, a cache allocated in order).",
     ),
+    min_rotations: int = typer.Option(
+        1,
+        "--min-rotations",
+        help="Rotate at least this many disjoint copies of the KV pages (default: as many as "
+        "keep 2 x L2 of KV in rotation, so one copy above 120 MB).",
+    ),
     max_seconds: float = typer.Option(
         360.0,
         "--max-seconds",
@@ -97,6 +103,10 @@ def verify_attention(
         defaults = (va.FULL_L, va.FULL_T, va.FULL_B)
     if page_order not in va.PAGE_ORDERS:
         raise typer.BadParameter(f"--page-order {page_order!r}: expected one of {va.PAGE_ORDERS}")
+    if not 1 <= min_rotations <= va.MAX_ROTATIONS:
+        raise typer.BadParameter(
+            f"--min-rotations {min_rotations}: expected 1..{va.MAX_ROTATIONS}"
+        )
     known, default = va.known_layouts(smoke)
     lay_names = tuple(x.strip() for x in layouts.split(",") if x.strip()) or tuple(default)
     bad = [x for x in lay_names if x not in known]
@@ -110,6 +120,7 @@ def verify_attention(
         batches=_ints(batches, defaults[2]),
         page_size=page_size,
         page_order=page_order,
+        min_rotations=min_rotations,
         max_seconds=max_seconds,
         all_points=all_points,
         seed=seed,

@@ -131,3 +131,40 @@ def test_page_order_reaches_the_rows():
     )
     res = va.run_suite(opts, torch.device("cpu"), log=lambda _m: None)
     assert {r.config["page_order"] for r in res.rows if r.metric == "time"} == {"sequential"}
+
+
+def test_min_rotations_keeps_more_page_sets():
+    assert va.rotations(4 * va.L2_BYTES) == 1  # a KV above 2 x L2: one set by default
+    assert va.rotations(4 * va.L2_BYTES, 3) == 3
+    assert va.rotations(va.L2_BYTES // 2) == 4 and va.rotations(1, 99) == va.MAX_ROTATIONS
+    lay = va.SMOKE_LAYOUTS["gqa_4q2kv_d32"]
+    cpu = torch.device("cpu")
+    w = va.Workload(lay, 2, 40, 3, 8, torch.float32, cpu, 0, min_rotations=3)
+    assert w.n_rot == 3 and len(w.tables) == 3
+    pages = torch.cat([t.flatten() for t in w.tables])  # three disjoint sets
+    assert sorted(pages.tolist()) == list(range(3 * 2 * w.pages_per_req))
+    assert va.Workload(lay, 2, 40, 3, 8, torch.float32, cpu, 0).n_rot == 2
+    need = va.Workload.bytes_needed(lay, 2, 40, 3, torch.float32, min_rotations=40)
+    assert need == va.MAX_ROTATIONS * w.kv_bytes
+    with pytest.raises(ValueError, match="min_rotations"):
+        va.Workload(lay, 1, 40, 3, 8, torch.float32, cpu, 0, min_rotations=0)
+    opts = va.Options(providers=("ours",), layouts=("gqa_4q2kv_d32",), lengths=(40,),
+                      trees=(3,), batches=(1,), dtype=torch.float32, smoke=True,
+                      min_rotations=3)  # fmt: skip
+    res = va.run_suite(opts, cpu, log=lambda _m: None)
+    assert {r.config["n_rot"] for r in res.rows if r.metric == "time"} == {3}
+
+
+def test_cli_min_rotations(tmp_path):
+    from typer.testing import CliRunner
+
+    from kdtree.cli.main import app
+
+    args = ["bench", "verify-attention", "--smoke", "--providers", "ours", "--layouts",
+            "gqa_4q2kv_d32", "--lengths", "40", "--trees", "3", "--batches", "1"]  # fmt: skip
+    bad = CliRunner().invoke(app, [*args, "--min-rotations", "0", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "--min-rotations" in bad.output
+    ok = CliRunner().invoke(app, [*args, "--min-rotations", "3", "--out", str(tmp_path)])
+    assert ok.exit_code == 0, ok.output
+    rows = (tmp_path / "verify_attention.csv").read_text()
+    assert '""n_rot"": 3' in rows
