@@ -1080,7 +1080,7 @@ else:
 # %% [markdown]
 # ### Sessions 30–32: the T=1 gap to SDPA is the paged TMA stream's own rate (measured)
 # Sessions 30 and 31 measured this and lost both machines' rows before they were committed;
-# session 32 measured it again (`tools/gpu/stages_s32a.txt` … `stages_s32e.txt`; rows in
+# session 32 measured it again (`tools/gpu/stages_s32a.txt` … `stages_s32f.txt`; rows in
 # `data/bench/logs/gqa_t1_session32.csv.gz`, `read_floor_decode_session32.csv`,
 # `splits_session32_calla.csv`):
 # * Call a, `a_t1forms` (T=1, batch 1 / 8, two rounds): the kernel as shipped (`v0`), the
@@ -1098,7 +1098,9 @@ else:
 #   grid's commit against main (`c_gridcommit`) and eight processes of each (`d_spread`, pages
 #   shuffled; `e_spread`, in order) show a run-to-run spread up to 1.23× at the batch-8 tree
 #   points with either commit and either page order (32q/8kv, T=17: under 1 %; batch 1 across
-#   calls a–c: within 3 %).
+#   calls a–c: within 3 %). Call f (`f_rot2`, `f_rot4`): two or four page sets in rotation
+#   (`--min-rotations`, new) instead of one leave it (up to 1.18×): not L2 keeping part of the
+#   set from one call to the next.
 
 # %%
 t1_32 = nb.data_path("bench", "logs", "gqa_t1_session32.csv.gz")
@@ -1119,7 +1121,7 @@ if t1_32.exists() and read32.exists() and splits32.exists():
         num[num["call"] == "a_pages"].astype({"page_size": int})
     )
     tables32["call a: split counts at T=1"] = ns.split_sweep_table(pd.read_csv(splits32))
-    tables32["calls d, e: the same points in eight processes"] = ns.run_spread_table(num)
+    tables32["calls d–f: the same points in separate processes"] = ns.run_spread_table(num)
     nb.show_tables(tables32)
 else:
     nb.note("The session-32 rows are not shipped (data/bench/logs/*session32*).")
