@@ -118,19 +118,16 @@ def test_page_order_lays_requests_out_in_order_or_permuted():
         va.Workload(lay, 1, 40, 3, 8, torch.float32, cpu, 0, page_order="reversed")
 
 
+def _time_configs(**opts) -> list[dict]:
+    """The time rows' configs of our kernel at one tiny point on the CPU under ``opts``."""
+    o = va.Options(providers=("ours",), layouts=("gqa_4q2kv_d32",), lengths=(40,), trees=(3,),
+                   batches=(1,), dtype=torch.float32, smoke=True, **opts)  # fmt: skip
+    res = va.run_suite(o, torch.device("cpu"), log=lambda _m: None)
+    return [r.config for r in res.rows if r.metric == "time"]
+
+
 def test_page_order_reaches_the_rows():
-    opts = va.Options(
-        providers=("ours",),
-        layouts=("gqa_4q2kv_d32",),
-        lengths=(40,),
-        trees=(3,),
-        batches=(1,),
-        dtype=torch.float32,
-        smoke=True,
-        page_order="sequential",
-    )
-    res = va.run_suite(opts, torch.device("cpu"), log=lambda _m: None)
-    assert {r.config["page_order"] for r in res.rows if r.metric == "time"} == {"sequential"}
+    assert {c["page_order"] for c in _time_configs(page_order="sequential")} == {"sequential"}
 
 
 def test_min_rotations_keeps_more_page_sets():
@@ -148,11 +145,7 @@ def test_min_rotations_keeps_more_page_sets():
     assert need == va.MAX_ROTATIONS * w.kv_bytes
     with pytest.raises(ValueError, match="min_rotations"):
         va.Workload(lay, 1, 40, 3, 8, torch.float32, cpu, 0, min_rotations=0)
-    opts = va.Options(providers=("ours",), layouts=("gqa_4q2kv_d32",), lengths=(40,),
-                      trees=(3,), batches=(1,), dtype=torch.float32, smoke=True,
-                      min_rotations=3)  # fmt: skip
-    res = va.run_suite(opts, cpu, log=lambda _m: None)
-    assert {r.config["n_rot"] for r in res.rows if r.metric == "time"} == {3}
+    assert {c["n_rot"] for c in _time_configs(min_rotations=3)} == {3}
 
 
 def test_cli_min_rotations(tmp_path):
