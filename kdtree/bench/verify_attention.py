@@ -56,6 +56,14 @@ def rotations(kv_bytes: int, min_rotations: int = 1) -> int:
     return min(MAX_ROTATIONS, max(min_rotations, math.ceil(2 * L2_BYTES / max(kv_bytes, 1))))
 
 
+def kv_token_bytes(layout: HeadLayout, dtype: torch.dtype) -> int:
+    """The paged cache's bytes a token: K and V of every KV head (GQA) or the latent + rope (MLA)."""
+    elem = torch.finfo(dtype).bits // 8
+    if layout.kind == "gqa":
+        return layout.hkv * layout.d * 2 * elem
+    return (layout.d + layout.rope) * elem
+
+
 #: How the bench lays each request's pages out in the pool (:class:`Options.page_order`).
 PAGE_ORDERS = ("random", "sequential")
 # Run order of the default grid (what a short budget must measure first): batch 1 at long
@@ -294,11 +302,7 @@ class Workload:
 
     @property
     def token_bytes(self) -> int:
-        lay = self.layout
-        elem = torch.finfo(self.dtype).bits // 8
-        if lay.kind == "gqa":
-            return lay.hkv * lay.d * 2 * elem
-        return (lay.d + lay.rope) * elem
+        return kv_token_bytes(self.layout, self.dtype)
 
     @staticmethod
     def bytes_needed(
@@ -309,13 +313,7 @@ class Workload:
         dtype: torch.dtype,
         min_rotations: int = 1,
     ) -> int:
-        elem = torch.finfo(dtype).bits // 8
-        tok = (
-            layout.hkv * layout.d * 2 * elem
-            if layout.kind == "gqa"
-            else (layout.d + layout.rope) * elem
-        )
-        kv = batch * (length + t_max) * tok
+        kv = batch * (length + t_max) * kv_token_bytes(layout, dtype)
         return rotations(kv, min_rotations) * kv
 
     def gather(self, cache: torch.Tensor, r: int, n: int) -> torch.Tensor:
