@@ -104,10 +104,6 @@ constexpr int BAR_EMPTY = 1;                    // + stage: consumers arrive, th
 constexpr int BAR_TURN = BAR_EMPTY + MAX_STAGES;  // + warpgroup: its turn to issue MMAs (256)
 constexpr int BAR_TAIL = BAR_TURN + 3;  // the tail warpgroup's own barrier (128)
 constexpr int BAR_Q = BAR_TAIL + 1;     // + warpgroup: its Q rows copied (128)
-// Q_FIRST (KDTREE_GQA_Q_FIRST=k, a measurement knob): the producer issues tiles 0 .. k-1, then
-// waits here until every consumer warpgroup's Q rows have landed (the producer's 128 threads and
-// each consumer warpgroup's 128: 128 * (CWG + 1))
-constexpr int BAR_QREADY = 15;
 // The tail warpgroup (tail_rows): up to TAIL_N query rows past the last whole 64-row block, as
 // the N of swapped-operand MMAs (m64n8 for at most 8 rows, else m64n16); its P buffers and
 // reduction scratch sit in the unused part of its Q region (rows >= TAIL_N of each 64-dim half).
@@ -171,7 +167,7 @@ struct Cfg {
   static_assert(!KEY_TAIL || (BN == 128 && CWG == 2 && !CLOCKS && 8 * (STAGES + 1) <= 64 &&
                               KT_RED + 128 <= 1024 && TAIL_REGS >= 24),
                 "the tail warpgroup: Wide's tiles, its barriers and scratch in Q^T's rows 4-7");
-  static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_Q + CWG <= BAR_QREADY,
+  static_assert(STAGES <= MAX_STAGES && BAR_TURN + CWG <= BAR_TAIL && BAR_Q + CWG <= 16,
                 "named barriers");
   static_assert(TAIL_P0 + (BN / 64) * 2048 <= TAIL_RED && TAIL_RED + 768 <= Q_REGION &&
                     TAIL_P1 + (BN / 64) * 2048 <= 2 * Q_REGION,
@@ -306,8 +302,6 @@ struct Params {
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
-  int q_first;               // measurement (KDTREE_GQA_Q_FIRST=k): the producer issues k tiles,
-                             // then waits for the consumers' Q (BAR_QREADY); -1 never waits
 };
 
 // Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
@@ -1325,7 +1319,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     gqa_split_kernel(const __grid_constant__ Params p) {
   constexpr int STAGES = C::STAGES, BN = C::BN;
   constexpr int CONSUMERS = C::CONSUMERS, THREADS = C::THREADS;
-  constexpr int THREADS_QREADY = CONSUMERS + 128;  // BAR_QREADY: the consumers and the producer
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   // (WideTail takes all 227 KB: no slack; dynamic shared memory starts 1024-aligned)
@@ -1416,9 +1409,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       // prefix tiles (and the page table, the prefix lengths) are read before it has finished,
       // the tree tokens' keys and values (which it may have written) after
       if (tile == ts.n_pre) griddep_wait();
-#ifndef KDTREE_GQA_PRODUCER_Q
-      if (tile == p.q_first) named_sync(BAR_QREADY, THREADS_QREADY);
-#endif
       const int st = tile % STAGES;
       const uint32_t bar = sBar + 8 * st;
       const uint32_t stage = sKV + st * C::SMEM_STAGE;
@@ -1469,12 +1459,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #else
   const bool idle = first < 0 || (p.ablate & 16);
 #endif
-  // (Q_FIRST: every consumer warpgroup arrives once its Q has landed, one without rows at once)
-  [[maybe_unused]] const bool q_ready = p.q_first >= 0 && p.q_first < n;
   if (idle) {  // no rows: keep the stage protocol only
-#ifndef KDTREE_GQA_PRODUCER_Q
-    if (q_ready) named_arrive(BAR_QREADY, THREADS_QREADY);
-#endif
     for (int tile = 0; tile < n; ++tile) {
       const int st = tile % STAGES;
       mbar_wait(sBar + 8 * st, (tile / STAGES) & 1);
@@ -1486,7 +1471,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #ifndef KDTREE_GQA_PRODUCER_Q
   if (n > 0)
     load_q<E>(sQ + w * 2 * Q_REGION, p, b, kvh, first, tail ? TAIL_N : WG_ROWS, w, tid & 127);
-  if (q_ready) named_arrive(BAR_QREADY, THREADS_QREADY);
 #endif
 #ifndef KDTREE_GQA_NO_TAIL
   if (tail) {
@@ -1844,8 +1828,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.pingpong = env_pingpong == nullptr ? 1 : (env_pingpong[0] == '0' ? 0 : (env_pingpong[0] == '2' ? 2 : 1));
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
-  const char* env_q_first = getenv("KDTREE_GQA_Q_FIRST");
-  p.q_first = env_q_first != nullptr && env_q_first[0] != '\0' ? atoi(env_q_first) : -1;
   // Whole prefix tiles go through TMA when a page holds >= 8 slots: a TMA box's key groups of 8
   // (kv_off) must not cross a page, so smaller pages keep the cp.async path. KDTREE_GQA_TMA=0
   // keeps every tile on cp.async; a layout the driver will not map does too, except under
