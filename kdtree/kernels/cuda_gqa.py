@@ -180,7 +180,12 @@ def _env_int(name: str, allowed: tuple[int, ...]) -> int | None:
     return int(raw)
 
 
-def launch_plan(rows: int) -> tuple[int, int]:
+#: Tall tiles (64 keys) a split streams from which :func:`launch_plan` takes the tail warpgroup
+#: for the 1-16 rows past two whole blocks (session 33, call b: 8q/1kv, T=17, 136 rows).
+TAIL_MIN_TILES = 32
+
+
+def launch_plan(rows: int, split_tiles: int | None = None) -> tuple[int, int]:
     """The split kernel's row layout for ``rows = G * T`` packed query rows: ``(wgs,
     tail_blocks)``. ``wgs`` consumer warpgroups a CTA: 2 (128 rows, 128-key tiles) for fewer
     than three 64-row blocks, or when the rows fill whole 128-row CTAs but not whole 192-row ones;
@@ -200,6 +205,17 @@ def launch_plan(rows: int) -> tuple[int, int]:
     ``[3 blocks] [1 block + tail]``, 5-9 % faster from 64k keys; more whole blocks, e.g. T=257,
     have the same last CTA but were not measured); elsewhere the padded block was as fast or
     faster (the tail warpgroup's own chain of barriers per tile then sets the CTA's pace).
+    Also taken: two whole blocks and 1-16 rows in one three-warpgroup CTA (``[2 blocks + tail]``
+    instead of ``[2 blocks + a padded one]``, e.g. 8q/1kv, T=17, 136 rows) where each split
+    streams at least :data:`TAIL_MIN_TILES` tiles (``split_tiles``, the prefix tiles a split
+    from the static prefix bound; None: not known, padded). Session 33, call b
+    (``bash tools/gpu/ab_envs.sh OUT 3 KDTREE_GQA_TAIL= KDTREE_GQA_TAIL=1 -- --layouts
+    gqa_8q1kv_d128 --trees 17 --batches 1,8 ...``): the tail 3.3-5.7 % faster at batch 8 from
+    64k keys (64-256 tiles a split), 1.3-1.4 % at 32 tiles (batch 8, 32k; batch 1, 256k), 0.3-2.1 %
+    slower at 16 (batch 1, 16k-128k; batch 8, 16k): the padded block's MMAs (192 rows for 136)
+    outpace the KV stream at batch 8 (~264 against ~256 us at 256k), the tail's own chain of
+    barriers weighs on short splits. With two warpgroups (one whole block and a tail: 8q/1kv,
+    T=9; 32q/8kv, T=17) the tail was 1.2-1.4x slower and is not taken.
 
     Measurement knobs: ``KDTREE_GQA_WARPGROUPS=2|3`` forces the shape, ``KDTREE_GQA_TAIL=0|1``
     turns the tail off or on (on: three blocks a CTA unless ``KDTREE_GQA_BLOCKS=1|2|3``)."""
@@ -211,6 +227,8 @@ def launch_plan(rows: int) -> tuple[int, int]:
     wgs = forced_wgs or (3 if math.ceil(rows / 64) >= 3 and not whole_wide else 2)
     fits = n_full >= 1 and 1 <= rest <= TAIL_ROWS
     measured = wgs == 3 and n_full >= 4 and n_full % 3 == 1
+    long_splits = split_tiles is not None and split_tiles >= TAIL_MIN_TILES
+    measured = measured or (wgs == 3 and n_full == 2 and long_splits)
     if not fits or forced_tail == 0 or (forced_tail is None and not measured):
         return wgs, 0
     return wgs, min(forced_k or 3, wgs)
@@ -278,15 +296,21 @@ def split_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     return 1 < num_splits <= MERGE_MAX_SPLITS // 2 and merge != 0
 
 
-def launch_layout(rows: int, num_splits: int, merge: int | None = None) -> tuple[int, int, int]:
-    """What a launch of ``num_splits`` splits runs: ``(wgs, tail_blocks, split)``, the
-    :func:`launch_plan` layout (``split`` 0), ``(3, 2, 1)`` with :func:`split_tail` or
-    ``(2, 2, 2)`` with :func:`key_tail` (the C launcher's ``split_tail`` argument)."""
+def launch_layout(
+    rows: int, num_splits: int, merge: int | None = None, max_len: int | None = None
+) -> tuple[int, int, int]:
+    """What a launch of ``num_splits`` splits over a page table of ``max_len`` keys (None: not
+    known) runs: ``(wgs, tail_blocks, split)``, the :func:`launch_plan` layout (``split`` 0),
+    ``(3, 2, 1)`` with :func:`split_tail` or ``(2, 2, 2)`` with :func:`key_tail` (the C
+    launcher's ``split_tail`` argument)."""
     if key_tail(rows, num_splits, merge):
         return 2, 2, 2
     if split_tail(rows, num_splits, merge):
         return 3, 2, 1
-    return (*launch_plan(rows), 0)
+    tiles = None
+    if max_len is not None:  # (the Tall shape's tiles: only its layout reads them)
+        tiles = math.ceil(math.ceil(max_len / SHAPES[3][1]) / max(num_splits, 1))
+    return (*launch_plan(rows, tiles), 0)
 
 
 #: The most launch heads :func:`q_groups` makes of one KV head's query heads.
@@ -360,7 +384,7 @@ def plan_launch(
     merge = merge_for(s)
     if r > 1 and not key_tail(rows, s, merge):  # a forced count the head groups' layout lacks
         r, heads, rows = 1, num_kv_heads, group * t
-    wgs, tail_blocks, split = launch_layout(rows, s, merge)
+    wgs, tail_blocks, split = launch_layout(rows, s, merge, max_len)
     # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs
     grid_x = 2 if split == 2 else row_ctas(rows, wgs, tail_blocks)
     merge = resolve_merge(merge, batch * heads * grid_x * s, num_sms)

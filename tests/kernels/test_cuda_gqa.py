@@ -268,8 +268,21 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     assert cuda_gqa.launch_plan(1024) == (2, 0) and cuda_gqa.row_ctas(1024, 2, 0) == 8
     assert cuda_gqa.row_ctas(200, 3, 3) == 2  # three whole blocks fill the CTA: the tail alone
     assert cuda_gqa.row_ctas(8, 2, 1) == 1  # no whole block: the tail alone
+    # two whole blocks and 1-16 rows in one three-warpgroup CTA: the tail where splits are long
+    tiles = cuda_gqa.TAIL_MIN_TILES
+    assert cuda_gqa.launch_plan(136, tiles) == (3, 3) and cuda_gqa.row_ctas(136, 3, 3) == 1
+    assert cuda_gqa.launch_plan(144, tiles) == (3, 3)  # 16 rows: the most the tail takes
+    assert cuda_gqa.launch_plan(136, tiles - 1) == (3, 0)  # short splits: padded
+    assert cuda_gqa.launch_plan(145, 4 * tiles) == (3, 0)  # 17 rows: padded
+    assert cuda_gqa.launch_plan(68, 4 * tiles) == (2, 0)  # two warpgroups: measured slower
+    assert cuda_gqa.launch_plan(392, 4 * tiles) == (3, 0)  # six whole blocks and 8 rows: padded
+    # launch_layout counts the Tall tiles a split streams of the static prefix bound
+    assert cuda_gqa.launch_layout(136, 16, max_len=32 * 1024) == (3, 3, 0)  # 32 tiles a split
+    assert cuda_gqa.launch_layout(136, 16, max_len=16 * 1024) == (3, 0, 0)  # 16
+    assert cuda_gqa.launch_layout(136, 16) == (3, 0, 0)  # not known
     monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
     assert cuda_gqa.launch_plan(260) == (3, 0)
+    assert cuda_gqa.launch_plan(136, 4 * tiles) == (3, 0)
     monkeypatch.setenv("KDTREE_GQA_TAIL", "1")
     assert cuda_gqa.launch_plan(520) == (3, 3) and cuda_gqa.launch_plan(68) == (2, 2)
     assert cuda_gqa.launch_plan(256) == (2, 0)  # nothing left past the blocks
@@ -285,6 +298,32 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     monkeypatch.setenv("KDTREE_GQA_BLOCKS", "4")
     with pytest.raises(ValueError, match="KDTREE_GQA_BLOCKS"):
         cuda_gqa.launch_plan(260)
+
+
+def test_plan_launch_takes_the_tail_on_long_splits(monkeypatch):
+    """8q/1kv, T=17 (136 rows) takes [2 blocks + the tail warpgroup] where each split streams
+    at least TAIL_MIN_TILES tiles (session 33, call b): batch 8 from 32k, batch 32 from 16k,
+    batch 1 at 256k; padded elsewhere. The split count is the padded layout's (both cost three
+    blocks a CTA), so only the layout changes."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
+        monkeypatch.delenv(name, raising=False)
+    got = {
+        (b, n): cuda_gqa.plan_launch(b, 17, 8, 1, n * 1024, 132)
+        for b, n in ((1, 16), (1, 128), (1, 256), (8, 16), (8, 32), (8, 256), (32, 16))
+    }
+    tails = {key: (p.wgs, p.tail_blocks) for key, p in got.items()}
+    assert tails == {
+        (1, 16): (3, 0), (1, 128): (3, 0), (1, 256): (3, 3),
+        (8, 16): (3, 0), (8, 32): (3, 3), (8, 256): (3, 3), (32, 16): (3, 3),
+    }  # fmt: skip
+    monkeypatch.setenv("KDTREE_GQA_TAIL", "0")
+    for (b, n), p in got.items():
+        q = cuda_gqa.plan_launch(b, 17, 8, 1, n * 1024, 132)
+        assert (q.tail_blocks, q.num_splits, q.workspace_numel) == (
+            0,
+            p.num_splits,
+            p.workspace_numel,
+        )
 
 
 def test_q_groups_and_plan_launch(monkeypatch):
@@ -586,6 +625,23 @@ def test_tail_warpgroup_matches_fp64(tail, case, gen, monkeypatch):
     m64n16 MMAs, KDTREE_GQA_TAIL=1) and padded to a block (=0) both match fp64."""
     monkeypatch.setenv("KDTREE_GQA_TAIL", tail)
     _run(case, torch.bfloat16, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("t", [17, 18])  # 8 and 16 rows past two whole blocks
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_long_splits_take_the_tail_by_default(t, dtype, gen, monkeypatch):
+    """Two requests whose two splits stream over TAIL_MIN_TILES tiles each take the tail
+    warpgroup by default (no knob) and match fp64, eagerly and graph-captured."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
+        monkeypatch.delenv(name, raising=False)
+    case = ([4200, 1900], t, 8, 1, 16, 2)
+    max_len = (-(-(max(case[0]) + t) // 16) + 1) * 16  # gqa_inputs' page table (one spare page)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert cuda_gqa.plan_launch(2, t, 8, 1, max_len, sms, 2).tail_blocks == 3
+    _run(case, dtype, gen)
+    _run(case, dtype, gen, graph=True)
 
 
 SPLIT_TAIL_CASES = [  # four whole blocks and a tail: [2 + even tail tiles] [2 + odd ones]
