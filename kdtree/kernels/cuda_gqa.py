@@ -181,8 +181,11 @@ def _env_int(name: str, allowed: tuple[int, ...]) -> int | None:
 
 
 #: Tall tiles (64 keys) a split streams from which :func:`launch_plan` takes the tail warpgroup
-#: for the 1-16 rows past two whole blocks (session 33, call b: 8q/1kv, T=17, 136 rows).
+#: for the 1-8 rows (:data:`TAIL_LONG_ROWS`) past two whole blocks (session 33, calls b-c).
 TAIL_MIN_TILES = 32
+#: The most rows past two whole blocks that rule takes (its m64n8 MMAs; 16 rows' m64n16 were
+#: 11-17 % slower than the padded block, session 33 call c).
+TAIL_LONG_ROWS = 8
 
 
 def launch_plan(rows: int, split_tiles: int | None = None) -> tuple[int, int]:
@@ -205,17 +208,20 @@ def launch_plan(rows: int, split_tiles: int | None = None) -> tuple[int, int]:
     ``[3 blocks] [1 block + tail]``, 5-9 % faster from 64k keys; more whole blocks, e.g. T=257,
     have the same last CTA but were not measured); elsewhere the padded block was as fast or
     faster (the tail warpgroup's own chain of barriers per tile then sets the CTA's pace).
-    Also taken: two whole blocks and 1-16 rows in one three-warpgroup CTA (``[2 blocks + tail]``
-    instead of ``[2 blocks + a padded one]``, e.g. 8q/1kv, T=17, 136 rows) where each split
-    streams at least :data:`TAIL_MIN_TILES` tiles (``split_tiles``, the prefix tiles a split
-    from the static prefix bound; None: not known, padded). Session 33, call b
+    Also taken: two whole blocks and 1-8 rows in one three-warpgroup CTA (``[2 blocks + tail]``
+    instead of ``[2 blocks + a padded one]``, e.g. 8q/1kv, T=17, 136 rows; 32q/8kv, T=33, 132)
+    where each split streams at least :data:`TAIL_MIN_TILES` tiles (``split_tiles``, the prefix
+    tiles a split from the static prefix bound; None: not known, padded). Session 33, call b
     (``bash tools/gpu/ab_envs.sh OUT 3 KDTREE_GQA_TAIL= KDTREE_GQA_TAIL=1 -- --layouts
     gqa_8q1kv_d128 --trees 17 --batches 1,8 ...``): the tail 3.3-5.7 % faster at batch 8 from
     64k keys (64-256 tiles a split), 1.3-1.4 % at 32 tiles (batch 8, 32k; batch 1, 256k), 0.3-2.1 %
     slower at 16 (batch 1, 16k-128k; batch 8, 16k): the padded block's MMAs (192 rows for 136)
     outpace the KV stream at batch 8 (~264 against ~256 us at 256k), the tail's own chain of
-    barriers weighs on short splits. With two warpgroups (one whole block and a tail: 8q/1kv,
-    T=9; 32q/8kv, T=17) the tail was 1.2-1.4x slower and is not taken.
+    barriers weighs on short splits. Call c (this rule against ``KDTREE_GQA_TAIL=0``): 8q/1kv,
+    T=17 1.7-8.7 % less time where it applies (batch 32 at 256k the most), 32q/8kv, T=33 2.8-7.4 %;
+    but 16 rows (8q/1kv, T=18: m64n16 MMAs) 11-17 % more, hence :data:`TAIL_LONG_ROWS`. With two
+    warpgroups (one whole block and a tail: 8q/1kv, T=9; 32q/8kv, T=17) the tail was 1.2-1.4x
+    slower and is not taken.
 
     Measurement knobs: ``KDTREE_GQA_WARPGROUPS=2|3`` forces the shape, ``KDTREE_GQA_TAIL=0|1``
     turns the tail off or on (on: three blocks a CTA unless ``KDTREE_GQA_BLOCKS=1|2|3``)."""
@@ -228,7 +234,7 @@ def launch_plan(rows: int, split_tiles: int | None = None) -> tuple[int, int]:
     fits = n_full >= 1 and 1 <= rest <= TAIL_ROWS
     measured = wgs == 3 and n_full >= 4 and n_full % 3 == 1
     long_splits = split_tiles is not None and split_tiles >= TAIL_MIN_TILES
-    measured = measured or (wgs == 3 and n_full == 2 and long_splits)
+    measured = measured or (wgs == 3 and n_full == 2 and rest <= TAIL_LONG_ROWS and long_splits)
     if not fits or forced_tail == 0 or (forced_tail is None and not measured):
         return wgs, 0
     return wgs, min(forced_k or 3, wgs)

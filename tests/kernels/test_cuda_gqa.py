@@ -271,7 +271,8 @@ def test_launch_plan_and_row_ctas(monkeypatch):
     # two whole blocks and 1-16 rows in one three-warpgroup CTA: the tail where splits are long
     tiles = cuda_gqa.TAIL_MIN_TILES
     assert cuda_gqa.launch_plan(136, tiles) == (3, 3) and cuda_gqa.row_ctas(136, 3, 3) == 1
-    assert cuda_gqa.launch_plan(144, tiles) == (3, 3)  # 16 rows: the most the tail takes
+    assert cuda_gqa.launch_plan(132, tiles) == (3, 3)  # 32q/8kv, T=33: 4 rows
+    assert cuda_gqa.launch_plan(144, 4 * tiles) == (3, 0)  # 16 rows (m64n16): measured slower
     assert cuda_gqa.launch_plan(136, tiles - 1) == (3, 0)  # short splits: padded
     assert cuda_gqa.launch_plan(145, 4 * tiles) == (3, 0)  # 17 rows: padded
     assert cuda_gqa.launch_plan(68, 4 * tiles) == (2, 0)  # two warpgroups: measured slower
@@ -629,17 +630,19 @@ def test_tail_warpgroup_matches_fp64(tail, case, gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("t", [17, 18])  # 8 and 16 rows past two whole blocks
+# 8 and 4 rows past two whole blocks (8q/1kv, T=17; 32q/8kv, T=33): t, hq, hkv
+@pytest.mark.parametrize("shape", [(17, 8, 1), (33, 32, 8)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_long_splits_take_the_tail_by_default(t, dtype, gen, monkeypatch):
+def test_long_splits_take_the_tail_by_default(shape, dtype, gen, monkeypatch):
     """Two requests whose two splits stream over TAIL_MIN_TILES tiles each take the tail
     warpgroup by default (no knob) and match fp64, eagerly and graph-captured."""
     for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_BLOCKS"):
         monkeypatch.delenv(name, raising=False)
-    case = ([4200, 1900], t, 8, 1, 16, 2)
+    t, hq, hkv = shape
+    case = ([4200, 1900], t, hq, hkv, 16, 2)
     max_len = (-(-(max(case[0]) + t) // 16) + 1) * 16  # gqa_inputs' page table (one spare page)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert cuda_gqa.plan_launch(2, t, 8, 1, max_len, sms, 2).tail_blocks == 3
+    assert cuda_gqa.plan_launch(2, t, hq, hkv, max_len, sms, 2).tail_blocks == 3
     _run(case, dtype, gen)
     _run(case, dtype, gen, graph=True)
 

@@ -37,6 +37,8 @@ CASES = [  # prefix lengths, T, Hq, Hkv, page size, splits
     ([977, 1900], 65, 32, 8, 16, 3),
     ([2000, 7], 65, 4, 1, 1, 40),  # page size 1 (cp.async), one-tile and empty splits
     ([1234], 257, 1, 1, 64, 5),  # 257 rows (MHA, T=257): one row past the blocks
+    # 136 rows, splits of >= 32 tiles: [2 blocks + the tail warpgroup] by default (session 33)
+    ([4200, 1900], 17, 8, 1, 16, 2),
 ]
 
 
