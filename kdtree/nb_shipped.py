@@ -1301,6 +1301,23 @@ def run_spread_table(rows: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def replace_rows(rows: pd.DataFrame, replacement: pd.DataFrame) -> pd.DataFrame:
+    """Bench rows with every (``name``, ``provider``) that ``replacement`` has taken from it
+    instead: e.g. a whole grid as it was before some of its points ran again (session 33's
+    8q/1kv, T=17 rows of ``verify_grid.csv.gz`` put back to session 27's). Each replaced pair
+    must be in ``rows``."""
+    need = {"name", "provider"}
+    require_columns(rows, need, "rows")
+    require_columns(replacement, need, "replacement")
+    keys = pd.MultiIndex.from_frame(replacement[["name", "provider"]].drop_duplicates())
+    have = pd.MultiIndex.from_frame(rows[["name", "provider"]])
+    missing = keys.difference(have.unique())
+    if len(missing):
+        raise ValueError(f"replacement rows for pairs the rows lack: {list(missing)[:3]}")
+    kept = rows[~have.isin(keys)]
+    return pd.concat([kept, replacement], ignore_index=True)
+
+
 def tree_build_table(df: pd.DataFrame) -> pd.DataFrame:
     """Heap vs every device builder of ``tree_build.csv``: ms per step by (batch, budget) and
     provider, plus the fastest device provider and its speed-up over the heap."""

@@ -878,9 +878,10 @@ else:
 # ### The issue's whole grid in one run (sessions 26-29)
 # Every point of the issue's grid — L 1k-256k, T 1 / 9 / 17 / 65 / 257, batch 1 / 8 / 32, GQA
 # 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (GQA: session
-# 27's call e, `tools/gpu/stages_s27e.txt`; MLA: session 29's call g, `stages_s29g.txt`, with the
-# tail CTA at h·T ≤ 16 and one wave of splits at T=65; the slow peers `ref`, SDPA,
-# FlexAttention and the eager MLA form in their default domains). The first heatmaps are our
+# 27's call e, `tools/gpu/stages_s27e.txt`, but the CUDA kernel's rows at 8q/1kv, T=17, 16k-256k,
+# which are session 33's call d, after its tail rule, below; MLA: session 29's call g,
+# `stages_s29g.txt`, with the tail CTA at h·T ≤ 16 and one wave of splits at T=65; the slow peers
+# `ref`, SDPA, FlexAttention and the eager MLA form in their default domains). The first heatmaps are our
 # fastest provider's speed-up over the fastest complete peer (red below 1: the peer was faster),
 # the second ones our fraction of the floor. Session 26 ran the grid first: calls a-b before its
 # split rules (`data/bench/logs/verify_grid_session26_callab.csv.gz`) and call e after them
@@ -1125,6 +1126,45 @@ if t1_32.exists() and read32.exists() and splits32.exists():
     nb.show_tables(tables32)
 else:
     nb.note("The session-32 rows are not shipped (data/bench/logs/*session32*).")
+
+# %% [markdown]
+# ### Session 33: the order of the first copies (measured), the tail warpgroup on long splits (shipped)
+# Alternating runs in one call each (`tools/gpu/stages_s33a.txt` … `stages_s33d.txt`; rows in
+# `data/bench/logs/gqa_ab_session33.csv.gz`):
+# * Call a, `a_qfirst`: the producer issuing k tiles, then waiting until every consumer
+#   warpgroup's Q has landed (`KDTREE_GQA_Q_FIRST`, a knob since taken out: `v1` k=0, `v2` k=1,
+#   `v3` k=2) against every copy at once (`v0`): up to 12 % slower at k=0, never faster.
+# * Call b, `b_tail8q` / `b_tail32q`: the rows past the last whole block in the tail warpgroup
+#   (`v1`, `KDTREE_GQA_TAIL=1`) where the launch padded them (`v0`). At 8q/1kv, T=17 (Tall: two
+#   blocks and 8 rows) it wins where a split streams ≥ 32 tiles and loses on 16-tile splits;
+#   with two warpgroups (8q/1kv, T=9; 32q/8kv, T=17) it loses everywhere from 64k.
+# * Call c: the rule shipped from call b (`v1`: the tail for 1-16 rows past two blocks where a
+#   split streams ≥ 32 tiles) against `KDTREE_GQA_TAIL=0` (`v0`): 8q/1kv, T=17 (`c_t17`) and
+#   32q/8kv, T=33 (`c_t33`, 4 rows) faster wherever it applies; 16 rows (8q/1kv, T=18, `c_t18`,
+#   m64n16 MMAs) 11-17 % slower, so the rule takes 1-8 rows.
+# * Call d re-ran the grid's points the rule changes (8q/1kv, T=17, our two providers); the last
+#   table is the grid with those rows against the same grid with session 27's put back.
+
+# %%
+ab33 = nb.data_path("bench", "logs", "gqa_ab_session33.csv.gz")
+old_t17 = nb.data_path("bench", "logs", "verify_grid_session27_calle_8q1kv_t17_ours_gqa.csv.gz")
+if ab33.exists() and old_t17.exists() and grid is not None:
+    tables33 = ns.ab_call_tables(pd.read_csv(ab33), {
+        "a_qfirst": "every copy at once (v0) against Q first after k = 0 / 1 / 2 tiles (v1-v3)",
+        "b_tail8q": "8q/1kv: padded (v0) against the tail warpgroup (v1)",
+        "b_tail32q": "32q/8kv, T=17: padded (v0) against the tail warpgroup (v1)",
+        "c_t17": "8q/1kv, T=17: KDTREE_GQA_TAIL=0 (v0) against the shipped rule (v1)",
+        "c_t33": "32q/8kv, T=33: the same",
+        "c_t18": "8q/1kv, T=18 (16 rows): the same, with call c's first form of the rule",
+    })  # fmt: skip
+    old_rows = pd.read_csv(old_t17, dtype=str, keep_default_na=False)
+    grid27 = ns.grid_vs_peers(ns.verify_rows(ns.replace_rows(grid_rows, old_rows)))
+    tables33["the grid against itself with session 27's 8q/1kv, T=17 rows (new / old)"] = (
+        ns.grid_change_table(grid27, grid)
+    )
+    nb.show_tables(tables33)
+else:
+    nb.note("The session-33 rows are not shipped (data/bench/logs/*session33*).")
 
 # %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,

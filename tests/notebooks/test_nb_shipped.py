@@ -846,3 +846,18 @@ def test_run_spread_table():
     assert t["within_run"] == pytest.approx(1.1)
     with pytest.raises(ValueError, match="no timing rows"):
         ns.run_spread_table(rows[rows["run"] == ""])
+
+
+def test_replace_rows():
+    def row(name, provider, ms):
+        return {"name": name, "provider": provider, "metric": "time", "p50": ms}
+
+    rows = pd.DataFrame([row("a", "ours", 1.0), row("a", "peer", 2.0), row("b", "ours", 3.0)])
+    old = pd.DataFrame([row("a", "ours", 1.5)])
+    got = ns.replace_rows(rows, old)
+    assert len(got) == 3
+    assert got.set_index(["name", "provider"])["p50"].to_dict() == {
+        ("a", "peer"): 2.0, ("b", "ours"): 3.0, ("a", "ours"): 1.5,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="lack"):
+        ns.replace_rows(rows, pd.DataFrame([row("c", "ours", 1.0)]))
