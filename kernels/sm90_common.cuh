@@ -1007,15 +1007,12 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_twopass_kernel(con
 // barriers. Session 23, call b: 16 entries a batch at two CTAs an SM was never faster, and
 // 5.5-5.9 us slower where its 520 CTAs took two waves.)
 constexpr int MERGE_BATCH = 8;
-// The wide form (session 33): MERGE_WIDE_THREADS threads, MERGE_WIDE_BATCH entries a batch, so a
-// row of up to MERGE_WIDE_ENTRIES entries (8q/1kv, T=17's 129 splits) is one batch, where the
-// 256-thread form takes three; two CTAs an SM, one wave up to 2 x SMs rows (launch_merge_splits).
-constexpr int MERGE_WIDE_THREADS = 512, MERGE_WIDE_BATCH = 9;
-template <typename E, int D, typename P, int THREADS = MERGE_THREADS, int BATCH = MERGE_BATCH>
-__global__ void __launch_bounds__(THREADS, 1024 / THREADS) merge_splits_kernel(const MergeParams p) {
-  static_assert(D % 4 == 0 && THREADS % (D / 4) == 0, "float4 columns tile the block");
+template <typename E, int D, typename P>
+__global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const MergeParams p) {
+  constexpr int BATCH = MERGE_BATCH;
+  static_assert(D % 4 == 0 && MERGE_THREADS % (D / 4) == 0, "float4 columns tile the block");
   constexpr int COLS = D / 4;
-  constexpr int GROUPS = THREADS / COLS;
+  constexpr int GROUPS = MERGE_THREADS / COLS;
   __shared__ float4 red[GROUPS > 1 ? GROUPS - 1 : 1][COLS];
   __shared__ float2 red_ms[GROUPS];  // each group's (max, sum)
   griddep_wait();  // the split kernel's partials
@@ -1151,24 +1148,6 @@ static inline bool merge_by_warp_allowed() {
   return env == nullptr || env[0] != '0';
 }
 
-// Whether the one-pass merge takes its wide form (MERGE_WIDE_THREADS): where a row's `entries`
-// need more than one batch of the 256-thread form but fit one of the wide form's, and the `ctas`
-// rows fit one wave at two CTAs an SM. KDTREE_CUDA_MERGE_WIDE=0 never, =1 wherever the entries
-// are more than one batch (a measurement knob, session 33).
-static inline bool merge_wide(int entries, int d, int64_t ctas) {
-  const char* env = getenv("KDTREE_CUDA_MERGE_WIDE");
-  if (env != nullptr && env[0] == '0') return false;
-  const int narrow = MERGE_BATCH * (MERGE_THREADS / (d / 4));
-  const int wide = MERGE_WIDE_BATCH * (MERGE_WIDE_THREADS / (d / 4));
-  if (entries <= narrow) return false;
-  if (env != nullptr && env[0] == '1') return true;
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return false;
-  return entries <= wide && ctas <= 2 * static_cast<int64_t>(sms);
-}
-
 // Whether the split kernels (GQA; the seesaw MLA kernel since session 28) launch as programmatic
 // dependents of the kernel before them: unless KDTREE_CUDA_SPLIT_PDL=0 (read at every launch; a
 // CUDA graph keeps what it captured). The launchers' comments give the caller's contract.
@@ -1213,9 +1192,6 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   if constexpr (std::is_same<P, float>::value) {  // fp32 partials (MLA): the two-pass merge
     return launch_kernel(merge_splits_twopass_kernel<E, D, P>, grid, block, 0, stream, pdl, p);
   } else {  // 16-bit partials (GQA): the one-pass merge
-    if (merge_wide(entries, D, static_cast<int64_t>(grid.x) * grid.y))
-      return launch_kernel(merge_splits_kernel<E, D, P, MERGE_WIDE_THREADS, MERGE_WIDE_BATCH>,
-                           grid, dim3(MERGE_WIDE_THREADS), 0, stream, pdl, p);
     return launch_kernel(merge_splits_kernel<E, D, P>, grid, block, 0, stream, pdl, p);
   }
 }

@@ -818,30 +818,6 @@ def test_merge_by_warp_and_by_cta(by_warp, merge, gen, monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("wide", ["", "0", "1"])
-@pytest.mark.parametrize("merge", ["plain", "pdl"])
-def test_merge_wide_form(wide, merge, gen, monkeypatch):
-    """The one-pass merge's wide form (512 threads, 9 entries a batch: one batch up to 144
-    entries; KDTREE_CUDA_MERGE_WIDE unset picks it by entries and rows, =0 never, =1 wherever a
-    row has more than 64 entries) matches fp64 on both sides of its bounds: 64 / 65 entries, 129
-    (8q/1kv T=17's count), 144 / 145, shadow rows of 140 entries, rows beyond one wave (two KV
-    heads x 136 rows), a request without keys; graph-captured."""
-    monkeypatch.setenv("KDTREE_CUDA_MERGE_WIDE", wide)
-    monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
-    for case in (
-        ([5000], 17, 8, 1, 16, 64),
-        ([5000, 300], 17, 8, 1, 16, 65),
-        ([9000], 17, 8, 1, 16, 129),
-        ([9000, 0], 17, 8, 1, 16, 144),
-        ([9500], 17, 8, 1, 16, 145),
-        ([9000], 65, 32, 8, 16, 70),  # the key tail's shadow rows: 140 entries
-        ([9000], 17, 16, 2, 16, 129),  # 272 row CTAs: past one wave at two an SM
-    ):
-        _run(case, torch.bfloat16, gen, graph=True)
-
-
-@pytest.mark.gpu
-@needs_sm90
 # (whole blocks a CTA are capped at the warpgroups: 2 warpgroups x 3 blocks is 2 x 2)
 @pytest.mark.parametrize(
     "wgs,blocks", [("2", "1"), ("2", "2"), ("3", "1"), ("3", "2"), ("3", "3")]
