@@ -1128,8 +1128,8 @@ else:
     nb.note("The session-32 rows are not shipped (data/bench/logs/*session32*).")
 
 # %% [markdown]
-# ### Session 33: the order of the first copies (measured), the tail warpgroup on long splits (shipped)
-# Alternating runs in one call each (`tools/gpu/stages_s33a.txt` … `stages_s33d.txt`; rows in
+# ### Session 33: the order of the first copies and a wide merge (measured), the tail warpgroup on long splits (shipped)
+# Alternating runs in one call each (`tools/gpu/stages_s33a.txt` … `stages_s33e.txt`; rows in
 # `data/bench/logs/gqa_ab_session33.csv.gz`):
 # * Call a, `a_qfirst`: the producer issuing k tiles, then waiting until every consumer
 #   warpgroup's Q has landed (`KDTREE_GQA_Q_FIRST`, a knob since taken out: `v1` k=0, `v2` k=1,
@@ -1144,6 +1144,9 @@ else:
 #   m64n16 MMAs) 11-17 % slower, so the rule takes 1-8 rows.
 # * Call d re-ran the grid's points the rule changes (8q/1kv, T=17, our two providers); the last
 #   table is the grid with those rows against the same grid with session 27's put back.
+# * Call e, `e_wide`: a 512-thread one-pass merge taking up to 144 entries a row in one batch
+#   (`v1`, a form since taken out) against the 256-thread one's three batches for 129 entries
+#   (`v0`): nothing at T=17, 1-2 % at T=1 / 9.
 
 # %%
 ab33 = nb.data_path("bench", "logs", "gqa_ab_session33.csv.gz")
@@ -1156,6 +1159,7 @@ if ab33.exists() and old_t17.exists() and grid is not None:
         "c_t17": "8q/1kv, T=17: KDTREE_GQA_TAIL=0 (v0) against the shipped rule (v1)",
         "c_t33": "32q/8kv, T=33: the same",
         "c_t18": "8q/1kv, T=18 (16 rows): the same, with call c's first form of the rule",
+        "e_wide": "8q/1kv, batch 1: the 256-thread merge (v0) against the wide form (v1)",
     })  # fmt: skip
     old_rows = pd.read_csv(old_t17, dtype=str, keep_default_na=False)
     grid27 = ns.grid_vs_peers(ns.verify_rows(ns.replace_rows(grid_rows, old_rows)))
