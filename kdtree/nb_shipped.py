@@ -869,7 +869,7 @@ def hypothesis_findings(hvg: pd.DataFrame, gap_ms: float) -> list[str]:
 
 
 #: What each session-9 device call measured of the wgmma MLA split kernel
-#: (``data/bench/logs/mla_phases_session9.csv``, ``tools/gpu/stages_s9<call>.txt``).
+#: (``data/bench/logs/mla_phases_session9.csv.gz``, ``tools/gpu/stages_s9<call>.txt``).
 MLA_WGMMA_VERSIONS = {
     "c": "S split by keys (2 x m64n32); the consumers issue the copies",
     "d": "the copies issued under the S MMAs",
@@ -939,7 +939,7 @@ def mla_wgmma_phases(
 
 def mla_seesaw_history(df: pd.DataFrame, point: str = "h16:131072:65") -> pd.DataFrame:
     """One row per session-10 version of the seesaw MLA kernel at ``point`` (``heads:L:T``;
-    ``mla_phases_session10.csv``): call, version, the graph-replayed time, the slower warpgroup's
+    ``mla_phases_session10.csv.gz``): call, version, the graph-replayed time, the slower warpgroup's
     cycles per KV tile, and what the ablations took out (the time without the KV copies past
     tile 1, without the S MMAs; ``rest_us`` = with neither)."""
     need = {"call", "version", "point", "ms_ablate0", "ms_ablate1", "ms_ablate2", "ms_ablate3"}
@@ -960,7 +960,7 @@ def mla_seesaw_history(df: pd.DataFrame, point: str = "h16:131072:65") -> pd.Dat
 
 
 #: What each session-11 device call measured of the CUDA GQA kernel
-#: (``data/bench/logs/gqa_phases_session11.csv``, ``tools/gpu/stages_s11<call>.txt``).
+#: (``data/bench/logs/gqa_phases_session11.csv.gz``, ``tools/gpu/stages_s11<call>.txt``).
 GQA_PHASE_ORDER = (
     "wait_tile", "issue", "wait_s", "softmax", "wait_pv", "rescale", "wait_empty", "copies",
 )  # fmt: skip
@@ -1023,7 +1023,7 @@ GQA_ABLATIONS = {
 
 def gqa_ablation_table(df: pd.DataFrame, point: str = "gqa_8q1kv_d128:131072:65") -> pd.DataFrame:
     """Session 12's ablations of the three-warpgroup CUDA GQA shape at ``point``
-    (``data/bench/logs/gqa_ablations_session12.csv``): one row per run with turns (``turns`` ≠
+    (``data/bench/logs/gqa_ablations_session12.csv.gz``): one row per run with turns (``turns`` ≠
     0), labelled by call, layout version, page size and TMA, and the graph-replayed µs of each
     :data:`GQA_ABLATIONS` setting."""
     need = {"call", "point", "turns", *GQA_ABLATIONS}
@@ -1144,7 +1144,7 @@ TIMELINE_SPANS = ("first_tile", "stream", "epilogue", "straggle", "gap_merge", "
 def timeline_spans_table(
     df: pd.DataFrame, call: str = "e", variant: str = "default"
 ) -> pd.DataFrame:
-    """Rows of ``tools/gpu/gqa_timeline.py`` (``data/bench/logs/gqa_timeline_session17.csv``) of
+    """Rows of ``tools/gpu/gqa_timeline.py`` (``data/bench/logs/gqa_timeline_session17.csv.gz``) of
     one device call and one variant: each point's median span (µs) over its calls, the median
     period of back-to-back calls (``call_us``, NaN where a replay holds one call) and the
     stamping build's graph-replayed p50. ``rest`` is the period the spans leave unexplained (the
@@ -1249,7 +1249,7 @@ def read_floor_table(
 def t1_stream_table(rows: pd.DataFrame, read: pd.DataFrame) -> pd.DataFrame:
     """The T=1 points where SDPA's contiguous gather beats ours, against what any reader of the
     same bytes reaches (session 32, call a; ``data/bench/logs/gqa_t1_session32.csv.gz`` and
-    ``read_floor_decode_session32.csv``): ``ours_us`` the shipped kernel (the median of the
+    ``read_floor_decode_session32.csv.gz``): ``ours_us`` the shipped kernel (the median of the
     ``a_t1forms`` rounds of side ``v0``), ``sdpa_us`` SDPA on its contiguous K / V (the
     ``a_order`` run with shuffled pages), ``read_<order>_us`` the read floor of the same bytes
     (``tools/gpu/read_floor.py``: a load-only kernel, contiguous and through a shuffled page
@@ -1353,7 +1353,7 @@ def _one_call(df: pd.DataFrame, call: str | None) -> pd.DataFrame:
 
 def tree_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataFrame:
     """The threshold builder's phases against the heap replay, µs per build, by (K, budget),
-    from ``tools/gpu/bench_tree_phases.py`` rows (``data/bench/logs/tree_phases_session5.csv``):
+    from ``tools/gpu/bench_tree_phases.py`` rows (``data/bench/logs/tree_phases_session5.csv.gz``):
     ``seed``, ``expand`` (``seed+expand - seed``), ``order`` (``full - seed+expand``), ``full``
     (all three at the warps the builder defaulted to in that call), ``best`` (the fastest whole
     build over the warps tried, ``best_of`` names it: ``full`` or ``full_wN``), ``heap`` and
@@ -1401,7 +1401,7 @@ CUDA_TREE_PHASES = ("load", "prologue", "seed", "expand", "order", "rowmap", "em
 
 def tree_cuda_phase_table(df: pd.DataFrame, call: str | None = None) -> pd.DataFrame:
     """The CUDA C++ tree builder by phase (``tools/gpu/bench_tree_cuda.py`` rows,
-    ``data/bench/logs/tree_cuda_phases_session7.csv``): per (vocab, K, budget) the graph-replay
+    ``data/bench/logs/tree_cuda_phases_session7.csv.gz``): per (vocab, K, budget) the graph-replay
     ``p50_us`` and each phase's µs, its share of thread 0's ``clock64()`` cycles times
     ``p50_us`` (the stamps cover the kernel; the replay also holds the launch gap, spread here
     in proportion). ``call`` picks one device call (default: the last listed)."""
@@ -1441,7 +1441,7 @@ def tree_cuda_counters(df: pd.DataFrame, call: str | None = None) -> pd.DataFram
 
 def tree_cuda_history(df: pd.DataFrame) -> pd.DataFrame:
     """``p50_us`` of the CUDA tree builder per (vocab, K, budget), one column per device call
-    (the versions of sessions 7 and 8: ``tree_cuda_phases_session7.csv`` /
+    (the versions of sessions 7 and 8: ``tree_cuda_phases_session7.csv.gz`` /
     ``_session8.csv``, calls labelled by the caller, e.g. ``s8f``)."""
     if "call" not in df.columns:
         raise ValueError("CUDA tree phase rows: no 'call' column")

@@ -159,7 +159,7 @@ else:
 # took 1.59 ms at this point in the same bench run as call i.
 
 # %%
-phases_csv = nb.data_path("bench", "logs", "mla_phases_session9.csv")
+phases_csv = nb.data_path("bench", "logs", "mla_phases_session9.csv.gz")
 if phases_csv.exists():
     mla_phases = pd.read_csv(phases_csv)
     history = ns.mla_wgmma_history(mla_phases)
@@ -185,7 +185,7 @@ if phases_csv.exists():
     )
 else:
     nb.note(
-        "The wgmma kernel's phase rows are not shipped (data/bench/logs/mla_phases_session9.csv)."
+        "The wgmma kernel's phase rows are not shipped (data/bench/logs/mla_phases_session9.csv.gz)."
     )
 
 # %% [markdown]
@@ -200,7 +200,7 @@ else:
 # `tools/gpu/stages_s10a.txt` ... `stages_s10g.txt`); the wgmma kernel took 789 µs at this point.
 
 # %%
-seesaw_csv = nb.data_path("bench", "logs", "mla_phases_session10.csv")
+seesaw_csv = nb.data_path("bench", "logs", "mla_phases_session10.csv.gz")
 if seesaw_csv.exists():
     seesaw = pd.read_csv(seesaw_csv)
     sw_hist = ns.mla_seesaw_history(seesaw)
@@ -226,7 +226,7 @@ if seesaw_csv.exists():
     )
 else:
     nb.note(
-        "The seesaw kernel's phase rows are not shipped (data/bench/logs/mla_phases_session10.csv)."
+        "The seesaw kernel's phase rows are not shipped (data/bench/logs/mla_phases_session10.csv.gz)."
     )
 
 # %% [markdown]
@@ -246,7 +246,7 @@ else:
 # one (call j) took this point from 98 to 91 µs.
 
 # %%
-gqa_csv = nb.data_path("bench", "logs", "gqa_phases_session11.csv")
+gqa_csv = nb.data_path("bench", "logs", "gqa_phases_session11.csv.gz")
 if gqa_csv.exists():
     gqa_phases = pd.read_csv(gqa_csv)
     gqa_hist = ns.gqa_cuda_history(gqa_phases)
@@ -272,7 +272,7 @@ if gqa_csv.exists():
     )
 else:
     nb.note(
-        "The GQA kernel's phase rows are not shipped (data/bench/logs/gqa_phases_session11.csv)."
+        "The GQA kernel's phase rows are not shipped (data/bench/logs/gqa_phases_session11.csv.gz)."
     )
 
 # %% [markdown]
@@ -288,7 +288,7 @@ else:
 # stream order, as a programmatic dependent launch, and with the Triton merge.
 
 # %%
-abl_csv = nb.data_path("bench", "logs", "gqa_ablations_session12.csv")
+abl_csv = nb.data_path("bench", "logs", "gqa_ablations_session12.csv.gz")
 if abl_csv.exists():
     abl = ns.gqa_ablation_table(pd.read_csv(abl_csv))
     nb.show(
@@ -305,13 +305,13 @@ if abl_csv.exists():
     display(abl.round(1))
 else:
     nb.note(
-        "The session-12 ablation rows are not shipped (data/bench/logs/gqa_ablations_session12.csv)."
+        "The session-12 ablation rows are not shipped (data/bench/logs/gqa_ablations_session12.csv.gz)."
     )
-merge_csv = nb.data_path("bench", "logs", "merge_cost_session12.csv")
+merge_csv = nb.data_path("bench", "logs", "merge_cost_session12.csv.gz")
 if merge_csv.exists():
     display(ns.merge_cost_table(pd.read_csv(merge_csv), call="e").round(1))
 else:
-    nb.note("The merge timings are not shipped (data/bench/logs/merge_cost_session12.csv).")
+    nb.note("The merge timings are not shipped (data/bench/logs/merge_cost_session12.csv.gz).")
 
 # %% [markdown]
 # ### The CUDA GQA kernel (session 13): K and V in one box, and a tail warpgroup
@@ -324,7 +324,7 @@ else:
 # alternating bench runs (`bash tools/gpu/ab_commits.sh e6b85f8`, call f).
 
 # %%
-lay_csv = nb.data_path("bench", "logs", "gqa_layouts_session13.csv")
+lay_csv = nb.data_path("bench", "logs", "gqa_layouts_session13.csv.gz")
 if lay_csv.exists():
     lay = ns.gqa_layout_ab_table(pd.read_csv(lay_csv), call="e")
     nb.show(
@@ -342,12 +342,14 @@ if lay_csv.exists():
     )
     display(lay.round(3))
 else:
-    nb.note("The layout A/B rows are not shipped (data/bench/logs/gqa_layouts_session13.csv).")
-abc_csv = nb.data_path("bench", "logs", "gqa_ab_commits_session13.csv")
+    nb.note("The layout A/B rows are not shipped (data/bench/logs/gqa_layouts_session13.csv.gz).")
+abc_csv = nb.data_path("bench", "logs", "gqa_ab_commits_session13.csv.gz")
 if abc_csv.exists():
     display(ns.ab_commits_table(pd.read_csv(abc_csv), call="f").round(3))
 else:
-    nb.note("The kernel A/B rows are not shipped (data/bench/logs/gqa_ab_commits_session13.csv).")
+    nb.note(
+        "The kernel A/B rows are not shipped (data/bench/logs/gqa_ab_commits_session13.csv.gz)."
+    )
 
 # %% [markdown]
 # ### The CUDA GQA kernel (session 14): Q copied by the consumer warpgroups
@@ -361,7 +363,7 @@ else:
 # call b), correct but about 1.5x slower, taken out.
 
 # %%
-abq_csv = nb.data_path("bench", "logs", "gqa_ab_commits_session14.csv")
+abq_csv = nb.data_path("bench", "logs", "gqa_ab_commits_session14.csv.gz")
 if abq_csv.exists():
     abq = pd.read_csv(abq_csv)
     q_ab = ns.ab_commits_table(abq, call="e")
@@ -380,12 +382,14 @@ if abq_csv.exists():
     display(q_ab.round(3))
     display(ns.ab_commits_table(abq, call="c").round(3))
 else:
-    nb.note("The Q-copy A/B rows are not shipped (data/bench/logs/gqa_ab_commits_session14.csv).")
-pairs_csv = nb.data_path("bench", "logs", "gqa_pairs_session14.csv")
+    nb.note(
+        "The Q-copy A/B rows are not shipped (data/bench/logs/gqa_ab_commits_session14.csv.gz)."
+    )
+pairs_csv = nb.data_path("bench", "logs", "gqa_pairs_session14.csv.gz")
 if pairs_csv.exists():
     display(ns.layout_variants_table(pd.read_csv(pairs_csv), "b").round(3))
 else:
-    nb.note("The head-pair rows are not shipped (data/bench/logs/gqa_pairs_session14.csv).")
+    nb.note("The head-pair rows are not shipped (data/bench/logs/gqa_pairs_session14.csv.gz).")
 
 # %% [markdown]
 # ### The CUDA GQA kernel (session 15): what sets the pace of a 64-key tile
@@ -400,7 +404,7 @@ else:
 # it was taken out; the shipped kernel is session 14's.
 
 # %%
-grp_csv = nb.data_path("bench", "logs", "gqa_groups_session15.csv")
+grp_csv = nb.data_path("bench", "logs", "gqa_groups_session15.csv.gz")
 if grp_csv.exists():
     grp = ns.layout_variants_table(pd.read_csv(grp_csv), "a")
     nb.show(
@@ -418,19 +422,19 @@ if grp_csv.exists():
     )
     display(grp.round(3))
 else:
-    nb.note("The group rows are not shipped (data/bench/logs/gqa_groups_session15.csv).")
+    nb.note("The group rows are not shipped (data/bench/logs/gqa_groups_session15.csv.gz).")
 
 # %%
-ph_csv = nb.data_path("bench", "logs", "gqa_phases_session15.csv")
+ph_csv = nb.data_path("bench", "logs", "gqa_phases_session15.csv.gz")
 if ph_csv.exists():
     ph = pd.read_csv(ph_csv)
     cols = [c for c in ph.columns if c.startswith(("wg", "ms_ablate"))]
     display(ph.set_index(["call", "point", "turns"])[cols].dropna(axis=1, how="all").round(4))
 else:
-    nb.note("The phase rows are not shipped (data/bench/logs/gqa_phases_session15.csv).")
+    nb.note("The phase rows are not shipped (data/bench/logs/gqa_phases_session15.csv.gz).")
 
 # %%
-exp_csv = nb.data_path("bench", "logs", "gqa_exp_fma_session15.csv")
+exp_csv = nb.data_path("bench", "logs", "gqa_exp_fma_session15.csv.gz")
 if exp_csv.exists():
     ex = pd.read_csv(exp_csv)
     labels = dict(
@@ -451,7 +455,7 @@ if exp_csv.exists():
     )  # fmt: skip
     display(ex_t.rename(columns=labels).round(3))
 else:
-    nb.note("The 2^x A/B rows are not shipped (data/bench/logs/gqa_exp_fma_session15.csv).")
+    nb.note("The 2^x A/B rows are not shipped (data/bench/logs/gqa_exp_fma_session15.csv.gz).")
 
 # %% [markdown]
 # ### The CUDA GQA kernel (session 16): balanced row layouts
@@ -464,7 +468,7 @@ else:
 # 0.5-1.3 % (call k). 32q/8kv, T=65 now reaches 61 / 62 % of the floor at 128k / 256k.
 
 # %%
-lay16_csv = nb.data_path("bench", "logs", "gqa_layouts_session16.csv")
+lay16_csv = nb.data_path("bench", "logs", "gqa_layouts_session16.csv.gz")
 if lay16_csv.exists():
     lay16 = pd.read_csv(lay16_csv)
     st = ns.layout_variants_table(lay16, "i")
@@ -485,7 +489,7 @@ if lay16_csv.exists():
     for call in ("b", "e", "g", "j"):  # T=64; whole 128-row CTAs; tail idle; forced split
         display(ns.layout_variants_table(lay16, call).round(3))
 else:
-    nb.note("The layout rows are not shipped (data/bench/logs/gqa_layouts_session16.csv).")
+    nb.note("The layout rows are not shipped (data/bench/logs/gqa_layouts_session16.csv.gz).")
 
 # %% [markdown]
 # What the extra tail rows cost: T=64 (whole 128-row CTAs, the two-warpgroup shape) against T=65
@@ -493,7 +497,7 @@ else:
 # 32q/8kv). The fraction of the floor is what to compare; the floors differ by at most 1.6 %.
 
 # %%
-t64_csv = nb.data_path("bench", "logs", "verify_t64_session16.csv")
+t64_csv = nb.data_path("bench", "logs", "verify_t64_session16.csv.gz")
 if t64_csv.exists():
     t64 = ns.verify_rows(pd.read_csv(t64_csv))
     t64 = t64[t64["provider"] == "ours_gqa_graph"].assign(
@@ -512,11 +516,11 @@ if t64_csv.exists():
     )  # fmt: skip
     display(t64.pivot_table(index="point", columns="tree", values=["time_ms", "pct"]).round(3))
 else:
-    nb.note("The T=64 rows are not shipped (data/bench/logs/verify_t64_session16.csv).")
+    nb.note("The T=64 rows are not shipped (data/bench/logs/verify_t64_session16.csv.gz).")
 
 # %%
-n8_csv = nb.data_path("bench", "logs", "gqa_tail_n8_session16.csv")
-half_csv = nb.data_path("bench", "logs", "gqa_half_session16.csv")
+n8_csv = nb.data_path("bench", "logs", "gqa_tail_n8_session16.csv.gz")
+half_csv = nb.data_path("bench", "logs", "gqa_half_session16.csv.gz")
 if n8_csv.exists() and half_csv.exists():
     n8 = ns.ab_commits_table(pd.read_csv(n8_csv), call="k")
     display(n8.rename(columns={"v0": "m64n8", "v1": "m64n16"}).round(3))
@@ -534,8 +538,8 @@ else:
 # split kernel's streaming is half of the call at 64k; the rest is fixed cost.
 
 # %%
-ctas_csv = nb.data_path("bench", "logs", "gqa_timeline_ctas_session17.csv")
-tl_csv = nb.data_path("bench", "logs", "gqa_timeline_session17.csv")
+ctas_csv = nb.data_path("bench", "logs", "gqa_timeline_ctas_session17.csv.gz")
+tl_csv = nb.data_path("bench", "logs", "gqa_timeline_session17.csv.gz")
 if ctas_csv.exists() and tl_csv.exists():
     from kdtree.profiling import cta_timeline as ctl
 
@@ -556,7 +560,9 @@ if ctas_csv.exists() and tl_csv.exists():
     )  # fmt: skip
     display(spans.round(2))
 else:
-    nb.note("The CTA timeline rows are not shipped (data/bench/logs/gqa_timeline*session17.csv).")
+    nb.note(
+        "The CTA timeline rows are not shipped (data/bench/logs/gqa_timeline*session17.csv.gz)."
+    )
 
 # %% [markdown]
 # What the timeline led to, each against the tree before it in alternating bench runs
@@ -568,7 +574,7 @@ else:
 # split kernels' shared-memory carveout made no difference (`c/carveout`).
 
 # %%
-ab17_csv = nb.data_path("bench", "logs", "gqa_ab_session17.csv")
+ab17_csv = nb.data_path("bench", "logs", "gqa_ab_session17.csv.gz")
 if ab17_csv.exists():
     ab17 = pd.read_csv(ab17_csv)
     for call in ("a", "c", "d", "c/carveout"):
@@ -576,7 +582,7 @@ if ab17_csv.exists():
         print(f"call {call}: {ab17.loc[ab17['call'] == call, 'command'].iloc[0][:110]}")
         display(t.round(3))
 else:
-    nb.note("The session-17 A/B rows are not shipped (data/bench/logs/gqa_ab_session17.csv).")
+    nb.note("The session-17 A/B rows are not shipped (data/bench/logs/gqa_ab_session17.csv.gz).")
 
 # %% [markdown]
 # ### The CUDA GQA kernel (session 18): the read floor, and what a call's fixed cost allows
@@ -587,8 +593,8 @@ else:
 # 32q/8kv 64-93 %.
 
 # %%
-rf_csv = nb.data_path("bench", "logs", "read_floor_session18.csv")
-v18_csv = nb.data_path("bench", "logs", "verify_gqa_session18.csv")
+rf_csv = nb.data_path("bench", "logs", "read_floor_session18.csv.gz")
+v18_csv = nb.data_path("bench", "logs", "verify_gqa_session18.csv.gz")
 if rf_csv.exists() and v18_csv.exists():
     rf = ns.read_floor_table(pd.read_csv(rf_csv), pd.read_csv(v18_csv))
     t17 = rf[rf["T"] == 17]
@@ -602,7 +608,7 @@ if rf_csv.exists() and v18_csv.exists():
     display(rf[["layout", "L", "T", "bound", "read_us", "ours_us", "read_frac", "ours_frac",
                 "ours_vs_read"]].round(3))  # fmt: skip
 else:
-    nb.note("The read-floor rows are not shipped (data/bench/logs/*session18.csv).")
+    nb.note("The read-floor rows are not shipped (data/bench/logs/*session18.csv.gz).")
 
 # %% [markdown]
 # Two attempts at the fixed cost, each against the same tree in alternating bench runs (µs):
@@ -612,8 +618,8 @@ else:
 # only`) is longer than the kernel boundary it replaces, and its merge is no cheaper.
 
 # %%
-ab18_csv = nb.data_path("bench", "logs", "gqa_ab_session18.csv")
-tl18_csv = nb.data_path("bench", "logs", "gqa_timeline_session18.csv")
+ab18_csv = nb.data_path("bench", "logs", "gqa_ab_session18.csv.gz")
+tl18_csv = nb.data_path("bench", "logs", "gqa_timeline_session18.csv.gz")
 if ab18_csv.exists() and tl18_csv.exists():
     ab18 = pd.read_csv(ab18_csv)
     for call in ("a", "d"):
@@ -649,8 +655,8 @@ else:
 # still 12-17 % slower at T=65.
 
 # %%
-ab19_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session19.csv")
-abl19_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session19.csv")
+ab19_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session19.csv.gz")
+abl19_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session19.csv.gz")
 if ab19_csv.exists() and abl19_csv.exists():
     ab19 = pd.read_csv(ab19_csv)
     for call in ("b", "d", "f"):
@@ -686,8 +692,8 @@ else:
 # tensor cores 18 cycles, so the tail's 32 small MMAs a tile are ~0.3 µs of the ~1.1 µs it costs.
 
 # %%
-ab20_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session20.csv")
-abl20_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session20.csv")
+ab20_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session20.csv.gz")
+abl20_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session20.csv.gz")
 rate20 = nb.data_path("bench", "logs", "wgmma_rate_probe_session20_callf.txt")
 if ab20_csv.exists() and abl20_csv.exists() and rate20.exists():
     ab20 = pd.read_csv(ab20_csv)
@@ -724,8 +730,8 @@ else:
 #   and releases), `no_mma`, the default. Call h: its final code against call d's: equal.
 
 # %%
-ab21_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session21.csv")
-abl21_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session21.csv")
+ab21_csv = nb.data_path("bench", "logs", "gqa_ab_keytail_session21.csv.gz")
+abl21_csv = nb.data_path("bench", "logs", "gqa_keytail_ablation_session21.csv.gz")
 mix21 = nb.data_path("bench", "logs", "wgmma_mix_probe_session21_calla.txt")
 if ab21_csv.exists() and abl21_csv.exists() and mix21.exists():
     mix = ns.wgmma_mix_table(mix21.read_text())
@@ -756,9 +762,9 @@ else:
 #   shipped form) also issues every load of the row-a-warp merge before converting any.
 
 # %%
-cm22_csv = nb.data_path("bench", "logs", "cluster_merge_session22.csv")
+cm22_csv = nb.data_path("bench", "logs", "cluster_merge_session22.csv.gz")
 cm22_log = nb.data_path("bench", "logs", "cluster_merge_session22_callb.log")
-ab22_csv = nb.data_path("bench", "logs", "gqa_ab_partials_session22.csv")
+ab22_csv = nb.data_path("bench", "logs", "gqa_ab_partials_session22.csv.gz")
 if cm22_csv.exists() and cm22_log.exists() and ab22_csv.exists():
     print(cm22_log.read_text().splitlines()[0])
     cm22 = pd.read_csv(cm22_csv)
@@ -788,10 +794,10 @@ else:
 # * Call e: the CTA timeline on this tree (its build runs one launch head a KV head).
 
 # %%
-ab23_csv = nb.data_path("bench", "logs", "gqa_ab_session23.csv")
-lay23_csv = nb.data_path("bench", "logs", "gqa_layouts_session23.csv")
-mla23_csv = nb.data_path("bench", "logs", "mla_ab_session23.csv")
-tl23_csv = nb.data_path("bench", "logs", "gqa_timeline_session23.csv")
+ab23_csv = nb.data_path("bench", "logs", "gqa_ab_session23.csv.gz")
+lay23_csv = nb.data_path("bench", "logs", "gqa_layouts_session23.csv.gz")
+mla23_csv = nb.data_path("bench", "logs", "mla_ab_session23.csv.gz")
+tl23_csv = nb.data_path("bench", "logs", "gqa_timeline_session23.csv.gz")
 if ab23_csv.exists() and lay23_csv.exists() and mla23_csv.exists() and tl23_csv.exists():
     lay23 = pd.read_csv(lay23_csv)
     for call in ("b_qgroups", "b_t257", "b_batch17", "d_splits"):
@@ -826,9 +832,9 @@ else:
 # * Call d: the CTA timeline on 6de6187's kernels (its build runs one launch head a KV head).
 
 # %%
-ab24_csv = nb.data_path("bench", "logs", "gqa_ab_session24.csv")
-mla24_csv = nb.data_path("bench", "logs", "mla_ab_session24.csv")
-tl24_csv = nb.data_path("bench", "logs", "gqa_timeline_session24.csv")
+ab24_csv = nb.data_path("bench", "logs", "gqa_ab_session24.csv.gz")
+mla24_csv = nb.data_path("bench", "logs", "mla_ab_session24.csv.gz")
+tl24_csv = nb.data_path("bench", "logs", "gqa_timeline_session24.csv.gz")
 if ab24_csv.exists() and mla24_csv.exists() and tl24_csv.exists():
     calls24 = {
         "a": "the lazy rescale (new) against the exact running max (old)",
@@ -861,7 +867,7 @@ else:
 #   wrong results, against the default (`v0`): 3.8-4.5 % of a T=65 call in all.
 
 # %%
-ab25_csv = nb.data_path("bench", "logs", "gqa_ab_session25.csv")
+ab25_csv = nb.data_path("bench", "logs", "gqa_ab_session25.csv.gz")
 if ab25_csv.exists():
     calls25 = {
         "a_merge": "stream order (v0) against the dependent launch's first rule (v1)",
@@ -1082,8 +1088,8 @@ else:
 # ### Sessions 30–32: the T=1 gap to SDPA is the paged TMA stream's own rate (measured)
 # Sessions 30 and 31 measured this and lost both machines' rows before they were committed;
 # session 32 measured it again (`tools/gpu/stages_s32a.txt` … `stages_s32f.txt`; rows in
-# `data/bench/logs/gqa_t1_session32.csv.gz`, `read_floor_decode_session32.csv`,
-# `splits_session32_calla.csv`):
+# `data/bench/logs/gqa_t1_session32.csv.gz`, `read_floor_decode_session32.csv.gz`,
+# `splits_session32_calla.csv.gz`):
 # * Call a, `a_t1forms` (T=1, batch 1 / 8, two rounds): the kernel as shipped (`v0`), the
 #   producer also prefetching the tile 3 ahead into L2 (`v1`: 1.00–1.34× slower, taken out),
 #   the consumers idle (`v2`: within 2 % of `v0` wherever SDPA wins — the KV streamer alone sets
@@ -1105,8 +1111,8 @@ else:
 
 # %%
 t1_32 = nb.data_path("bench", "logs", "gqa_t1_session32.csv.gz")
-read32 = nb.data_path("bench", "logs", "read_floor_decode_session32.csv")
-splits32 = nb.data_path("bench", "logs", "splits_session32_calla.csv")
+read32 = nb.data_path("bench", "logs", "read_floor_decode_session32.csv.gz")
+splits32 = nb.data_path("bench", "logs", "splits_session32_calla.csv.gz")
 if t1_32.exists() and read32.exists() and splits32.exists():
     rows32 = pd.read_csv(t1_32, dtype=str, keep_default_na=False)
     num = rows32.assign(**{c: pd.to_numeric(rows32[c], errors="coerce")

@@ -124,20 +124,20 @@ times[["name", "provider", "x_value", "p50", "p20", "p80", "unit", "mode"]]
 # The Triton heap replay does budget / 2 dependent block reductions; the threshold builder
 # (seed a score threshold, expand every node above it, rank the survivors) does ~3 × depth
 # dependent steps. Batch 1, depth 15, ten builds per graph replay
-# (`python3 tools/gpu/bench_tree_phases.py`, `data/bench/logs/tree_phases_session6.csv`: the
+# (`python3 tools/gpu/bench_tree_phases.py`, `data/bench/logs/tree_phases_session6.csv.gz`: the
 # builders as they are after session 5's review fixes, re-timed in session 6; session 5's rows
-# are in `tree_phases_session5.csv`); the kernel stops after the seed, after the expansion, or
+# are in `tree_phases_session5.csv.gz`); the kernel stops after the seed, after the expansion, or
 # runs whole. `algo="auto"` runs the faster of the two per shape.
 
 # %%
-phase_csv = nb.data_path("bench", "logs", "tree_phases_session6.csv")
+phase_csv = nb.data_path("bench", "logs", "tree_phases_session6.csv.gz")
 phases = ns.tree_phase_table(pd.read_csv(phase_csv)) if phase_csv.exists() else None
 if phases is not None:
     nb.show(vtree.make_tree_phase_fig(phases), "tree_phases_gpu")
     display(phases.round(1))
 else:
     nb.note(
-        "The tree-build phase rows are not shipped (data/bench/logs/tree_phases_session6.csv)."
+        "The tree-build phase rows are not shipped (data/bench/logs/tree_phases_session6.csv.gz)."
     )
 
 # %% [markdown]
@@ -146,7 +146,7 @@ else:
 # `__syncthreads` between its steps instead of global scratch rows (a depth that holds more
 # than the budget keeps its best by a radix select rather than a heap fallback). Thread 0's
 # `clock64()` stamps split each build into phases (`python3 tools/gpu/bench_tree_cuda.py`,
-# `data/bench/logs/tree_cuda_phases_session8.csv`, session 7's versions in `_session7.csv`;
+# `data/bench/logs/tree_cuda_phases_session8.csv.gz`, session 7's versions in `_session7.csv`;
 # vocab 8192 is the phase benchmark's input above, 32768 the tree-build benchmark's, whose
 # flatter top-K leave one depth over the budget more often). The issue's target is 20 µs at
 # batch 1 for budgets up to 256. The counters say what each build did: the seed's grid index
@@ -154,14 +154,14 @@ else:
 # history is the versions measured in sessions 7 (calls c, d, f, g) and 8 (a–d, f, j).
 
 # %%
-cuda_csv = nb.data_path("bench", "logs", "tree_cuda_phases_session8.csv")
+cuda_csv = nb.data_path("bench", "logs", "tree_cuda_phases_session8.csv.gz")
 cuda_rows = pd.read_csv(cuda_csv) if cuda_csv.exists() else None
 cuda_phases = ns.tree_cuda_phase_table(cuda_rows) if cuda_rows is not None else None
 if cuda_phases is not None:
     nb.show(vtree.make_tree_cuda_phase_fig(cuda_phases), "tree_cuda_phases_gpu")
     display(cuda_phases.round(2))
     display(ns.tree_cuda_counters(cuda_rows))
-    s7_csv = nb.data_path("bench", "logs", "tree_cuda_phases_session7.csv")
+    s7_csv = nb.data_path("bench", "logs", "tree_cuda_phases_session7.csv.gz")
     parts = [cuda_rows.assign(call="s8" + cuda_rows["call"].astype(str))]
     if s7_csv.exists():
         s7 = pd.read_csv(s7_csv)
@@ -170,7 +170,7 @@ if cuda_phases is not None:
 else:
     nb.note(
         "The CUDA tree-builder phase rows are not shipped "
-        "(data/bench/logs/tree_cuda_phases_session8.csv)."
+        "(data/bench/logs/tree_cuda_phases_session8.csv.gz)."
     )
 
 # %% [markdown]

@@ -157,10 +157,10 @@ if gpu_steps is not None:
 # shipped one on the same recipe with half of the prompts cut just past a function docstring
 # (`kdtree/train/docprompts.py`, the HumanEval shape, HumanEval itself never read). Both decoded
 # all 164 prompts in the same device call (P), under the same kernels and tuning table: the
-# session-3 drafter's run is kept in `data/bench/logs/decode_session4_old_drafter.csv`.
+# session-3 drafter's run is kept in `data/bench/logs/decode_session4_old_drafter.csv.gz`.
 
 # %%
-old_path = nb.data_path("bench", "logs", "decode_session4_old_drafter.csv")
+old_path = nb.data_path("bench", "logs", "decode_session4_old_drafter.csv.gz")
 if decode_rows is not None and old_path.is_file():
     old_rows = pd.read_csv(old_path)
     ab_runs = {

@@ -5,7 +5,7 @@
 For each candidate ``cuda_mla._FIXED_KEYS`` it runs ``cuda_mla.choose_splits`` itself (132 SMs,
 the bench's page table of L + 257 keys in 16-token pages) at every point of session 26's batch-8
 / 32 sweep (``data/bench/logs/splits_session26_callc.csv.gz``) and session 10's batch-1 sweep
-(``mla_splits_session10.csv``), and prints the total regret (sum of log(time at the picked count /
+(``mla_splits_session10.csv.gz``), and prints the total regret (sum of log(time at the picked count /
 best measured time)) over the points whose picked count was measured, the worst point, and the
 points whose pick the sweep did not measure. Session 26 shipped 512, the candidate with the least
 regret.
@@ -27,7 +27,7 @@ LOGS = Path(__file__).resolve().parents[1] / "data" / "bench" / "logs"
 def sweeps() -> pd.DataFrame:
     """Both sweeps' MLA rows: layout, batch, L, T, splits, ms."""
     new = pd.read_csv(LOGS / "splits_session26_callc.csv.gz")
-    old = pd.read_csv(LOGS / "mla_splits_session10.csv")
+    old = pd.read_csv(LOGS / "mla_splits_session10.csv.gz")
     parts = old["point"].str.split(":", expand=True)
     old = old.assign(layout="mla_" + parts[0], L=parts[1].astype(int), T=parts[2].astype(int),
                      batch=1)  # fmt: skip

@@ -159,7 +159,7 @@ def resolve_merge(merge: int, split_ctas: int, num_sms: int) -> int:
     once the last split CTA has started (fewer CTAs than SMs, or a last wave that does not fill
     them), the merge's CTAs first crowd those SMs while the split grid runs (the CTA timeline,
     session 17: the merge 3.3 -> 5.5-6.3 us). Measured on one-wave grids only (batch 1). Alternating rounds against stream
-    order (session 23 call f, session 25 call a; ``data/bench/logs/gqa_ab_session2{3,5}.csv``):
+    order (session 23 call f, session 25 call a; ``data/bench/logs/gqa_ab_session2{3,5}.csv.gz``):
     at 8q/1kv, T=65, 16k-64k (132 split CTAs) 0.8-2.5 % less time (64k 37.66 -> 37.28 us in
     call a); with SMs free 2.3 % more at 8q/1kv, T=17, 16k (64 CTAs, call a), 5.5-12.8 % more at
     8q/1kv, T=17, 32k-128k (103-129 CTAs, call f) and 0.4-8.8 % at 32q/8kv (120-128 CTAs)."""

@@ -24,7 +24,7 @@ of ``N / 2`` reductions:
 4. emit: tokens, parents' rows, and the ancestor bitmask collected up the parent chain.
 
 Timing (H200, batch 1, depth 15, ten builds per CUDA-graph replay,
-``tools/gpu/bench_tree_phases.py``, call Y, rows in ``data/bench/logs/tree_phases_session5.csv``):
+``tools/gpu/bench_tree_phases.py``, call Y, rows in ``data/bench/logs/tree_phases_session5.csv.gz``):
 threshold 14.6 / 15.8 / 45.4 µs at budget 16 / 64 / 256 for K 8 and 24.9 / 35.4 / 59.1 µs for
 K 32, against 5.5 / 21.3 / 99.4 and 5.7 / 21.6 / 99.9 µs for the heap replay; of the 59 µs at
 K 32, budget 256, the seed takes 25 and the expansion 10. What did not work on the H200's
@@ -76,7 +76,7 @@ the intervals (``k`` is an ancestor-or-self of ``i`` iff ``lex_k <= lex_i < end_
 tile, and the tokens by one gather.
 
 Timing (H200, session 3 call K, `kdtree bench tree-build --budgets 16,64,256`, one build per
-CUDA-graph replay, rows now in `data/bench/logs/tree_build_session3_callK.csv`; the previous
+CUDA-graph replay, rows now in `data/bench/logs/tree_build_session3_callK.csv.gz`; the previous
 single-pop kernel timed in the same device call as ``device_triton_prev*``): batch 1 takes
 9.8 / 23.5 / 100.9 µs at budget 16 / 64 / 256
 against 9.9 / 27.2 / 117.0 µs for one pop per reduction — 1.16x at budget 256, as a crude
