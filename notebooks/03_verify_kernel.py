@@ -1142,7 +1142,7 @@ else:
 #   `v3` k=2) against every copy at once (`v0`): up to 12 % slower at k=0, never faster.
 # * Call b, `b_tail8q` / `b_tail32q`: the rows past the last whole block in the tail warpgroup
 #   (`v1`, `KDTREE_GQA_TAIL=1`) where the launch padded them (`v0`). At 8q/1kv, T=17 (Tall: two
-#   blocks and 8 rows) it wins where a split streams ≥ 32 tiles and loses on 16-tile splits;
+#   blocks and 8 rows) it wins where a split streams ≥ 32 tiles and loses on splits of 5-16 tiles;
 #   with two warpgroups (8q/1kv, T=9; 32q/8kv, T=17) it loses everywhere from 64k.
 # * Call c: the rule shipped from call b (`v1`: the tail for 1-16 rows past two blocks where a
 #   split streams ≥ 32 tiles) against `KDTREE_GQA_TAIL=0` (`v0`): 8q/1kv, T=17 (`c_t17`) and

@@ -214,8 +214,8 @@ def launch_plan(rows: int, split_tiles: int | None = None) -> tuple[int, int]:
     tiles a split from the static prefix bound; None: not known, padded). Session 33, call b
     (``bash tools/gpu/ab_envs.sh OUT 3 KDTREE_GQA_TAIL= KDTREE_GQA_TAIL=1 -- --layouts
     gqa_8q1kv_d128 --trees 17 --batches 1,8 ...``): the tail 3.3-5.7 % faster at batch 8 from
-    64k keys (64-256 tiles a split), 1.3-1.4 % at 32 tiles (batch 8, 32k; batch 1, 256k), 0.3-2.1 %
-    slower at 16 (batch 1, 16k-128k; batch 8, 16k): the padded block's MMAs (192 rows for 136)
+    64k keys (64-256 tiles a split), 1.3-1.4 % at 32-33 tiles (batch 8, 32k; batch 1, 256k), 0.3-2.1 %
+    slower at 5-16 (batch 1, 16k-128k; batch 8, 16k): the padded block's MMAs (192 rows for 136)
     outpace the KV stream at batch 8 (~264 against ~256 us at 256k), the tail's own chain of
     barriers weighs on short splits. Call c (this rule against ``KDTREE_GQA_TAIL=0``): 8q/1kv,
     T=17 1.7-8.7 % less time where it applies (batch 32 at 256k the most), 32q/8kv, T=33 2.8-7.4 %;
