@@ -1442,7 +1442,7 @@ def tree_cuda_counters(df: pd.DataFrame, call: str | None = None) -> pd.DataFram
 def tree_cuda_history(df: pd.DataFrame) -> pd.DataFrame:
     """``p50_us`` of the CUDA tree builder per (vocab, K, budget), one column per device call
     (the versions of sessions 7 and 8: ``tree_cuda_phases_session7.csv.gz`` /
-    ``_session8.csv``, calls labelled by the caller, e.g. ``s8f``)."""
+    ``_session8.csv.gz``, calls labelled by the caller, e.g. ``s8f``)."""
     if "call" not in df.columns:
         raise ValueError("CUDA tree phase rows: no 'call' column")
     d = df if "vocab" in df.columns else df.assign(vocab=0)

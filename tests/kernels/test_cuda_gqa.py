@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from _kernel_inputs import gqa_inputs, ramp_pages
+from _kernel_inputs import gqa_inputs, paged, ramp_pages
 from _kernel_reference import assert_close_to_truth, gqa_dense
 
 from kdtree.kernels import cuda_gqa
@@ -637,7 +637,8 @@ def test_long_splits_take_the_tail_by_default(shape, dtype, gen, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     t, hq, hkv = shape
     case = ([4200, 1900], t, hq, hkv, 16, 2)
-    max_len = (-(-(max(case[0]) + t) // 16) + 1) * 16  # gqa_inputs' page table (one spare page)
+    table, _ = paged(case[0], t, 16, torch.Generator().manual_seed(0))  # gqa_inputs' page table
+    max_len = table.shape[1] * 16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert cuda_gqa.plan_launch(2, t, hq, hkv, max_len, sms, 2).tail_blocks == 3
     _run(case, dtype, gen)
