@@ -1333,11 +1333,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const uint32_t sBar = C::KEY_TAIL ? sKT + KT_BAR : sKV + STAGES * C::SMEM_STAGE;
 
   const int tid = threadIdx.x;
-#ifndef KDTREE_NO_TMAP_PREFETCH  // (a measurement build without it: the A/B's old side)
-  // the producer's first thread: the map's fetch overlaps the prefix length's and the page
-  // table's reads (the first copy waits on all three otherwise)
-  if (tid == CONSUMERS && p.tma_rows != 0) prefetch_tensormap(&p.kv_map);
-#endif
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;

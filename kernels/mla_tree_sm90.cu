@@ -1311,11 +1311,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1) mla_split_seesaw_kernel(const 
   const uint32_t sBar = smem_u32(sSum + 2 * BLOCK_M);  // TMA mbarriers, one a stage
 
   const int tid = threadIdx.x;
-#ifndef KDTREE_NO_TMAP_PREFETCH  // (a measurement build without it: the A/B's old side)
-  // the producer's first thread: the map's fetch overlaps the prefix length's and the page
-  // table's reads (the first copy waits on all three otherwise)
-  if (tid == wg::CONSUMERS && p.tma_rows != 0) prefetch_tensormap(&p.kv_map);
-#endif
   griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
   const int m0 = blockIdx.x * BLOCK_M;
   const int split = blockIdx.y;

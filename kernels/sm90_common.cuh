@@ -524,14 +524,6 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
-// Start bringing a TMA descriptor (a __grid_constant__ kernel parameter) into the SM's
-// descriptor cache at kernel entry, so a CTA's first tensor copy does not wait for its fetch
-// after the prefix length and page-table reads it already depends on (the standard Hopper
-// practice: CUTLASS's prefetch_tma_descriptor). A hint: no result, no fault on a live address.
-__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
                                             int c2, int c3, uint32_t bar) {
 #ifdef KDTREE_TMA_EVICT_NORMAL
