@@ -881,15 +881,20 @@ else:
     nb.note("The session-25 rows are not shipped (data/bench/logs/*session25*).")
 
 # %% [markdown]
-# ### The issue's whole grid in one run (sessions 26-29)
+# ### The issue's whole grid at one commit (session 34; first run in session 26)
 # Every point of the issue's grid — L 1k-256k, T 1 / 9 / 17 / 65 / 257, batch 1 / 8 / 32, GQA
-# 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider in one run per kind (GQA: session
-# 27's call e, `tools/gpu/stages_s27e.txt`, but the CUDA kernel's rows at 8q/1kv, T=17, 16k-256k,
-# which are session 33's call d, after its tail rule, below; MLA: session 29's call g,
-# `stages_s29g.txt`, with the tail CTA at h·T ≤ 16 and one wave of splits at T=65; the slow peers
-# `ref`, SDPA, FlexAttention and the eager MLA form in their default domains). The first heatmaps are our
+# 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider, the kernels of 5a43820 (session 33's
+# final code): session 34's call b (`tools/gpu/stages_s34b.txt`: GQA then MLA, one run each) and
+# call c (`stages_s34c.txt`: the 52 GQA points — T 9 / 257 at batch 8 / 32, and at batch 1, 1k —
+# that call b's time budget left out), FlashInfer with all three of its wheels; the slow peers
+# `ref`, SDPA, FlexAttention and the eager MLA form in their default domains. One point,
+# 8q/1kv, batch 1, T=257, 4k, has our rows but not FlashInfer's or SDPA's (call b's budget ran
+# out inside it). The first heatmaps are our
 # fastest provider's speed-up over the fastest complete peer (red below 1: the peer was faster),
-# the second ones our fraction of the floor. Session 26 ran the grid first: calls a-b before its
+# the second ones our fraction of the floor. The history tables after them compare the runs
+# before: the grid as it stood after session 33 (`data/bench/logs/verify_grid_session33.csv.gz`:
+# GQA from session 27's call e but the CUDA kernel's rows at 8q/1kv, T=17, 16k-256k from session
+# 33's call d; MLA from session 29's call g). Session 26 ran the grid first: calls a-b before its
 # split rules (`data/bench/logs/verify_grid_session26_callab.csv.gz`) and call e after them
 # (`verify_grid_session26_calle.csv.gz`). The first table is every point whose CUDA launch
 # those rules changed, old time over new; the sweep table is session 26's call c split counts
@@ -920,8 +925,11 @@ if grid_csv.exists():
         return pd.read_csv(path, **kw) if path.exists() else None
 
     raw = {"dtype": str, "keep_default_na": False}
+    # (the history tables are about the runs before session 34: the grid as it stood then)
+    grid_rows33 = logs("verify_grid_session33.csv.gz", **raw)
+    grid33 = ns.grid_vs_peers(ns.verify_rows(grid_rows33)) if grid_rows33 is not None else grid
     nb.show_tables(ns.grid_history_tables(
-        grid,
+        grid33,
         callab26=logs("verify_grid_session26_callab.csv.gz", **raw),
         calle26=logs("verify_grid_session26_calle.csv.gz", **raw),
         sweep26=logs("splits_session26_callc.csv.gz"),
@@ -1157,7 +1165,7 @@ else:
 # %%
 ab33 = nb.data_path("bench", "logs", "gqa_ab_session33.csv.gz")
 old_t17 = nb.data_path("bench", "logs", "verify_grid_session27_calle_8q1kv_t17_ours_gqa.csv.gz")
-if ab33.exists() and old_t17.exists() and grid is not None:
+if ab33.exists() and old_t17.exists() and grid is not None and grid_rows33 is not None:
     tables33 = ns.ab_call_tables(pd.read_csv(ab33), {
         "a_qfirst": "every copy at once (v0) against Q first after k = 0 / 1 / 2 tiles (v1-v3)",
         "b_tail8q": "8q/1kv: padded (v0) against the tail warpgroup (v1)",
@@ -1168,13 +1176,48 @@ if ab33.exists() and old_t17.exists() and grid is not None:
         "e_wide": "8q/1kv, batch 1: the 256-thread merge (v0) against the wide form (v1)",
     })  # fmt: skip
     old_rows = pd.read_csv(old_t17, dtype=str, keep_default_na=False)
-    grid27 = ns.grid_vs_peers(ns.verify_rows(ns.replace_rows(grid_rows, old_rows)))
-    tables33["the grid against itself with session 27's 8q/1kv, T=17 rows (new / old)"] = (
-        ns.grid_change_table(grid27, grid)
-    )
+    grid27 = ns.grid_vs_peers(ns.verify_rows(ns.replace_rows(grid_rows33, old_rows)))
+    tables33["the grid after session 33 against itself with session 27's 8q/1kv, T=17 rows "
+             "(new / old)"] = ns.grid_change_table(grid27, grid33)  # fmt: skip
     nb.show_tables(tables33)
 else:
     nb.note("The session-33 rows are not shipped (data/bench/logs/*session33*).")
+
+# %% [markdown]
+# ### Session 34: the TMA descriptor prefetched (measured, taken out), the whole grid again
+# * Call a (`tools/gpu/stages_s34a.txt`, rows in
+#   `data/bench/logs/tmap_prefetch_ab_session34.csv.gz`): the split kernels' producer issuing
+#   `prefetch.tensormap` for the KV map at entry (`v1`, commit a2a25b7), so the first TMA copy
+#   would not also wait for the descriptor's fetch, against the build without it (`v0`,
+#   `KDTREE_NO_TMAP_PREFETCH`), two alternating rounds at batch 1, T 17 / 65, 16k-64k: 0.993-1.007
+#   for GQA and MLA alike. The map's fetch is not on the first copy's path; taken out again.
+# * Calls b-c: the whole grid again at one commit (the section above). The tables: our time and
+#   the fastest peer's, this run over the grid as it stood after session 33 (the same kernels:
+#   run-to-run for ours; for FlashInfer's small points, whose time is mostly host work, the host
+#   of the day), and every point where a peer was faster in either run.
+
+# %%
+ab34 = nb.data_path("bench", "logs", "tmap_prefetch_ab_session34.csv.gz")
+if ab34.exists() and grid is not None and grid_rows33 is not None:
+    tables34 = ns.ab_call_tables(pd.read_csv(ab34), {
+        "a_tmap_gqa": "GQA: without the prefetch (v0) against with it (v1)",
+        "a_tmap_mla": "MLA (seesaw): the same",
+    })  # fmt: skip
+    tables34["the grid against the grid after session 33: ours (new / old)"] = (
+        ns.grid_change_table(grid33, grid)
+    )
+    tables34["the same: the fastest peer (new / old)"] = ns.grid_change_table(
+        grid33.assign(ours_ms=grid33["peer_ms"]), grid.assign(ours_ms=grid["peer_ms"])
+    )
+    both = grid.merge(grid33, on=["layout", "B", "T", "L"], suffixes=("", "_33"))
+    lost = both[(both["speedup_vs_peer"] < 1) | (both["speedup_vs_peer_33"] < 1)]
+    tables34["points where a peer was faster in either run"] = lost[
+        ["layout", "B", "T", "L", "ours_ms_33", "ours_ms", "best_peer_33", "peer_ms_33",
+         "best_peer", "peer_ms", "speedup_vs_peer_33", "speedup_vs_peer"]
+    ].sort_values("speedup_vs_peer")  # fmt: skip
+    nb.show_tables(tables34)
+else:
+    nb.note("The session-34 rows are not shipped (data/bench/logs/*session34*).")
 
 # %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
