@@ -886,10 +886,10 @@ else:
 # 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider, the kernels of 5a43820 (session 33's
 # final code): session 34's call b (`tools/gpu/stages_s34b.txt`: GQA then MLA, one run each) and
 # call c (`stages_s34c.txt`: the 52 GQA points — T 9 / 257 at batch 8 / 32, and at batch 1, 1k —
-# that call b's time budget left out), FlashInfer with all three of its wheels; the slow peers
-# `ref`, SDPA, FlexAttention and the eager MLA form in their default domains. One point,
-# 8q/1kv, batch 1, T=257, 4k, has our rows but not FlashInfer's or SDPA's (call b's budget ran
-# out inside it). The first heatmaps are our
+# that call b's time budget left out) and call d (`stages_s34d.txt`: every provider at 8q/1kv,
+# batch 1, T=257, 4k, where call b's budget ran out inside the point), FlashInfer with all three
+# of its wheels; the slow peers `ref`, SDPA, FlexAttention and the eager MLA form in their
+# default domains. The first heatmaps are our
 # fastest provider's speed-up over the fastest complete peer (red below 1: the peer was faster),
 # the second ones our fraction of the floor. The history tables after them compare the runs
 # before: the grid as it stood after session 33 (`data/bench/logs/verify_grid_session33.csv.gz`:
@@ -1191,7 +1191,7 @@ else:
 #   would not also wait for the descriptor's fetch, against the build without it (`v0`,
 #   `KDTREE_NO_TMAP_PREFETCH`), two alternating rounds at batch 1, T 17 / 65, 16k-64k: 0.993-1.007
 #   for GQA and MLA alike. The map's fetch is not on the first copy's path; taken out again.
-# * Calls b-c: the whole grid again at one commit (the section above). The tables: our time and
+# * Calls b-d: the whole grid again at one commit (the section above). The tables: our time and
 #   the fastest peer's, this run over the grid as it stood after session 33 (the same kernels:
 #   run-to-run for ours; for FlashInfer's small points, whose time is mostly host work, the host
 #   of the day), and every point where a peer was faster in either run.
