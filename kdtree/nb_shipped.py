@@ -165,6 +165,73 @@ def grid_vs_peers(tidy: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: Issue 4's batch-1 targets: GQA ≥ 35 % of the floor at 16k and ≥ 60 % from 32k (T 17 / 65),
+#: ≥ 3x the best GQA peer at 128k; MLA ≥ 1.2x FlashInfer's MLA path (prefix + tree + merge)
+#: from 32k.
+GQA_FRAC_TARGET_16K = 0.35
+MLA_PATH_TARGET = 1.2
+GQA_PEER_TARGET_128K = 3.0
+
+
+def issue_targets(tidy: pd.DataFrame, extra: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Issue 4's targets point by point at batch 1, T 17 / 65, L ≥ 16k, from verify rows
+    (:func:`verify_rows` of the whole grid; ``extra``: more points in the same form, e.g. the
+    32k rows the grid lacks). Per point: our fastest provider's time and fraction of the floor,
+    the fastest complete peer and our speed-up over it, what the issue asks there
+    (``target``) and whether it is met (``met``). GQA: the floor fraction (35 % below 32k, 60 %
+    from it) and, at 128k, 3x the fastest peer as well; MLA: 1.2x FlashInfer's MLA path
+    (``fi_mla``) from 32k, nothing asked below. Points without our row are left out."""
+    require_columns(tidy, {"layout", "B", "L", "T", "provider", "time_ms", "status"}, "tidy")
+    rows = tidy if extra is None else pd.concat([tidy, extra], ignore_index=True)
+    ok = rows[(rows["status"] == "ok") & (rows["B"] == 1) & rows["T"].isin([17, 65])]
+    ok = ok[ok["L"] >= 16384].dropna(subset=["time_ms"])
+    out = []
+    for (layout, length, t), g in ok.groupby(["layout", "L", "T"]):
+        picked = _best_ours_and_peer(g)
+        if picked is None:
+            continue
+        best, peer, _ = picked
+        rec = {"layout": layout, "L": int(length), "T": int(t), "ours": best["provider"],
+               "ours_ms": best["time_ms"], "ours_frac": best["frac_of_floor"],
+               "best_peer": None if peer is None else peer["provider"],
+               "speedup_vs_peer": np.nan if peer is None else peer["time_ms"] / best["time_ms"]}  # fmt: skip
+        if str(layout).startswith("mla"):
+            path = g[g["provider"] == "fi_mla"]
+            vs = path["time_ms"].min() / best["time_ms"] if len(path) else np.nan
+            rec["vs_fi_mla"] = vs
+            if length >= FLOOR_TARGET_MIN_L:
+                rec["target"] = f"≥ {MLA_PATH_TARGET:g}x fi_mla"
+                rec["met"] = bool(vs >= MLA_PATH_TARGET) if not np.isnan(vs) else None
+            else:
+                rec["target"], rec["met"] = "", None
+        else:
+            frac = FLOOR_TARGET if length >= FLOOR_TARGET_MIN_L else GQA_FRAC_TARGET_16K
+            met = bool(best["frac_of_floor"] >= frac)
+            rec["target"] = f"≥ {_pct(frac)} of the floor"
+            if length == 131072:
+                rec["target"] += f", ≥ {GQA_PEER_TARGET_128K:g}x the best peer"
+                met = met and bool(rec["speedup_vs_peer"] >= GQA_PEER_TARGET_128K)
+            rec["met"] = met
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def target_findings(targets: pd.DataFrame) -> list[str]:
+    """What an :func:`issue_targets` table says: how many of the targets are met and every
+    point that misses its target, with our number there."""
+    require_columns(targets, {"layout", "L", "T", "ours_frac", "target", "met"}, "targets")
+    asked = targets[targets["target"] != ""]
+    met = asked["met"].fillna(False).astype(bool)
+    out = [f"Issue 4's batch-1 targets: met at {int(met.sum())} of {len(asked)} points."]
+    for r in asked[~met].itertuples(index=False):
+        have = (
+            f"{r.vs_fi_mla:.2f}x fi_mla" if str(r.layout).startswith("mla")
+            else f"{_pct(r.ours_frac)} of the floor"
+        )  # fmt: skip
+        out.append(f"Not met: {r.layout}, T={r.T}, L={r.L // 1024}k: {have} ({r.target}).")
+    return out
+
+
 def grid_findings(grid: pd.DataFrame) -> list[str]:
     """What a whole-grid table (:func:`grid_vs_peers`) says: the points, the speed-up over the
     fastest peer per layout, and every point where a peer was faster, with by how much."""

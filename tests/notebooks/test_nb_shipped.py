@@ -861,3 +861,65 @@ def test_replace_rows():
     }  # fmt: skip
     with pytest.raises(ValueError, match="lack"):
         ns.replace_rows(rows, pd.DataFrame([row("c", "ours", 1.0)]))
+
+
+def _target_rows():
+    """Batch-1 rows at three GQA points and two MLA points (floors 0.05 ms), plus a batch-8
+    and a T=9 row the targets must ignore."""
+    rows = []
+    for case, ours, peer in (
+        ("gqa_x/B1/L16384/T65", 0.125, 0.5),  # 40 % >= 35 %: met
+        ("gqa_x/B1/L32768/T65", 0.1, 0.5),  # 50 % < 60 %: not met
+        ("gqa_x/B1/L131072/T17", 0.0625, 0.15),  # 80 % but 2.4x < 3x the peer: not met
+        ("gqa_x/B8/L32768/T65", 0.06, 0.5),  # batch 8: no target
+        ("gqa_x/B1/L32768/T9", 0.06, 0.5),  # T=9: no target
+    ):
+        rows += [
+            _row(case, "ours_gqa_graph", "time", ours, floor_ms=0.05),
+            _row(case, "ours_gqa_graph", "frac_of_floor", 0.05 / ours, floor_ms=0.05),
+            _row(case, "fi_mask", "time", peer, floor_ms=0.05),
+        ]
+    for case, ours, path in (
+        ("mla_h8/B1/L16384/T17", 0.1, 0.1),  # 16k: nothing asked
+        ("mla_h8/B1/L65536/T65", 0.1, 0.11),  # 1.1x < 1.2x: not met
+        ("mla_h8/B1/L131072/T65", 0.1, 0.13),  # 1.3x: met
+    ):
+        rows += [
+            _row(case, "ours_seesaw_graph", "time", ours, floor_ms=0.05),
+            _row(case, "ours_seesaw_graph", "frac_of_floor", 0.05 / ours, floor_ms=0.05),
+            _row(case, "fi_mla", "time", path, floor_ms=0.05),
+            _row(case, "fi_mla_prefix", "time", ours / 2, floor_ms=0.05),  # a part only
+        ]
+    return pd.DataFrame(rows)
+
+
+def test_issue_targets_point_by_point():
+    t = ns.issue_targets(ns.verify_rows(_target_rows())).set_index(["layout", "L", "T"])
+    assert len(t) == 6  # batch 8 and T=9 left out
+    assert (
+        bool(t.loc[("gqa_x", 16384, 65), "met"])
+        and "35 %" in t.loc[("gqa_x", 16384, 65), "target"]
+    )
+    assert not t.loc[("gqa_x", 32768, 65), "met"]
+    assert t.loc[("gqa_x", 32768, 65), "ours_frac"] == pytest.approx(0.5)
+    assert not t.loc[("gqa_x", 131072, 17), "met"]  # the floor is met, the 3x is not
+    assert t.loc[("gqa_x", 131072, 17), "speedup_vs_peer"] == pytest.approx(2.4)
+    assert t.loc[("mla_h8", 16384, 17), "target"] == ""
+    assert t.loc[("mla_h8", 16384, 17), "met"] is None
+    assert not t.loc[("mla_h8", 65536, 65), "met"]
+    assert t.loc[("mla_h8", 65536, 65), "vs_fi_mla"] == pytest.approx(1.1)
+    assert bool(t.loc[("mla_h8", 131072, 65), "met"])
+    lines = ns.target_findings(t.reset_index())
+    assert lines[0] == "Issue 4's batch-1 targets: met at 2 of 5 points."
+    assert "Not met: gqa_x, T=65, L=32k: 50 % of the floor (≥ 60 % of the floor)." in lines
+    assert "Not met: mla_h8, T=65, L=64k: 1.10x fi_mla (≥ 1.2x fi_mla)." in lines
+    assert len(lines) == 4
+
+
+def test_issue_targets_takes_extra_points():
+    rows = ns.verify_rows(_target_rows())
+    extra = rows[rows["L"] == 32768].assign(L=262144)  # the 32k rows again as another length
+    t = ns.issue_targets(rows[rows["L"] != 32768], extra)
+    assert set(t["L"]) == {16384, 65536, 131072, 262144}
+    with pytest.raises(ValueError, match="tidy"):
+        ns.issue_targets(rows.drop(columns=["status"]))
