@@ -253,18 +253,21 @@ def grid_findings(grid: pd.DataFrame) -> list[str]:
     return out
 
 
-def grid_change_table(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+def grid_change_table(
+    old: pd.DataFrame, new: pd.DataFrame, column: str = "ours_ms"
+) -> pd.DataFrame:
     """Two whole-grid runs (:func:`grid_vs_peers` tables, e.g. before and after a kernel change)
-    per layout and batch: the points both have, how many of them our time fell at, and our time's
+    per layout and batch: the points both have, how many of them the time fell at, and its
     ratio new / old (min, median, max; < 1: faster now), with the points whose ratio rose above
-    1.02 counted."""
-    need = {"layout", "B", "T", "L", "ours_ms"}
+    1.02 counted. ``column``: whose time, ours (``ours_ms``) or the fastest peer's
+    (``peer_ms``)."""
+    need = {"layout", "B", "T", "L", column}
     require_columns(old, need, "old grid")
     require_columns(new, need, "new grid")
     m = new.merge(old, on=["layout", "B", "T", "L"], suffixes=("", "_old"))
     if m.empty:
         raise ValueError("the two grids share no point")
-    m["ratio"] = m["ours_ms"] / m["ours_ms_old"]
+    m["ratio"] = m[column] / m[f"{column}_old"]
     out = m.groupby(["layout", "B"]).agg(
         points=("ratio", "size"),
         faster=("ratio", lambda r: int((r < 1).sum())),

@@ -1234,7 +1234,7 @@ if ab34.exists() and grid is not None and grid_rows33 is not None:
         ns.grid_change_table(grid33, grid)
     )
     tables34["the same: the fastest peer (new / old)"] = ns.grid_change_table(
-        grid33.assign(ours_ms=grid33["peer_ms"]), grid.assign(ours_ms=grid["peer_ms"])
+        grid33, grid, column="peer_ms"
     )
     both = grid.merge(grid33, on=["layout", "B", "T", "L"], suffixes=("", "_33"))
     lost = both[(both["speedup_vs_peer"] < 1) | (both["speedup_vs_peer_33"] < 1)]

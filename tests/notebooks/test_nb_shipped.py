@@ -696,6 +696,9 @@ def test_grid_change_table_counts_faster_and_slower_points():
     assert out.loc[8, "ratio_max"] == pytest.approx(1.05)
     with pytest.raises(ValueError, match="share no point"):
         ns.grid_change_table(old, new.assign(L=1))
+    peers = ns.grid_change_table(old, new.assign(peer_ms=new["peer_ms"] * 2), column="peer_ms")
+    assert peers["ratio_median"].to_numpy() == pytest.approx([2.0, 2.0])
+    assert (peers["slower_2pct"] == 2).all() and (peers["faster"] == 0).all()
 
 
 def test_page_size_table_medians_and_ratio():
