@@ -1211,3 +1211,40 @@ def test_split_pdl_setting(monkeypatch):
         assert cuda_gqa.split_pdl() is on
     src = (cuda_gqa.SOURCE.parent / "sm90_common.cuh").read_text()  # (both split launchers')
     assert 'getenv("KDTREE_CUDA_SPLIT_PDL")' in src and "env[0] != '0'" in src
+
+
+def _busiest_split_tiles(prefix_len: int, t: int, num_splits: int, tile: int) -> int:
+    """The most tiles one split streams, dealt as ``split_tiles<BN, P, true>`` in
+    ``kernels/sm90_common.cuh`` deals them: a chunk of whole tiles, the S-th of the prefix's and
+    the tree's tiles together; the prefix in chunks, the tree's tiles on the last split."""
+    pre, tree = math.ceil(prefix_len / tile), math.ceil(t / tile)
+    chunk = math.ceil(math.ceil((pre + tree) * tile / num_splits) / tile)
+    counts = [min(chunk, max(0, pre - s * chunk)) for s in range(num_splits)]
+    counts[-1] += tree
+    return max(counts)
+
+
+def test_split_count_model_counts_the_tree_tiles_the_kernel_streams():
+    """choose_splits costs a count by ceil(page-table tiles / s); the kernel balances the prefix
+    and the tree tiles over the splits, so the busiest split can stream one tile more than the
+    prefix alone would give (8q/1kv, T=65, 16k at 32 splits: 5 tiles, not 4). The page table a
+    caller sizes covers the tree tokens (the bench: L + the run's largest T, whole pages), so
+    the model's count is what the busiest split streams at every point of the issue's grid."""
+    assert _busiest_split_tiles(16384, 65, 32, 128) == 5  # the case the model must not hit
+    assert _busiest_split_tiles(16384, 65, 33, 128) == 4
+    for hq, hkv in ((8, 1), (32, 8)):
+        for batch in (1, 8, 32):
+            for t in (1, 9, 17, 65, 257):
+                for length in (1024, 4096, 16384, 32768, 65536, 131072, 262144):
+                    for t_max in (t, 257):
+                        max_len = math.ceil((length + t_max) / 16) * 16
+                        plan = cuda_gqa.plan_launch(batch, t, hq, hkv, max_len, 132)
+                        tile = cuda_gqa.SHAPES[plan.wgs][1]
+                        modelled = math.ceil(math.ceil(max_len / tile) / plan.num_splits)
+                        got = _busiest_split_tiles(length, t, plan.num_splits, tile)
+                        assert got <= modelled, (hq, batch, t, length, t_max, plan)
+    assert cuda_gqa.plan_launch(1, 65, 8, 1, 16384 + 80, 132).num_splits == 33
+    # where a count one tile short of the fewest remains, it is the rule's 3 % tolerance: at
+    # 128k 32 splits of 33 tiles, where 33 splits would stream 32
+    assert cuda_gqa.plan_launch(1, 65, 8, 1, 131072 + 80, 132).num_splits == 32
+    assert _busiest_split_tiles(131072, 65, 33, 128) == 32
