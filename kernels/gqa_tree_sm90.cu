@@ -184,7 +184,15 @@ constexpr bool kWideClocks = true;
 #else
 constexpr bool kWideClocks = false;
 #endif
-using Wide = Cfg<2, 128, 3, 40, 232, kWideClocks>;
+// The ring's depth is a measurement knob (session 35: whether the KV stream's pace follows the
+// bytes a CTA keeps in flight): KDTREE_CUDA_DEFINES=KDTREE_GQA_WIDE_STAGES=n / KDTREE_GQA_TALL_STAGES=n.
+#ifndef KDTREE_GQA_WIDE_STAGES
+#define KDTREE_GQA_WIDE_STAGES 3
+#endif
+#ifndef KDTREE_GQA_TALL_STAGES
+#define KDTREE_GQA_TALL_STAGES 5
+#endif
+using Wide = Cfg<2, 128, KDTREE_GQA_WIDE_STAGES, 40, 232, kWideClocks>;
 // Wide with a tail warpgroup of its own for 1-4 rows past four whole blocks (32q/8kv at T=65),
 // session 21: 512 threads, 64K registers: the block warpgroups at 224 (below it ptxas serialises
 // their wgmma, C7512: 200 and 216 did), the tail warpgroup at 40 (one S^T and one O^T
@@ -194,7 +202,7 @@ using WideTail = Cfg<2, 128, 3, 24, 224, false, true, 40>;
 // tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
 // the S, P and O fragments fit, PhaseClocks' ten registers do not (spills), so its clocks sum
 // in shared memory, in a measurement build only (SmemClocks, TallClocks).
-using Tall = Cfg<3, 64, 5, 32, 160, false>;
+using Tall = Cfg<3, 64, KDTREE_GQA_TALL_STAGES, 32, 160, false>;
 
 // Phase clocks summed in shared memory (KDTREE_GQA_CLOCKS=1 in the Tall shape's measurement
 // build, session 15): one register for the last stamp; each stamp adds the cycles since the
