@@ -4,7 +4,7 @@ of CTAs, with a split's fixed keys where the blocks fill more than half the SMs 
 ``cuda_gqa.choose_splits``: waves x (keys + 256), from 16k in each count's own row layout).
 
     python3 tools/gpu/mla_splits.py [--points h16:131072:65,gqa_8q1kv_d128:131072:65:8,...]
-        [--splits 7,8,15,23] [--out DIR]
+        [--splits 7,8,15,23] [--min-keys 256] [--out DIR]
 
 A point is ``layout:length:tree[:batch]`` (batch 1 when left out); ``h8`` / ``h16`` are short
 for ``mla_h8`` / ``mla_h16``. A GQA row also records the launch each split count gets
@@ -70,6 +70,10 @@ def main() -> None:
     ap.add_argument("--splits", default="4,7,8,11,15,16,22,23,30")
     ap.add_argument("--kernel", default="seesaw")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--min-keys", type=int, default=256,
+        help="skip split counts that leave a split fewer prefix keys (choose_splits' bound: 256)",
+    )  # fmt: skip
     a = ap.parse_args()
     env = run_env(shlex.join(["python3", *sys.argv]))
     rows = []
@@ -90,7 +94,7 @@ def main() -> None:
         _, chosen = make()
         counts = sorted({chosen, *(int(x) for x in a.splits.split(","))})
         for splits in counts:
-            if splits > 1 and length // splits < 256:
+            if splits > 1 and length // splits < a.min_keys:
                 continue
             row = {"point": spec, "layout": name, "L": length, "T": t, "batch": batch,
                    "kernel": kernel, "splits": splits, "chosen": splits == chosen}  # fmt: skip
