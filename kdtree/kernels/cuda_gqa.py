@@ -76,6 +76,7 @@ __all__ = [
     "plan_launch",
     "q_groups",
     "key_tail",
+    "split_min_keys",
     "split_pdl",
     "split_tail",
     "row_ctas",
@@ -432,13 +433,29 @@ def _busiest_blocks(rows: int, wgs: int, tail_blocks: int, split: int) -> float:
 LAYOUT_AWARE_MIN_LEN = 16384
 
 
+def split_min_keys(rows: int) -> int:
+    """The fewest prefix keys :func:`choose_splits` leaves a split for ``rows`` packed query rows:
+    one 128-key tile where a split's rows fit one two-warpgroup CTA (at most 128 rows, e.g.
+    8q/1kv at T 1 / 9 / 16, 32q/8kv at T <= 32), else 256. Session 35, call c
+    (``tools/gpu/mla_splits.py``, two passes, µs): at 8q/1kv, batch 1, 16k the 256-key bound
+    held T=1 to 43 splits (10.8) and T=9 to 43 (12.9) where 129 splits, one tile each, took 9.5
+    and 10.6; at 32k, T=9 129 splits 14.2 against the bound's 86 at 14.8, T=1 within 1 %. The
+    three-warpgroup shape keeps 256 keys (8q/1kv, T=17, 32k: 129 splits 15.4 against 103 at
+    14.8). ``KDTREE_GQA_SPLIT_MIN_KEYS=128|256`` forces it (a measurement knob)."""
+    forced = _env_int("KDTREE_GQA_SPLIT_MIN_KEYS", (128, 256))
+    if forced is not None:
+        return forced
+    return 128 if rows <= 128 and launch_plan(rows) == (2, 0) else 256
+
+
 def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sms: int) -> int:
     """KV splits for ``batch`` requests of ``num_kv_heads`` KV heads with ``rows = G * T``
     packed query rows and a prefix bound ``max_len`` (static shapes only). One CTA fits an SM
     (~210-225 KB of shared memory). Modelled time of a split count ``s``: waves ``ceil(ctas * s
     / num_sms)`` times the keys a CTA streams (``ceil(max_len / s)`` in whole tiles) plus 256
     keys of fixed cost (Q load, pipeline fill, epilogue); the smallest ``s`` within 3 % of the
-    best, at most ``_MAX_WAVES`` waves and at least 256 keys a split.
+    best, at most ``_MAX_WAVES`` waves and at least :func:`split_min_keys` keys a split (256, or
+    one 128-key tile where a split's rows fit one two-warpgroup CTA).
 
     From :data:`LAYOUT_AWARE_MIN_LEN` keys each ``s`` is costed in the layout it gets
     (:func:`launch_layout`: the two-CTA tail layouts need a merge, so one split of 260 rows runs
@@ -452,7 +469,9 @@ def choose_splits(batch: int, num_kv_heads: int, rows: int, max_len: int, num_sm
         wgs1, tail_blocks = (3, 2) if _split_tail_rows(rows) else launch_plan(rows)
         per_head = row_ctas(rows, wgs1, tail_blocks)
     ctas1 = batch * num_kv_heads * per_head
-    cap = max(1, min(max_len // 256, (_MAX_WAVES * num_sms) // max(ctas1, 1)))
+    min_keys = split_min_keys(rows)
+    by_keys = max_len // 256 if min_keys == 256 else math.ceil(max_len / min_keys)
+    cap = max(1, min(by_keys, (_MAX_WAVES * num_sms) // max(ctas1, 1)))
     aware = max_len >= LAYOUT_AWARE_MIN_LEN
     if aware:  # (two splits at least: the two-CTA tail layouts need them)
         cap = max(cap, min(2, max_len // 256))

@@ -181,6 +181,36 @@ def test_choose_splits_is_static_and_bounded():
     assert cuda_gqa.workspace_numel(2, 8, 68, 3) == 2 * 8 * 3 * 68 * 65  # 16-bit partials
 
 
+def test_split_min_keys_one_tile_where_a_split_is_one_two_warpgroup_cta(monkeypatch):
+    """Session 35: a split as short as one 128-key tile where its rows fit one two-warpgroup CTA
+    (8q/1kv at T 1 / 9 / 16), 256 keys elsewhere; KDTREE_GQA_SPLIT_MIN_KEYS forces either."""
+    for name in ("KDTREE_GQA_WARPGROUPS", "KDTREE_GQA_TAIL", "KDTREE_GQA_SPLIT_MIN_KEYS"):
+        monkeypatch.delenv(name, raising=False)
+    assert [cuda_gqa.split_min_keys(8 * t) for t in (1, 9, 16, 17, 65)] == [
+        128,
+        128,
+        128,
+        256,
+        256,
+    ]
+    max_len = 16384 + 80
+    for t in (1, 9, 16):  # 129 tiles of 128 keys: one a split, 129 CTAs in one wave
+        assert cuda_gqa.plan_launch(1, t, 8, 1, max_len, 132).num_splits == 129
+    # the three-warpgroup shape keeps its bound (8q/1kv, T=17: 52 splits of >= 256 keys)
+    assert cuda_gqa.plan_launch(1, 17, 8, 1, max_len, 132).num_splits == 52
+    assert cuda_gqa.split_min_keys(8 * 16) == 128
+    monkeypatch.setenv("KDTREE_GQA_WARPGROUPS", "3")  # (forced three warpgroups: 256 keys)
+    assert cuda_gqa.split_min_keys(8) == 256
+    monkeypatch.delenv("KDTREE_GQA_WARPGROUPS")
+    monkeypatch.setenv("KDTREE_GQA_SPLIT_MIN_KEYS", "256")  # the bound before session 35
+    assert cuda_gqa.plan_launch(1, 1, 8, 1, max_len, 132).num_splits == 43
+    s = cuda_gqa.choose_splits(1, 1, 8, max_len, 132)
+    assert max_len // s >= 256
+    monkeypatch.setenv("KDTREE_GQA_SPLIT_MIN_KEYS", "64")
+    with pytest.raises(ValueError):
+        cuda_gqa.split_min_keys(8)
+
+
 def test_choose_splits_costs_the_layout_each_count_gets(monkeypatch):
     """One split of 260 rows runs three-block CTAs (the two-CTA tail layout needs a merge), and
     the split count is costed in that layout since session 26: 32q/8kv, T=65 at batch 8 and 32
