@@ -279,6 +279,22 @@ def grid_change_table(
     return out.reset_index()
 
 
+def grid_point_changes(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """The points whose time of ours differs between two :func:`grid_vs_peers` tables (e.g. the
+    grid before and after some of its rows were replaced): ours old and new, new / old, the
+    fastest peer and our speed-up over it now."""
+    need = {"layout", "B", "T", "L", "ours_ms", "best_peer", "peer_ms", "speedup_vs_peer"}
+    require_columns(old, need, "old grid")
+    require_columns(new, need, "new grid")
+    m = new.merge(old, on=["layout", "B", "T", "L"], suffixes=("", "_old"))
+    m = m[m["ours_ms"] != m["ours_ms_old"]].assign(us_old=lambda d: d["ours_ms_old"] * 1e3,
+                                                   us=lambda d: d["ours_ms"] * 1e3)  # fmt: skip
+    m["new_over_old"] = m["us"] / m["us_old"]
+    cols = ["layout", "B", "T", "L", "us_old", "us", "new_over_old", "best_peer", "peer_ms",
+            "speedup_vs_peer"]  # fmt: skip
+    return m[cols].sort_values(["layout", "B", "T", "L"]).reset_index(drop=True)
+
+
 def page_size_table(df: pd.DataFrame) -> pd.DataFrame:
     """Bench rows of one grid at several page sizes (a ``page_size`` column, rounds in
     ``round``): per point and provider the median µs at each page size and, with two sizes,
@@ -1196,6 +1212,22 @@ def ab_commits_table(df: pd.DataFrame, call: str = "f") -> pd.DataFrame:
     return w.reset_index()
 
 
+def calls_table(df: pd.DataFrame, calls: list[str]) -> pd.DataFrame:
+    """µs by bench point (``name``) and call for single runs packed by
+    ``tools/gpu/pack_ab.py`` (e.g. one run each under other bench settings), the mean over a
+    call's rounds and sides, with each call over the first."""
+    require_columns(df, {"call", "name", "provider", "metric", "p50"}, "packed rows")
+    d = df[df["call"].isin(calls) & (df["metric"] == "time") & (df["provider"] != "device")]
+    if d.empty:
+        raise ValueError(f"no timing rows for calls {calls}")
+    w = d.assign(us=pd.to_numeric(d["p50"]) * 1e3).pivot_table(
+        index="name", columns="call", values="us", aggfunc="mean"
+    )[[c for c in calls if c in set(d["call"])]]
+    for c in w.columns[1:]:
+        w[f"{c}_vs_{w.columns[0]}"] = w[c] / w[w.columns[0]]
+    return w.reset_index()
+
+
 def ab_call_tables(df: pd.DataFrame, calls: dict[str, str]) -> dict[str, pd.DataFrame]:
     """:func:`ab_commits_table` of each call of ``calls`` (call -> what its sides are), keyed
     ``"call <call>: <what>"`` in the order given: a session's A/B calls for a notebook cell."""
@@ -1367,6 +1399,117 @@ def run_spread_table(rows: pd.DataFrame) -> pd.DataFrame:
                         "within_run": g["spread"].max()})  # fmt: skip
     out.insert(4, "max_over_min", out["max_us"] / out["min_us"])
     return out.reset_index()
+
+
+def limits_table(ab: pd.DataFrame, read: pd.DataFrame, merge: pd.DataFrame) -> pd.DataFrame:
+    """Where the time of issue 4's 8q/1kv batch-1 points goes, from one run (session 35; rows in
+    ``data/bench/logs/limits_ab_session35.csv.gz``, ``read_floor_session35.csv.gz``,
+    ``merge_cost_session35.csv.gz``). Per point (L, T): the bench's floor and the time the
+    issue's target allows there (``target_us``: the floor over 35 % below 32k, 60 % from it);
+    ``read_us`` one kernel that only streams the bench's bytes at T=17 (contiguous, call a) and
+    ``read_paged_us`` the same KV through a page table of shuffled 16-token pages (call b, where
+    it ran); ``no_compute_us`` our call with the consumers only waiting and releasing
+    (``KDTREE_GQA_ABLATE=16``: the ring, the page table, the split grid and the merge, no Q, no
+    MMA, no epilogue) and ``ours_us`` the real call, alternating (call a, ``a_ablate``, the
+    mean of two rounds); ``split_us`` the split kernel alone and ``merge_us`` what the merge in
+    stream order adds to it (``tools/gpu/merge_cost.py``, call a: its own timing, not the
+    bench's); ``structure_over_target`` = no-compute time / target time: above 1 our launch
+    structure misses the target with no arithmetic at all."""
+    need_ab = {"call", "side", "round", "name", "provider", "metric", "p50", "config_json"}
+    require_columns(ab, need_ab, "A/B rows")
+    require_columns(read, {"call", "layout", "L", "order", "read_us"}, "read floor rows")
+    require_columns(merge, {"call", "part", "point", "mode", "us"}, "merge cost rows")
+    d = ab[(ab["call"] == "a_ablate") & (ab["metric"] == "time") & (ab["provider"] != "device")]
+    if d.empty:
+        raise ValueError("no a_ablate timing rows")
+    parts = d["name"].str.extract(r"^(gqa_\w+?)_d128/B1/L(\d+)/T(\d+)$")
+    d = d.assign(layout=parts[0], L=pd.to_numeric(parts[1]), T=pd.to_numeric(parts[2]),
+                 us=pd.to_numeric(d["p50"]) * 1e3,
+                 floor_us=[json.loads(c)["floor_ms"] * 1e3 for c in d["config_json"]])  # fmt: skip
+    w = d.pivot_table(index=["layout", "L", "T"], columns="side", values="us", aggfunc="mean")
+    floor = d.groupby(["layout", "L", "T"])["floor_us"].first()
+    t = pd.DataFrame(
+        {"floor_us": floor, "ours_us": w["v0"], "no_compute_us": w["v1"]}
+    ).reset_index()
+    t["target_frac"] = np.where(t["L"] >= FLOOR_TARGET_MIN_L, FLOOR_TARGET, GQA_FRAC_TARGET_16K)
+    t["target_us"] = t["floor_us"] / t["target_frac"]
+    r = read.assign(L=pd.to_numeric(read["L"]), read_us=pd.to_numeric(read["read_us"]))
+    r = r.assign(layout=r["layout"].astype(str).str.replace("_d128", "", regex=False))
+    lay = t["layout"].str.replace("_d128", "", regex=False)
+    contiguous = r[(r["call"] == "a")].set_index(["layout", "L"])["read_us"]
+    paged = r[(r["call"] == "b") & (r["order"] == "random")].set_index(["layout", "L"])["read_us"]
+    keys = list(zip(lay, t["L"], strict=True))
+    t["read_us"] = [contiguous.get(k, np.nan) for k in keys]
+    t["read_paged_us"] = [paged.get(k, np.nan) for k in keys]
+    m = merge[(merge["call"] == "a") & (merge["part"] == "modes")]
+    by = m.assign(us=pd.to_numeric(m["us"])).set_index(["point", "mode"])["us"]
+    pts = [f"{a}_d128:{b}:{c}" for a, b, c in zip(t["layout"], t["L"], t["T"], strict=True)]
+    t["split_us"] = [by.get((p, "split"), np.nan) for p in pts]
+    t["merge_us"] = [by.get((p, "plain"), np.nan) - by.get((p, "split"), np.nan) for p in pts]
+    t["ours_frac"] = t["floor_us"] / t["ours_us"]
+    t["structure_over_target"] = t["no_compute_us"] / t["target_us"]
+    t["ours_over_target"] = t["ours_us"] / t["target_us"]
+    cols = ["layout", "T", "L", "floor_us", "target_frac", "target_us", "read_us",
+            "read_paged_us", "no_compute_us", "split_us", "merge_us", "ours_us", "ours_frac",
+            "structure_over_target", "ours_over_target"]  # fmt: skip
+    return t[cols].sort_values(["layout", "T", "L"]).reset_index(drop=True)
+
+
+def stream_pace_table(merge: pd.DataFrame) -> pd.DataFrame:
+    """The KV stream's pace from ``tools/gpu/merge_cost.py --sweep`` rows (the split kernel
+    alone at a fixed split count over several lengths; ``data/bench/logs/merge_cost*.csv.gz``):
+    per call, point (layout and T), split count and environment (``env``, e.g. the
+    consumers idle), the least-squares line of µs against tiles a CTA streams (``us_a_tile``,
+    ``fixed_us``), what a CTA pulls (``GBps_a_cta``: a tile's K and V bytes, 8q/1kv: 512 bytes a
+    key, over ``us_a_tile``) and the grid together (``TBps``). Only points of one CTA a split
+    (8q/1kv up to T=24: 192 rows); others are left out."""
+    from kdtree.kernels import cuda_gqa
+
+    require_columns(merge, {"call", "part", "point", "splits", "tiles_per_cta", "us"}, "sweep")
+    d = merge[merge["part"] == "sweep"].copy()
+    if d.empty:
+        raise ValueError("no sweep rows")
+    d["env"] = d["env"].fillna("") if "env" in d else ""
+    parts = d["point"].str.split(":", expand=True)
+    d = d.assign(layout=parts[0], T=parts[2].astype(int), splits=d["splits"].astype(int),
+                 tiles=d["tiles_per_cta"].astype(float), us=d["us"].astype(float))  # fmt: skip
+    out = []
+    for (call, env_, layout, t, splits), g in d.groupby(["call", "env", "layout", "T", "splits"]):
+        if "8q1kv" not in layout:
+            raise ValueError(f"{layout}: only 8q/1kv's key bytes are known here")
+        if 8 * t > 192:  # (more than one CTA a split: T=65 runs four)
+            continue
+        keys = cuda_gqa.SHAPES[cuda_gqa.launch_plan(8 * t)[0]][1]
+        slope, icpt = np.polyfit(g["tiles"], g["us"], 1)
+        gbps = keys * 512 / (slope * 1e-6) / 1e9
+        out.append({"call": call, "env": env_, "layout": layout, "T": t, "splits": splits,
+                    "tile_keys": keys, "us_a_tile": slope, "fixed_us": icpt,
+                    "GBps_a_cta": gbps, "TBps": gbps * splits / 1e3})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def limits_findings(table: pd.DataFrame) -> list[str]:
+    """What a :func:`limits_table` says point by point: which targets our launch structure
+    misses with no compute at all, and how far the others are."""
+    require_columns(table, {"T", "L", "target_us", "no_compute_us", "ours_us"}, "limits")
+    out = []
+    for r in table.itertuples(index=False):
+        where = f"T={r.T}, {r.L // 1024}k"
+        if r.ours_us <= r.target_us:
+            out.append(f"{where}: met ({r.ours_us:.1f} µs against {r.target_us:.1f}).")
+        elif r.no_compute_us > r.target_us:
+            out.append(
+                f"{where}: the target allows {r.target_us:.1f} µs; our structure with no "
+                f"compute takes {r.no_compute_us:.1f}, the call {r.ours_us:.1f}."
+            )
+        else:
+            out.append(
+                f"{where}: {r.ours_us:.1f} µs against {r.target_us:.1f} "
+                f"({(r.ours_us / r.target_us - 1) * 100:.0f} % over); with no compute "
+                f"{r.no_compute_us:.1f}: the compute's exposed part is "
+                f"{r.ours_us - r.no_compute_us:.1f} µs."
+            )
+    return out
 
 
 def replace_rows(rows: pd.DataFrame, replacement: pd.DataFrame) -> pd.DataFrame:

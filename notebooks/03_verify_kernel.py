@@ -67,7 +67,8 @@ checks
 # ### Where it stands: the issue's targets and its whole grid (session 34)
 # Every point of the issue's grid — L 1k-256k, T 1 / 9 / 17 / 65 / 257, batch 1 / 8 / 32, GQA
 # 32q/8kv and 8q/1kv, MLA h=8 and 16 — with every provider, at one commit (the kernels of
-# 5a43820): session 34's call b (`tools/gpu/stages_s34b.txt`: GQA then MLA, one run each), call c
+# 5a43820; at the 11 small points session 35's split rule changes, its call d's rows, below):
+# session 34's call b (`tools/gpu/stages_s34b.txt`: GQA then MLA, one run each), call c
 # (`stages_s34c.txt`: the 52 GQA points — T 9 / 257 at batch 8 / 32, and at batch 1, 1k — that
 # call b's time budget left out) and call d (`stages_s34d.txt`: every provider at 8q/1kv, batch
 # 1, T=257, 4k, where call b's budget ran out inside the point; and 32k, which the grid lacks,
@@ -1225,18 +1226,23 @@ else:
 
 # %%
 ab34 = nb.data_path("bench", "logs", "tmap_prefetch_ab_session34.csv.gz")
-if ab34.exists() and grid is not None and grid_rows33 is not None:
+before35 = nb.data_path("bench", "logs", "verify_grid_session34_ours_gqa_before_split_rule.csv.gz")
+grid34 = None
+if grid is not None and before35.exists():  # the grid as session 34 left it
+    grid34 = ns.grid_vs_peers(ns.verify_rows(ns.replace_rows(
+        grid_rows, pd.read_csv(before35, dtype=str, keep_default_na=False))))  # fmt: skip
+if ab34.exists() and grid34 is not None and grid_rows33 is not None:
     tables34 = ns.ab_call_tables(pd.read_csv(ab34), {
         "a_tmap_gqa": "GQA: without the prefetch (v0) against with it (v1)",
         "a_tmap_mla": "MLA (seesaw): the same",
     })  # fmt: skip
     tables34["the grid against the grid after session 33: ours (new / old)"] = (
-        ns.grid_change_table(grid33, grid)
+        ns.grid_change_table(grid33, grid34)
     )
     tables34["the same: the fastest peer (new / old)"] = ns.grid_change_table(
-        grid33, grid, column="peer_ms"
+        grid33, grid34, column="peer_ms"
     )
-    both = grid.merge(grid33, on=["layout", "B", "T", "L"], suffixes=("", "_33"))
+    both = grid34.merge(grid33, on=["layout", "B", "T", "L"], suffixes=("", "_33"))
     lost = both[(both["speedup_vs_peer"] < 1) | (both["speedup_vs_peer_33"] < 1)]
     tables34["points where a peer was faster in either run"] = lost[
         ["layout", "B", "T", "L", "ours_ms_33", "ours_ms", "best_peer_33", "peer_ms_33",
@@ -1245,6 +1251,87 @@ if ab34.exists() and grid is not None and grid_rows33 is not None:
     nb.show_tables(tables34)
 else:
     nb.note("The session-34 rows are not shipped (data/bench/logs/*session34*).")
+
+# %% [markdown]
+# ### Session 35: where the unmet targets' time goes, and one tile a split (shipped)
+# Four device calls (`tools/gpu/stages_s35a.txt` … `stages_s35d.txt`; rows in
+# `data/bench/logs/*session35*`, each call's commit as `git_sha`: a 979758d, b 13a83ab, c 15e9247,
+# d b4d77a1).
+# * **Limits** (call a): at each 8q/1kv, batch-1 point of issue 4's targets, the time the target
+#   allows, one kernel that only reads the bytes (contiguous; call b: through shuffled 16-token
+#   pages, 10 % slower at 128k), our call with the consumers only waiting and releasing
+#   (`KDTREE_GQA_ABLATE=16`: ring, page table, split grid and merge; no Q, MMA or epilogue), the
+#   real call (two alternating rounds), and the split kernel alone / the merge's share from
+#   `tools/gpu/merge_cost.py` (its own timing, ~2 µs above the bench's).
+# * **What one more tree token costs** at the row-block edges (call a, `ours_gqa_graph`):
+#   8q/1kv T 16 → 17 (128 → 136 rows: two-warpgroup CTAs → three), 64 → 65; 32q/8kv 32 → 33.
+# * **The KV stream's pace** (calls b, c): the split kernel alone with idle consumers at 129 / 64 /
+#   32 splits (a CTA pulls ~24 GB/s at 129 CTAs, 40-47 at 64 or fewer: the DRAM side sets the
+#   pace, not a CTA's ring); the ring's depth (`KDTREE_GQA_TALL_STAGES=4|3`,
+#   `KDTREE_GQA_WIDE_STAGES=2`, measurement defines) idle and real; 64-token pages and pages in
+#   order; the L2 evict-first policy against the evict-normal build.
+# * **Split counts** (call c, `tools/gpu/mla_splits.py --min-keys 64`, two passes averaged): the
+#   256-key bound a split held 8q/1kv, T=1 / 9 at 16k to 43 splits where 129 ran 12-18 % faster.
+#   `cuda_gqa.split_min_keys` (b4d77a1) now lets a split be one 128-key tile where its rows fit
+#   one two-warpgroup CTA. Call d: the GQA GPU tests on it (192 passed), the old bound
+#   (`KDTREE_GQA_SPLIT_MIN_KEYS=256`, `v0`) against the rule (`v1`) in two alternating rounds at
+#   the points it changes beside ones it leaves alone, and the grid's `ours_gqa_graph` rows at
+#   the 11 grid points it changes (now in `verify_grid.csv.gz`).
+
+# %%
+L35 = nb.data_path("bench", "logs")
+ab35_path = L35 / "limits_ab_session35.csv.gz"
+limits = None
+if ab35_path.exists():
+    ab35 = pd.read_csv(ab35_path)
+    limits = ns.limits_table(ab35, pd.read_csv(L35 / "read_floor_session35.csv.gz"),
+                             pd.read_csv(L35 / "merge_cost_session35.csv.gz"))  # fmt: skip
+    rule35 = pd.read_csv(L35 / "split_rule_ab_session35.csv.gz")
+    sweep35 = pd.read_csv(L35 / "splits_session35_callc.csv.gz")
+    keys35 = [
+        c for c in sweep35.columns if c not in ("ms", "pass", "timestamp", "command", "error")
+    ]
+    sweep35 = sweep35.groupby(keys35, dropna=False, as_index=False)["ms"].mean()
+    extra35 = ns.verify_rows(ab35[ab35["call"] == "a_extra"])
+    tables35 = {
+        "the unmet points' limits (µs; call a, b's paged read)": limits,
+        "what one more tree token costs (call a, µs)": ns.extra_token_table(extra35),
+        "the KV stream's pace: the split kernel alone (calls a, b)": ns.stream_pace_table(
+            pd.read_csv(L35 / "merge_cost_session35.csv.gz")
+        ),
+        **ns.ab_call_tables(
+            ab35,
+            {
+                "b_stages_nc": "the ring's depth, consumers idle: v0 default, v1 / v2 Tall 4 / 3 "
+                "stages, v3 Wide 2",
+                "b_stages": "the same, real calls",
+                "c_evict_nc": "evict-first (v0) against evict-normal (v1), consumers idle",
+                "c_evict": "the same, real calls",
+            },
+        ),  # fmt: skip
+        "pages in order against 64-token pages, consumers idle (call b)": ns.calls_table(
+            ab35, ["b_pages_ncseq", "b_pages_nc64"]
+        ),
+        "the same, real calls": ns.calls_table(ab35, ["b_pages_seq", "b_pages_64"]),
+        "split counts (call c; new_splits for the grid's page tables of L + 257)": (
+            ns.split_sweep_table(sweep35)
+        ),
+        **ns.ab_call_tables(
+            rule35,
+            {
+                "d_ab1": "the split rule at batch 1: v0 the 256-key bound, v1 one tile a split",
+                "d_ab8": "the same at batch 8",
+            },
+        ),  # fmt: skip
+    }
+    if grid34 is not None:
+        tables35["the grid: the points whose rows call d replaced (µs)"] = ns.grid_point_changes(
+            grid34, grid
+        )
+    nb.show_tables(tables35)
+    nb.markdown("".join(f"- {line}\n" for line in ns.limits_findings(limits)))
+else:
+    nb.note("The session-35 rows are not shipped (data/bench/logs/*session35*).")
 
 # %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
