@@ -1512,6 +1512,54 @@ def limits_findings(table: pd.DataFrame) -> list[str]:
     return out
 
 
+def session35_tables(logs: Path) -> dict[str, pd.DataFrame]:
+    """Session 35's tables for notebook 03, from its rows under ``logs``
+    (``data/bench/logs/*session35*``): the unmet points' limits (:func:`limits_table`), what one
+    more tree token costs (:func:`extra_token_table`), the KV stream's pace
+    (:func:`stream_pace_table`), the ring-depth, evict-policy and split-rule A/Bs
+    (:func:`ab_call_tables`), the page-setting runs (:func:`calls_table`) and the split-count
+    sweep (:func:`split_sweep_table`, the mean of its two passes)."""
+    ab = pd.read_csv(logs / "limits_ab_session35.csv.gz")
+    merge = pd.read_csv(logs / "merge_cost_session35.csv.gz")
+    rule = pd.read_csv(logs / "split_rule_ab_session35.csv.gz")
+    sweep = pd.read_csv(logs / "splits_session35_callc.csv.gz")
+    keys = [c for c in sweep.columns if c not in ("ms", "pass", "timestamp", "command", "error")]
+    sweep = sweep.groupby(keys, dropna=False, as_index=False)["ms"].mean()
+    return {
+        "the unmet points' limits (µs; call a, b's paged read)": limits_table(
+            ab, pd.read_csv(logs / "read_floor_session35.csv.gz"), merge
+        ),
+        "what one more tree token costs (call a, µs)": extra_token_table(
+            verify_rows(ab[ab["call"] == "a_extra"])
+        ),
+        "the KV stream's pace: the split kernel alone (calls a, b)": stream_pace_table(merge),
+        **ab_call_tables(
+            ab,
+            {
+                "b_stages_nc": "the ring's depth, consumers idle: v0 default, v1 / v2 Tall 4 / 3 "
+                "stages, v3 Wide 2",
+                "b_stages": "the same, real calls",
+                "c_evict_nc": "evict-first (v0) against evict-normal (v1), consumers idle",
+                "c_evict": "the same, real calls",
+            },
+        ),  # fmt: skip
+        "pages in order against 64-token pages, consumers idle (call b)": calls_table(
+            ab, ["b_pages_ncseq", "b_pages_nc64"]
+        ),
+        "the same, real calls": calls_table(ab, ["b_pages_seq", "b_pages_64"]),
+        "split counts (call c; new_splits for the grid's page tables of L + 257)": (
+            split_sweep_table(sweep)
+        ),
+        **ab_call_tables(
+            rule,
+            {
+                "d_ab1": "the split rule at batch 1: v0 the 256-key bound, v1 one tile a split",
+                "d_ab8": "the same at batch 8",
+            },
+        ),  # fmt: skip
+    }
+
+
 def replace_rows(rows: pd.DataFrame, replacement: pd.DataFrame) -> pd.DataFrame:
     """Bench rows with every (``name``, ``provider``) that ``replacement`` has taken from it
     instead: e.g. a whole grid as it was before some of its points ran again (session 33's

@@ -185,7 +185,8 @@ constexpr bool kWideClocks = true;
 constexpr bool kWideClocks = false;
 #endif
 // The ring's depth is a measurement knob (session 35: whether the KV stream's pace follows the
-// bytes a CTA keeps in flight): KDTREE_CUDA_DEFINES=KDTREE_GQA_WIDE_STAGES=n / KDTREE_GQA_TALL_STAGES=n.
+// bytes a CTA keeps in flight; it does not): KDTREE_CUDA_DEFINES=KDTREE_GQA_WIDE_STAGES=n or
+// KDTREE_GQA_TALL_STAGES=n.
 #ifndef KDTREE_GQA_WIDE_STAGES
 #define KDTREE_GQA_WIDE_STAGES 3
 #endif

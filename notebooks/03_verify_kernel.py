@@ -1280,57 +1280,21 @@ else:
 
 # %%
 L35 = nb.data_path("bench", "logs")
-ab35_path = L35 / "limits_ab_session35.csv.gz"
 limits = None
-if ab35_path.exists():
-    ab35 = pd.read_csv(ab35_path)
-    limits = ns.limits_table(ab35, pd.read_csv(L35 / "read_floor_session35.csv.gz"),
-                             pd.read_csv(L35 / "merge_cost_session35.csv.gz"))  # fmt: skip
-    rule35 = pd.read_csv(L35 / "split_rule_ab_session35.csv.gz")
-    sweep35 = pd.read_csv(L35 / "splits_session35_callc.csv.gz")
-    keys35 = [
-        c for c in sweep35.columns if c not in ("ms", "pass", "timestamp", "command", "error")
-    ]
-    sweep35 = sweep35.groupby(keys35, dropna=False, as_index=False)["ms"].mean()
-    extra35 = ns.verify_rows(ab35[ab35["call"] == "a_extra"])
-    tables35 = {
-        "the unmet points' limits (µs; call a, b's paged read)": limits,
-        "what one more tree token costs (call a, µs)": ns.extra_token_table(extra35),
-        "the KV stream's pace: the split kernel alone (calls a, b)": ns.stream_pace_table(
-            pd.read_csv(L35 / "merge_cost_session35.csv.gz")
-        ),
-        **ns.ab_call_tables(
-            ab35,
-            {
-                "b_stages_nc": "the ring's depth, consumers idle: v0 default, v1 / v2 Tall 4 / 3 "
-                "stages, v3 Wide 2",
-                "b_stages": "the same, real calls",
-                "c_evict_nc": "evict-first (v0) against evict-normal (v1), consumers idle",
-                "c_evict": "the same, real calls",
-            },
-        ),  # fmt: skip
-        "pages in order against 64-token pages, consumers idle (call b)": ns.calls_table(
-            ab35, ["b_pages_ncseq", "b_pages_nc64"]
-        ),
-        "the same, real calls": ns.calls_table(ab35, ["b_pages_seq", "b_pages_64"]),
-        "split counts (call c; new_splits for the grid's page tables of L + 257)": (
-            ns.split_sweep_table(sweep35)
-        ),
-        **ns.ab_call_tables(
-            rule35,
-            {
-                "d_ab1": "the split rule at batch 1: v0 the 256-key bound, v1 one tile a split",
-                "d_ab8": "the same at batch 8",
-            },
-        ),  # fmt: skip
-    }
+if (L35 / "limits_ab_session35.csv.gz").exists():
+    tables35 = ns.session35_tables(L35)
+    limits = tables35["the unmet points' limits (µs; call a, b's paged read)"]
     if grid34 is not None:
         tables35["the grid: the points whose rows call d replaced (µs)"] = ns.grid_point_changes(
             grid34, grid
         )
     nb.show_tables(tables35)
     nb.markdown("".join(f"- {line}\n" for line in ns.limits_findings(limits)))
+    limits_md = "- Where the unmet points' time goes (session 35, 8q/1kv, batch 1):\n" + "".join(
+        f"  - {line}\n" for line in ns.limits_findings(limits)
+    )
 else:
+    limits_md = ""
     nb.note("The session-35 rows are not shipped (data/bench/logs/*session35*).")
 
 # %% [markdown]
@@ -1430,6 +1394,7 @@ nb.markdown(
         if targets is not None
         else ""
     )
+    + limits_md
     + (
         "- The batch-1 series of sessions 1-25 (bf16):\n"
         + "".join(f"  - {line}\n" for line in ns.verify_findings(versus))
@@ -1461,6 +1426,7 @@ nb.write_summary(
         "targets": None if targets is None else targets.to_dict("records"),
         "targets_met": None if targets is None else int(targets["met"].fillna(False).sum()),
         "targets_asked": None if targets is None else int((targets["target"] != "").sum()),
+        "limits": None if limits is None else limits.to_dict("records"),
         "grid_points": None if grid is None else len(grid),
         "grid_points_peer_faster": (
             None if grid is None else int((grid["speedup_vs_peer"] < 1).sum())

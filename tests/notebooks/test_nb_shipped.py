@@ -926,3 +926,92 @@ def test_issue_targets_takes_extra_points():
     assert set(t["L"]) == {16384, 65536, 131072, 262144}
     with pytest.raises(ValueError, match="tidy"):
         ns.issue_targets(rows.drop(columns=["status"]))
+
+
+def _limits_inputs():
+    """A two-point limits run: 8q/1kv, T=17 at 16k (35 % asked) and 128k (60 %)."""
+    ab = []
+    for length, floor, real, idle in (
+        (16384, 0.002, 0.0125, 0.0073),
+        (131072, 0.016, 0.0295, 0.0246),
+    ):
+        case = f"gqa_8q1kv_d128/B1/L{length}/T17"
+        for rnd in (1, 2):
+            for side, ms in (("v0", real), ("v1", idle)):
+                ab.append(_row(case, "ours_gqa_graph", "time", ms * (1 + 0.01 * (rnd - 1)),
+                               floor_ms=floor) | {"call": "a_ablate", "side": side, "round": rnd})  # fmt: skip
+    ab.append(
+        _row("ceilings", "device", "copy_bandwidth", 4.2)
+        | {"call": "a_ablate", "side": "v0", "round": 1}
+    )
+    read = pd.DataFrame([
+        {"call": "a", "layout": "gqa_8q1kv", "L": 16384, "order": "contiguous", "read_us": 4.0},
+        {"call": "a", "layout": "gqa_8q1kv", "L": 131072, "order": "contiguous", "read_us": 18.8},
+        {"call": "b", "layout": "gqa_8q1kv", "L": 131072, "order": "random", "read_us": 20.6},
+    ])  # fmt: skip
+    merge = pd.DataFrame([
+        {"call": "a", "part": "modes", "point": "gqa_8q1kv_d128:131072:17", "mode": m, "us": us}
+        for m, us in (("plain", 31.0), ("split", 26.5))
+    ])  # fmt: skip
+    return pd.DataFrame(ab), read, merge
+
+
+def test_limits_table_puts_each_time_beside_the_target():
+    ab, read, merge = _limits_inputs()
+    t = ns.limits_table(ab, read, merge).set_index("L")
+    assert t.loc[16384, "target_us"] == pytest.approx(2.0 / 0.35)
+    assert t.loc[131072, "target_us"] == pytest.approx(16.0 / 0.6)
+    assert t.loc[131072, "ours_us"] == pytest.approx(29.5 * 1.005)  # the mean of two rounds
+    assert t.loc[131072, "read_paged_us"] == pytest.approx(20.6)
+    assert np.isnan(t.loc[16384, "read_paged_us"]) and np.isnan(t.loc[16384, "merge_us"])
+    assert t.loc[131072, "merge_us"] == pytest.approx(4.5)
+    assert t.loc[16384, "structure_over_target"] > 1 > t.loc[131072, "structure_over_target"]
+    lines = ns.limits_findings(t.reset_index())
+    assert "our structure with no compute takes 7.3" in lines[0]
+    assert "11 % over" in lines[1] and "exposed part is 4.9" in lines[1]
+    with pytest.raises(ValueError, match="no a_ablate"):
+        ns.limits_table(ab.assign(call="x"), read, merge)
+
+
+def test_stream_pace_table_fits_a_line_and_skips_multi_cta_splits():
+    rows = [{"call": "b", "part": "sweep", "point": f"gqa_8q1kv_d128:{n}:17", "splits": 64,
+             "tiles_per_cta": tiles, "us": 2.0 + 0.8 * tiles, "env": "KDTREE_GQA_ABLATE=16"}
+            for n, tiles in ((16384, 5), (65536, 17), (131072, 33))]  # fmt: skip
+    rows.append({"call": "a", "part": "sweep", "point": "gqa_8q1kv_d128:16384:65", "splits": 43,
+                 "tiles_per_cta": 6, "us": 13.0, "env": ""})  # fmt: skip
+    t = ns.stream_pace_table(pd.DataFrame(rows))
+    assert len(t) == 1  # (T=65 runs four CTAs a split: left out)
+    r = t.iloc[0]
+    assert r["us_a_tile"] == pytest.approx(0.8) and r["fixed_us"] == pytest.approx(2.0)
+    assert r["GBps_a_cta"] == pytest.approx(64 * 512 / 0.8e-6 / 1e9)  # three-warpgroup tiles
+    assert r["TBps"] == pytest.approx(r["GBps_a_cta"] * 64 / 1e3)
+    with pytest.raises(ValueError, match="no sweep"):
+        ns.stream_pace_table(pd.DataFrame(rows).assign(part="modes"))
+
+
+def test_calls_table_and_grid_point_changes():
+    rows = [_row("gqa_x/B1/L65536/T1", "ours_gqa_graph", "time", ms) | {"call": c}
+            for c, ms in (("seq", 0.02), ("p64", 0.019), ("p64", 0.021))]  # fmt: skip
+    t = ns.calls_table(pd.DataFrame(rows), ["seq", "p64"]).iloc[0]
+    assert t["seq"] == pytest.approx(20.0) and t["p64_vs_seq"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no timing rows"):
+        ns.calls_table(pd.DataFrame(rows), ["other"])
+    old = ns.grid_vs_peers(ns.verify_rows(_grid_rows()))
+    new = old.copy()
+    new.loc[(new["B"] == 1) & (new["T"] == 1), "ours_ms"] *= 0.8
+    ch = ns.grid_point_changes(old, new)
+    assert len(ch) == 1 and ch.iloc[0]["new_over_old"] == pytest.approx(0.8)
+
+
+def test_session35_tables_read_the_shipped_rows():
+    from kdtree import nb
+
+    logs = nb.data_path("bench", "logs")
+    if not (logs / "limits_ab_session35.csv.gz").exists():
+        pytest.skip("session 35's rows are not in this checkout")
+    tables = ns.session35_tables(logs)
+    limits = next(v for k, v in tables.items() if k.startswith("the unmet points"))
+    assert len(limits) == 8 and (limits["ours_us"] > limits["no_compute_us"]).all()
+    rule = next(v for k, v in tables.items() if "v1 one tile a split" in k)
+    at16k = rule.set_index("name").loc["gqa_8q1kv_d128/B1/L16384/T1", "v1_vs_v0"]
+    assert at16k < 0.95  # the shipped A/B: one tile a split is faster there
