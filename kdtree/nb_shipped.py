@@ -1517,15 +1517,16 @@ def session35_tables(logs: Path) -> dict[str, pd.DataFrame]:
     (``data/bench/logs/*session35*``): the unmet points' limits (:func:`limits_table`), what one
     more tree token costs (:func:`extra_token_table`), the KV stream's pace
     (:func:`stream_pace_table`), the ring-depth, evict-policy and split-rule A/Bs
-    (:func:`ab_call_tables`), the page-setting runs (:func:`calls_table`) and the split-count
-    sweep (:func:`split_sweep_table`, the mean of its two passes)."""
+    (:func:`ab_call_tables`), the page-setting runs (:func:`calls_table`), the split-count
+    sweep (:func:`split_sweep_table`, the mean of its two passes) and call e's merge launches
+    (:func:`merge_mode_table`)."""
     ab = pd.read_csv(logs / "limits_ab_session35.csv.gz")
     merge = pd.read_csv(logs / "merge_cost_session35.csv.gz")
     rule = pd.read_csv(logs / "split_rule_ab_session35.csv.gz")
     sweep = pd.read_csv(logs / "splits_session35_callc.csv.gz")
     keys = [c for c in sweep.columns if c not in ("ms", "pass", "timestamp", "command", "error")]
     sweep = sweep.groupby(keys, dropna=False, as_index=False)["ms"].mean()
-    return {
+    out = {
         "the unmet points' limits (µs; call a, b's paged read)": limits_table(
             ab, pd.read_csv(logs / "read_floor_session35.csv.gz"), merge
         ),
@@ -1556,8 +1557,28 @@ def session35_tables(logs: Path) -> dict[str, pd.DataFrame]:
                 "d_ab1": "the split rule at batch 1: v0 the 256-key bound, v1 one tile a split",
                 "d_ab8": "the same at batch 8",
             },
-        ),  # fmt: skip
+        ),
     }
+    pdl = logs / "merge_pdl_session35_calle.csv.gz"
+    if pdl.exists():
+        out["the merge at 132 splits: a dependent launch (auto) or stream order (call e, µs)"] = (
+            merge_mode_table(pd.read_csv(pdl))
+        )
+    return out
+
+
+def merge_mode_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``tools/gpu/mla_splits.py`` rows of the same split counts under several
+    ``KDTREE_CUDA_MERGE`` settings (column ``mode``; session 35's call e): µs by (T, L, split
+    count) and mode (the mean of the passes), the merge each launched under ``auto``
+    (``auto_merge``: 1 stream order, 2 a dependent launch) and plain over auto."""
+    require_columns(df, {"T", "L", "splits", "mode", "ms", "merge"}, "split rows")
+    d = df.assign(us=pd.to_numeric(df["ms"]) * 1e3)
+    w = d.pivot_table(index=["T", "L", "splits"], columns="mode", values="us", aggfunc="mean")
+    w["auto_merge"] = d[d["mode"] == "auto"].groupby(["T", "L", "splits"])["merge"].first()
+    if {"auto", "plain"} <= set(w.columns):
+        w["plain_over_auto"] = w["plain"] / w["auto"]
+    return w.reset_index()
 
 
 def replace_rows(rows: pd.DataFrame, replacement: pd.DataFrame) -> pd.DataFrame:

@@ -1254,9 +1254,9 @@ else:
 
 # %% [markdown]
 # ### Session 35: where the unmet targets' time goes, and one tile a split (shipped)
-# Four device calls (`tools/gpu/stages_s35a.txt` … `stages_s35d.txt`; rows in
+# Five device calls (`tools/gpu/stages_s35a.txt` … `stages_s35e.txt`; rows in
 # `data/bench/logs/*session35*`, each call's commit as `git_sha`: a 979758d, b 13a83ab, c 15e9247,
-# d b4d77a1).
+# d b4d77a1, e d3436a0).
 # * **Limits** (call a): at each 8q/1kv, batch-1 point of issue 4's targets, the time the target
 #   allows, one kernel that only reads the bytes (contiguous; call b: through shuffled 16-token
 #   pages, 10 % slower at 128k), our call with the consumers only waiting and releasing
@@ -1277,6 +1277,10 @@ else:
 #   (`KDTREE_GQA_SPLIT_MIN_KEYS=256`, `v0`) against the rule (`v1`) in two alternating rounds at
 #   the points it changes beside ones it leaves alone, and the grid's `ours_gqa_graph` rows at
 #   the 11 grid points it changes (now in `verify_grid.csv.gz`).
+# * **The merge at 132 one-CTA splits** (call e): as a dependent launch (`auto` where the split
+#   grid fills the SMs) it cost 2.5-3.1 µs against stream order at 8q/1kv, T ≤ 17; at T=65 (four
+#   CTAs a split) it stays 0.4 µs faster. `resolve_merge` now keeps stream order where a split
+#   is one CTA (a count the split rule can pick: T=1 at 16768 keys).
 
 # %%
 L35 = nb.data_path("bench", "logs")

@@ -148,11 +148,12 @@ def merge_for(num_splits: int) -> int:
     return 0 if num_splits > MERGE_MAX_SPLITS else mode
 
 
-def resolve_merge(merge: int, split_ctas: int, num_sms: int) -> int:
+def resolve_merge(merge: int, split_ctas: int, num_sms: int, one_cta_a_split: bool = False) -> int:
     """The merge launch for ``merge`` (:func:`merge_for`) after a split grid of ``split_ctas``
     CTAs (one an SM): ``merge`` unless it is :data:`MERGE_AUTO`, which takes the programmatic
     dependent launch where every wave of the split grid fills the SMs (``split_ctas`` a
-    multiple of ``num_sms``), so no SM is free when its last CTA starts, else stream order.
+    multiple of ``num_sms``), so no SM is free when its last CTA starts, and a split's rows take
+    more than one CTA (``one_cta_a_split`` False); else stream order.
 
     Why: a dependent launch puts the merge's CTAs on the SMs as the split grid's last CTAs leave
     them, so they wait there for its end instead of being launched after it. Where SMs are free
@@ -162,10 +163,17 @@ def resolve_merge(merge: int, split_ctas: int, num_sms: int) -> int:
     order (session 23 call f, session 25 call a; ``data/bench/logs/gqa_ab_session2{3,5}.csv.gz``):
     at 8q/1kv, T=65, 16k-64k (132 split CTAs) 0.8-2.5 % less time (64k 37.66 -> 37.28 us in
     call a); with SMs free 2.3 % more at 8q/1kv, T=17, 16k (64 CTAs, call a), 5.5-12.8 % more at
-    8q/1kv, T=17, 32k-128k (103-129 CTAs, call f) and 0.4-8.8 % at 32q/8kv (120-128 CTAs)."""
+    8q/1kv, T=17, 32k-128k (103-129 CTAs, call f) and 0.4-8.8 % at 32q/8kv (120-128 CTAs).
+    Where each split is one CTA (8q/1kv at T <= 17) a full grid does not make it pay: session 35,
+    call e (``tools/gpu/mla_splits.py`` at 132 splits under ``KDTREE_CUDA_MERGE=auto`` and
+    ``plain``, two passes, ``data/bench/logs/merge_pdl_session35_calle.csv.gz``), the dependent
+    merge 2.5-3.1 µs slower at 8q/1kv, batch 1, T 1 / 9 / 17, 16k-64k (T=1, 16768 keys, the count
+    the split rule picks there: 12.56 against 9.46 µs), while at T=65 (four CTAs a split) it
+    stayed 0.4 µs faster (16k: 16.61 against 17.04)."""
     if merge != MERGE_AUTO:
         return merge
-    return MERGE_PDL if split_ctas > 0 and split_ctas % num_sms == 0 else MERGE_PLAIN
+    full = split_ctas > 0 and split_ctas % num_sms == 0
+    return MERGE_PDL if full and not one_cta_a_split else MERGE_PLAIN
 
 
 def merge_ctas(rows: int, heads: int, entries: int, head_dim: int = 128) -> int:

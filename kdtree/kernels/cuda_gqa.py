@@ -394,7 +394,7 @@ def plan_launch(
     wgs, tail_blocks, split = launch_layout(rows, s, merge, max_len)
     # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs
     grid_x = 2 if split == 2 else row_ctas(rows, wgs, tail_blocks)
-    merge = resolve_merge(merge, batch * heads * grid_x * s, num_sms)
+    merge = resolve_merge(merge, batch * heads * grid_x * s, num_sms, one_cta_a_split=grid_x == 1)
     return GqaLaunch(
         r, heads, rows, s, wgs, tail_blocks, split, merge, workspace_numel(batch, heads, rows, s)
     )

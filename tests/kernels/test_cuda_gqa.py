@@ -1187,6 +1187,9 @@ def test_auto_merge_launch(monkeypatch):
     assert resolve_merge(3, 131, 132) == 1 and resolve_merge(3, 64, 132) == 1
     assert resolve_merge(3, 200, 132) == 1  # a second wave of 68: 64 SMs free at its start
     assert resolve_merge(3, 0, 132) == 1
+    # one CTA a split (session 35, call e: the dependent merge 2.5-3.1 us slower there)
+    assert resolve_merge(3, 132, 132, one_cta_a_split=True) == 1
+    assert resolve_merge(2, 132, 132, one_cta_a_split=True) == 2  # (forced stays forced)
     for forced in (0, 1, 2):
         assert resolve_merge(forced, 132, 132) == forced
         assert resolve_merge(forced, 64, 132) == forced
@@ -1201,6 +1204,10 @@ def test_auto_merge_launch(monkeypatch):
     assert merge_at(8, 1, 65, 131072) == 1  # 32 splits: 4 SMs free
     for length in (16384, 32768, 65536, 131072):  # 8q/1kv, T=17: 52-129 split CTAs
         assert merge_at(8, 1, 17, length) == 1
+    # 8q/1kv, T=1 at 16768 keys: the split rule's 132 splits of one tile, one CTA each: stream
+    # order (call e: 9.46 us against 12.56 as a dependent launch)
+    plan = cuda_gqa.plan_launch(1, 1, 8, 1, 16784, 132)
+    assert (plan.num_splits, plan.merge) == (132, 1)
     for t in (17, 65):
         for length in (16384, 65536, 131072):
             assert merge_at(32, 8, t, length) == 1

@@ -1015,3 +1015,6 @@ def test_session35_tables_read_the_shipped_rows():
     rule = next(v for k, v in tables.items() if "v1 one tile a split" in k)
     at16k = rule.set_index("name").loc["gqa_8q1kv_d128/B1/L16384/T1", "v1_vs_v0"]
     assert at16k < 0.95  # the shipped A/B: one tile a split is faster there
+    pdl = next(v for k, v in tables.items() if k.startswith("the merge at 132"))
+    one_cta = pdl[(pdl["splits"] == 132) & (pdl["T"] <= 17)]
+    assert (one_cta["auto_merge"] == 2).all() and (one_cta["plain_over_auto"] < 0.9).all()
