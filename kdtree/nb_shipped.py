@@ -1543,7 +1543,7 @@ def session35_tables(logs: Path) -> dict[str, pd.DataFrame]:
                 "c_evict_nc": "evict-first (v0) against evict-normal (v1), consumers idle",
                 "c_evict": "the same, real calls",
             },
-        ),  # fmt: skip
+        ),
         "pages in order against 64-token pages, consumers idle (call b)": calls_table(
             ab, ["b_pages_ncseq", "b_pages_nc64"]
         ),
@@ -1570,8 +1570,9 @@ def session35_tables(logs: Path) -> dict[str, pd.DataFrame]:
 def merge_mode_table(df: pd.DataFrame) -> pd.DataFrame:
     """``tools/gpu/mla_splits.py`` rows of the same split counts under several
     ``KDTREE_CUDA_MERGE`` settings (column ``mode``; session 35's call e): µs by (T, L, split
-    count) and mode (the mean of the passes), the merge each launched under ``auto``
-    (``auto_merge``: 1 stream order, 2 a dependent launch) and plain over auto."""
+    count) and mode (the mean of the passes), the merge each launched under ``auto`` at the
+    commit that ran it (``auto_merge``: 1 stream order, 2 a dependent launch) and plain over
+    auto."""
     require_columns(df, {"T", "L", "splits", "mode", "ms", "merge"}, "split rows")
     d = df.assign(us=pd.to_numeric(df["ms"]) * 1e3)
     w = d.pivot_table(index=["T", "L", "splits"], columns="mode", values="us", aggfunc="mean")
