@@ -4,6 +4,7 @@ comparisons on a GPU."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import re
 
@@ -44,9 +45,11 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
             # in session 21 with the tail warpgroup 6-15 % less time than the split tail), and
             # since session 24 its consumers, holding the scores through the max-free path,
             # reload two MMA descriptors a tile (two 8-byte local loads; measured 1.3-4.7 % less
-            # time at T=65 with them, call f); no more
-            assert info["spill_stores"] <= 52 and info["spill_loads"] <= 84, (name, info)
-            assert info["stack"] <= 24, (name, info)
+            # time at T=65 with them, call f); since session 36 the strided split's first page
+            # entry, read before the barriers' setup, parks too (56 / 60 bytes against 52 / 84
+            # with the chunked split); no more
+            assert info["spill_stores"] <= 56 and info["spill_loads"] <= 60, (name, info)
+            assert info["stack"] <= 32, (name, info)
             continue
         if "CfgILi3ELi64E" in name:  # Tall: the max-free path reloads one MMA descriptor a tile
             # (one 8-byte local load; 1.5-3.0 % less time at 8q/1kv, T=17, session 24 call f)
@@ -69,8 +72,9 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     whole-sector stores, the row-a-CTA merge's loads) the stamps' registers push one value of
     the split kernels and of the row-a-CTA merge to the stack there (4-8 bytes; WideTail 4 more
     than its producer's 24; since session 24's max-free path WideTail 48 and Tall 12, the
-    default build's descriptor reloads among them): bounded here, so a timeline that starts to
-    spill more is caught. The default build's bounds are the test above's."""
+    default build's descriptor reloads among them; since session 36 WideTail's strided first
+    page entry 4 more): bounded here, so a timeline that starts to spill more is caught. The
+    default build's bounds are the test above's."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
     assert sum("gqa_split_kernel" in k for k in kernels) == 12
     assert sum("merge_splits" in k for k in kernels) == 4
@@ -78,7 +82,7 @@ def test_timeline_build_compiles_without_spills(tmp_path):
         if "merge_splits_warp_kernel" in name:
             assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
         elif "ELb1ELi40E" in name:  # WideTail: its producer's spills (the default build's test)
-            assert info["spill_stores"] <= 48 and info["stack"] <= 24, (name, info)
+            assert info["spill_stores"] <= 52 and info["stack"] <= 32, (name, info)
         elif "CfgILi3ELi64E" in name:  # Tall: a descriptor reload (the default build's test)
             assert info["spill_stores"] <= 12 and info["stack"] <= 16, (name, info)
         else:
@@ -1250,15 +1254,47 @@ def test_split_pdl_setting(monkeypatch):
     assert 'getenv("KDTREE_CUDA_SPLIT_PDL")' in src and "env[0] != '0'" in src
 
 
-def _busiest_split_tiles(prefix_len: int, t: int, num_splits: int, tile: int) -> int:
-    """The most tiles one split streams, dealt as ``split_tiles<BN, P, true>`` in
-    ``kernels/sm90_common.cuh`` deals them: a chunk of whole tiles, the S-th of the prefix's and
-    the tree's tiles together; the prefix in chunks, the tree's tiles on the last split."""
+def _split_tiles(prefix_len: int, t: int, num_splits: int, tile: int, strided: bool = True):
+    """Each split's tiles, numbered as the kernel numbers them (the prefix's ``pre`` tiles, then
+    the tree's), dealt as ``kernels/gqa_tree_sm90.cu`` deals them. Strided (the default,
+    ``split_tiles_strided``): split s takes tiles s, s + S, s + 2S, ... of the prefix's and the
+    tree's tiles together. Chunked (the measurement build ``KDTREE_GQA_CHUNKED``,
+    ``split_tiles<BN, P, true>`` in ``kernels/sm90_common.cuh``): a chunk of whole tiles, the
+    S-th of the prefix's and the tree's together; the prefix in chunks, the tree's tiles on the
+    last split."""
     pre, tree = math.ceil(prefix_len / tile), math.ceil(t / tile)
+    if strided:
+        return [list(range(s, pre + tree, num_splits)) for s in range(num_splits)]
     chunk = math.ceil(math.ceil((pre + tree) * tile / num_splits) / tile)
-    counts = [min(chunk, max(0, pre - s * chunk)) for s in range(num_splits)]
-    counts[-1] += tree
-    return max(counts)
+    deal = [list(range(s * chunk, min(pre, s * chunk + chunk))) for s in range(num_splits)]
+    deal[-1] += list(range(pre, pre + tree))
+    return deal
+
+
+def _busiest_split_tiles(prefix_len: int, t: int, num_splits: int, tile: int) -> int:
+    """The most tiles one split streams (:func:`_split_tiles`, the default dealing)."""
+    return max(len(d) for d in _split_tiles(prefix_len, t, num_splits, tile))
+
+
+@pytest.mark.parametrize("strided", [True, False])
+def test_split_dealing_covers_every_tile_once(strided):
+    """Both dealings give every prefix and tree tile to exactly one split, a split's tiles in
+    order; the strided one is balanced to one tile and starts split s at tile s (whatever the
+    prefix length: what lets the kernel read its first page entries beside the prefix length),
+    the chunked one at most one chunk's worth of tiles a split."""
+    for length, t, splits, tile in itertools.product(
+        (1, 63, 64, 1000, 16384, 16385), (1, 17, 65, 257), (1, 2, 7, 33, 129), (64, 128)
+    ):
+        deal = _split_tiles(length, t, splits, tile, strided)
+        total = math.ceil(length / tile) + math.ceil(t / tile)
+        assert sorted(x for d in deal for x in d) == list(range(total))
+        assert all(d == sorted(d) for d in deal)
+        counts = [len(d) for d in deal]
+        if strided:
+            assert max(counts) - min(counts) <= 1
+            assert all(d[0] == s for s, d in enumerate(deal) if d)
+        else:
+            assert max(counts) <= math.ceil(total / splits) + math.ceil(t / tile)
 
 
 def test_split_count_model_counts_the_tree_tiles_the_kernel_streams():
