@@ -324,12 +324,12 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// The strided split (the default; the measurement build KDTREE_GQA_CHUNKED keeps split_tiles'
-// chunks): the prefix's P tiles and the tree's tiles numbered together, split s takes tiles s,
-// s + S, s + 2S, ... So a split's first tile is tile s whatever the prefix length, and its
-// page-table entries can be read while the prefix length is (strided_first_slot): one dependent
-// load fewer before the first copy. Balanced to one tile. TileSeq's `start` is the first tile's
-// key; the tiles' keys are prefix_pos / tree_pos.
+// The strided split (the measurement build KDTREE_GQA_STRIDED; the default build keeps
+// split_tiles' chunks): the prefix's P tiles and the tree's tiles numbered together, split s
+// takes tiles s, s + S, s + 2S, ... So a split's first tile is tile s whatever the prefix
+// length, and its page-table entries can be read while the prefix length is
+// (strided_first_slot): one dependent load fewer before the first copy. Balanced to one tile.
+// TileSeq's `start` is the first tile's key; the tiles' keys are prefix_pos / tree_pos.
 template <int BN>
 __device__ __forceinline__ TileSeq split_tiles_strided(const Params& p, int split, int b) {
   TileSeq ts;
@@ -351,18 +351,18 @@ __device__ __forceinline__ TileSeq split_tiles_strided(const Params& p, int spli
 // S * BN, is a kernel parameter times a constant).
 template <class C>
 __device__ __forceinline__ int prefix_pos(const Params& p, const TileSeq& ts, int tile) {
-#ifdef KDTREE_GQA_CHUNKED
-  return ts.start + tile * C::BN;
-#else
+#ifdef KDTREE_GQA_STRIDED
   return ts.start + tile * p.num_splits * C::BN;
+#else
+  return ts.start + tile * C::BN;
 #endif
 }
 template <class C>
 __device__ __forceinline__ int tree_pos(const Params& p, const TileSeq& ts, int tile) {
-#ifdef KDTREE_GQA_CHUNKED
-  return (tile - ts.n_pre) * C::BN;
-#else
+#ifdef KDTREE_GQA_STRIDED
   return prefix_pos<C>(p, ts, tile) - (ts.L + C::BN - 1) / C::BN * C::BN;
+#else
+  return (tile - ts.n_pre) * C::BN;
 #endif
 }
 
@@ -1430,14 +1430,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
   const int32_t* pt_row = p.page_table + b * p.spt_b;
-#ifdef KDTREE_GQA_CHUNKED
-  const TileSeq ts = split_tiles<BN, Params, true>(p, split, b);
-#else
+#ifdef KDTREE_GQA_STRIDED
   // the strided split's first page entries, read while the prefix length is (the producer's
   // first warp; see strided_first_slot)
   const bool early = tid >= CONSUMERS && tid < CONSUMERS + 32;
   const int first_slot = early ? strided_first_slot<C>(p, pt_row, split, tid - CONSUMERS) : 0;
   const TileSeq ts = split_tiles_strided<BN>(p, split, b);
+#else
+  const TileSeq ts = split_tiles<BN, Params, true>(p, split, b);
 #endif
   const int n = ts.n_tiles;
 #ifdef KDTREE_TIMELINE
@@ -1503,12 +1503,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
 #endif
-#ifdef KDTREE_GQA_CHUNKED
-    int next_slot = !C::KEY_TAIL && pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
-    constexpr bool STRIDED = false;
-#else
+#ifdef KDTREE_GQA_STRIDED
     int next_slot = first_slot;
     constexpr bool STRIDED = true;
+#else
+    int next_slot = !C::KEY_TAIL && pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
+    constexpr bool STRIDED = false;
 #endif
     for (int tile = 0; tile < n; ++tile) {
       // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the

@@ -45,11 +45,9 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
             # in session 21 with the tail warpgroup 6-15 % less time than the split tail), and
             # since session 24 its consumers, holding the scores through the max-free path,
             # reload two MMA descriptors a tile (two 8-byte local loads; measured 1.3-4.7 % less
-            # time at T=65 with them, call f); since session 36 the strided split's first page
-            # entry, read before the barriers' setup, parks too (56 / 60 bytes against 52 / 84
-            # with the chunked split); no more
-            assert info["spill_stores"] <= 56 and info["spill_loads"] <= 60, (name, info)
-            assert info["stack"] <= 32, (name, info)
+            # time at T=65 with them, call f); no more
+            assert info["spill_stores"] <= 52 and info["spill_loads"] <= 84, (name, info)
+            assert info["stack"] <= 24, (name, info)
             continue
         if "CfgILi3ELi64E" in name:  # Tall: the max-free path reloads one MMA descriptor a tile
             # (one 8-byte local load; 1.5-3.0 % less time at 8q/1kv, T=17, session 24 call f)
@@ -72,9 +70,8 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     whole-sector stores, the row-a-CTA merge's loads) the stamps' registers push one value of
     the split kernels and of the row-a-CTA merge to the stack there (4-8 bytes; WideTail 4 more
     than its producer's 24; since session 24's max-free path WideTail 48 and Tall 12, the
-    default build's descriptor reloads among them; since session 36 WideTail's strided first
-    page entry 4 more): bounded here, so a timeline that starts to spill more is caught. The
-    default build's bounds are the test above's."""
+    default build's descriptor reloads among them): bounded here, so a timeline that starts to
+    spill more is caught. The default build's bounds are the test above's."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
     assert sum("gqa_split_kernel" in k for k in kernels) == 12
     assert sum("merge_splits" in k for k in kernels) == 4
@@ -82,11 +79,30 @@ def test_timeline_build_compiles_without_spills(tmp_path):
         if "merge_splits_warp_kernel" in name:
             assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
         elif "ELb1ELi40E" in name:  # WideTail: its producer's spills (the default build's test)
-            assert info["spill_stores"] <= 52 and info["stack"] <= 32, (name, info)
+            assert info["spill_stores"] <= 48 and info["stack"] <= 24, (name, info)
         elif "CfgILi3ELi64E" in name:  # Tall: a descriptor reload (the default build's test)
             assert info["spill_stores"] <= 12 and info["stack"] <= 16, (name, info)
         else:
             assert info["spill_stores"] <= 8 and info["stack"] <= 8, (name, info)
+
+
+@needs_nvcc
+def test_strided_build_compiles_with_the_default_builds_spills(tmp_path):
+    """The strided split's measurement build (KDTREE_GQA_STRIDED, session 36) spills no more
+    than the default build in Tall and Wide; WideTail's producer (24 registers) parks the first
+    page entry it reads before the barriers' setup (56 / 60 bytes stored / loaded against the
+    default's 52 / 84)."""
+    kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_GQA_STRIDED",)).log)
+    split = {k: v for k, v in kernels.items() if "gqa_split_kernel" in k}
+    assert len(split) == 12
+    for name, info in split.items():
+        if "ELb1ELi40E" in name:  # WideTail
+            assert info["spill_stores"] <= 56 and info["spill_loads"] <= 60, (name, info)
+            assert info["stack"] <= 32, (name, info)
+        elif "CfgILi3ELi64E" in name:  # Tall
+            assert info["spill_stores"] <= 8 and info["spill_loads"] <= 16, (name, info)
+        else:  # Wide
+            assert info["spill_stores"] <= 4 and info["spill_loads"] <= 4, (name, info)
 
 
 @needs_nvcc
@@ -1254,14 +1270,13 @@ def test_split_pdl_setting(monkeypatch):
     assert 'getenv("KDTREE_CUDA_SPLIT_PDL")' in src and "env[0] != '0'" in src
 
 
-def _split_tiles(prefix_len: int, t: int, num_splits: int, tile: int, strided: bool = True):
+def _split_tiles(prefix_len: int, t: int, num_splits: int, tile: int, strided: bool = False):
     """Each split's tiles, numbered as the kernel numbers them (the prefix's ``pre`` tiles, then
-    the tree's), dealt as ``kernels/gqa_tree_sm90.cu`` deals them. Strided (the default,
-    ``split_tiles_strided``): split s takes tiles s, s + S, s + 2S, ... of the prefix's and the
-    tree's tiles together. Chunked (the measurement build ``KDTREE_GQA_CHUNKED``,
+    the tree's), dealt as ``kernels/gqa_tree_sm90.cu`` deals them. Chunked (the default build,
     ``split_tiles<BN, P, true>`` in ``kernels/sm90_common.cuh``): a chunk of whole tiles, the
     S-th of the prefix's and the tree's together; the prefix in chunks, the tree's tiles on the
-    last split."""
+    last split. Strided (the measurement build ``KDTREE_GQA_STRIDED``, ``split_tiles_strided``):
+    split s takes tiles s, s + S, s + 2S, ... of the prefix's and the tree's tiles together."""
     pre, tree = math.ceil(prefix_len / tile), math.ceil(t / tile)
     if strided:
         return [list(range(s, pre + tree, num_splits)) for s in range(num_splits)]
@@ -1272,7 +1287,7 @@ def _split_tiles(prefix_len: int, t: int, num_splits: int, tile: int, strided: b
 
 
 def _busiest_split_tiles(prefix_len: int, t: int, num_splits: int, tile: int) -> int:
-    """The most tiles one split streams (:func:`_split_tiles`, the default dealing)."""
+    """The most tiles one split streams (:func:`_split_tiles`, the default build's dealing)."""
     return max(len(d) for d in _split_tiles(prefix_len, t, num_splits, tile))
 
 
@@ -1316,6 +1331,8 @@ def test_split_count_model_counts_the_tree_tiles_the_kernel_streams():
                         modelled = math.ceil(math.ceil(max_len / tile) / plan.num_splits)
                         got = _busiest_split_tiles(length, t, plan.num_splits, tile)
                         assert got <= modelled, (hq, batch, t, length, t_max, plan)
+                        strided = _split_tiles(length, t, plan.num_splits, tile, strided=True)
+                        assert max(map(len, strided)) <= got, (hq, batch, t, length, plan)
     assert cuda_gqa.plan_launch(1, 65, 8, 1, 16384 + 80, 132).num_splits == 33
     # where a count one tile short of the fewest remains, it is the rule's 3 % tolerance: at
     # 128k 32 splits of 33 tiles, where 33 splits would stream 32
