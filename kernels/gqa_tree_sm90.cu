@@ -324,55 +324,13 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// The strided split (the measurement build KDTREE_GQA_STRIDED; the default build keeps
-// split_tiles' chunks): the prefix's P tiles and the tree's tiles numbered together, split s
-// takes tiles s, s + S, s + 2S, ... So a split's first tile is tile s whatever the prefix
-// length, and its page-table entries can be read while the prefix length is
-// (strided_first_slot): one dependent load fewer before the first copy. Balanced to one tile.
-// TileSeq's `start` is the first tile's key; the tiles' keys are prefix_pos / tree_pos.
-template <int BN>
-__device__ __forceinline__ TileSeq split_tiles_strided(const Params& p, int split, int b) {
-  TileSeq ts;
-  const int S = p.num_splits;
-  ts.T = p.T;
-  ts.L = max(__ldg(p.prefix_lens + b), 0);
-  const int pre = (ts.L + BN - 1) / BN;
-  const int all = pre + (ts.T + BN - 1) / BN;
-  ts.start = split * BN;
-  ts.end = ts.L;
-  ts.n_pre = split < pre ? (pre - split + S - 1) / S : 0;
-  ts.n_tiles = split < all ? (all - split + S - 1) / S : 0;
-  return ts;
-}
-
-// The first key of prefix tile `tile` of this split, and the first tree key of its tree tile
-// `tile` (TileSeq's start + tile * step and tile * step + tree_base, written from the launch's
-// parameters so that the consumers' loops keep no register for them: the strided split's step,
-// S * BN, is a kernel parameter times a constant).
-template <class C>
-__device__ __forceinline__ int prefix_pos(const Params& p, const TileSeq& ts, int tile) {
-#ifdef KDTREE_GQA_STRIDED
-  return ts.start + tile * p.num_splits * C::BN;
-#else
-  return ts.start + tile * C::BN;
-#endif
-}
-template <class C>
-__device__ __forceinline__ int tree_pos(const Params& p, const TileSeq& ts, int tile) {
-#ifdef KDTREE_GQA_STRIDED
-  return prefix_pos<C>(p, ts, tile) - (ts.L + C::BN - 1) / C::BN * C::BN;
-#else
-  return (tile - ts.n_pre) * C::BN;
-#endif
-}
-
 // Whether tile `tile` goes through TMA: a whole prefix tile inside the page table (partial and
 // tree tiles keep the zero-filling cp.async path: a TMA box would bring whatever the unused
 // slots of a page hold, and P = 0 times a NaN there is NaN).
 template <class C>
 __device__ __forceinline__ bool tma_tile(const Params& p, const TileSeq& ts, int tile) {
   if (p.tma_rows == 0 || tile >= ts.n_pre) return false;
-  const int pos = prefix_pos<C>(p, ts, tile);
+  const int pos = ts.start + tile * C::BN;
   return ts.end - pos >= C::BN && ((pos + C::BN - 1) >> p.page_shift) < p.max_pages;
 }
 
@@ -382,27 +340,8 @@ template <class C>
 __device__ __forceinline__ int run_slot(const Params& p, const int32_t* pt_row, const TileSeq& ts,
                                         int tile, int lt) {
   if (!tma_tile<C>(p, ts, tile) || lt * p.tma_rows >= C::BN) return 0;
-  const int pos = prefix_pos<C>(p, ts, tile) + lt * p.tma_rows;
+  const int pos = ts.start + tile * C::BN + lt * p.tma_rows;
   return (__ldg(pt_row + (pos >> p.page_shift)) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
-}
-
-// The strided split's (split_tiles_strided) first slot of page run `lt` of its first tile (the
-// prefix's tile `split`), read before the prefix length is known: run_slot's value for tile 0
-// wherever tma_tile takes it (the caller checks that), and 0 where the entry is past the page
-// table. Lanes STAGES > lt >= 1 also ask L2 for the entries of tiles 1 .. STAGES - 1 (other
-// lines of the page table: without them the ring's first copies would wait a round trip each).
-template <class C>
-__device__ __forceinline__ int strided_first_slot(const Params& p, const int32_t* pt_row,
-                                                  int split, int lt) {
-  if (lt >= 1 && lt < C::STAGES) {
-    const int idx = ((split + lt * p.num_splits) * C::BN) >> p.page_shift;
-    if (idx < p.max_pages) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pt_row + idx));
-  }
-  if (p.tma_rows == 0 || lt * p.tma_rows >= C::BN) return 0;
-  const int pos = split * C::BN + lt * p.tma_rows;
-  const int idx = pos >> p.page_shift;
-  if (idx >= p.max_pages) return 0;
-  return (__ldg(pt_row + idx) << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
 }
 
 // The first packed query row of consumer warpgroup w of this CTA, -1 when it has none; `tail`:
@@ -484,28 +423,6 @@ __device__ __forceinline__ uint32_t kv_off(int r, int part, int half, int c) {
          swz(r & 7, c);
 }
 
-// Physical slot of key `row` of tile `tile` (sm90_common.cuh's key_slot over prefix_pos /
-// tree_pos), -1 for a key that is not real (past the prefix, past T, past the page table).
-template <class C>
-__device__ __forceinline__ int64_t kv_slot(const Params& p, const int32_t* pt_row,
-                                           const TileSeq& ts, int tile, int row) {
-  if (tile >= ts.n_tiles) return -1;
-  int pos;
-  bool valid;
-  if (tile < ts.n_pre) {
-    pos = prefix_pos<C>(p, ts, tile) + row;
-    valid = pos < ts.end;
-  } else {
-    const int j = tree_pos<C>(p, ts, tile) + row;
-    pos = ts.L + j;
-    valid = j < ts.T;
-  }
-  const int page_idx = pos >> p.page_shift;
-  if (!valid || page_idx >= p.max_pages) return -1;
-  const int64_t page = static_cast<int64_t>(__ldg(pt_row + page_idx));
-  return (page << p.page_shift) + (pos & ((1 << p.page_shift) - 1));
-}
-
 // The producer's copies of one KV tile: keys (pt >> 3) + 16 k (k < BN / 16), chunk pt & 7 of
 // each half of K and V (8 adjacent threads read one key's 128 contiguous bytes of a half).
 template <class C, typename E, int SWAP>
@@ -517,7 +434,7 @@ __device__ __forceinline__ void copy_kv_tile(uint32_t stage, const E* kbase, con
 #pragma unroll 2
   for (int k = 0; k < C::BN / 16; ++k) {
     const int r = (pt >> 3) + 16 * k;
-    const int64_t slot = kv_slot<C>(p, pt_row, ts, tile, r);
+    const int64_t slot = key_slot<C::BN>(p, pt_row, ts, tile, r);
     const int bytes = slot >= 0 ? 16 : 0;
     const E* ks = slot >= 0 ? kbase + slot * p.sk_slot : kbase;
     const E* vs = slot >= 0 ? vbase + slot * p.sv_slot : vbase;
@@ -537,7 +454,7 @@ __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Para
     return k >= 64 ? ~0ull : (k <= 0 ? 0ull : ((1ull << k) - 1ull));
   };
   if (tile < ts.n_pre) {
-    const int left = ts.end - prefix_pos<C>(p, ts, tile);
+    const int left = ts.end - (ts.start + tile * C::BN);
 #pragma unroll
     for (int w = 0; w < C::WORDS; ++w) bits[w] = low64(left - 64 * w);
     return;
@@ -545,7 +462,7 @@ __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Para
 #pragma unroll
   for (int w = 0; w < C::WORDS; ++w) bits[w] = 0ull;
   if (row >= p.rows) return;
-  const int j0 = tree_pos<C>(p, ts, tile);  // a multiple of 64: whole mask words
+  const int j0 = (tile - ts.n_pre) * C::BN;  // a multiple of 64: whole mask words
   const int64_t* mrow = p.tree_mask + b * p.sm_b + (row / p.G) * p.sm_t + (j0 >> 6);
 #pragma unroll
   for (int w = 0; w < C::WORDS; ++w)
@@ -555,8 +472,8 @@ __device__ __forceinline__ void tile_bits(uint64_t (&bits)[C::WORDS], const Para
 
 // Whether tile `tile` is a whole prefix tile (no mask).
 template <class C>
-__device__ __forceinline__ bool tile_is_full(const Params& p, const TileSeq& ts, int tile) {
-  return tile < ts.n_pre && ts.end - prefix_pos<C>(p, ts, tile) >= C::BN;
+__device__ __forceinline__ bool tile_is_full(const TileSeq& ts, int tile) {
+  return tile < ts.n_pre && ts.end - (ts.start + tile * C::BN) >= C::BN;
 }
 
 // S (64 x BN) = Q K^T: 8 k-steps of m64nBNk16, issued and committed (not waited for).
@@ -706,8 +623,8 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
     };
 #ifndef KDTREE_GQA_EXACT_MAX
     if constexpr (!C::MAX_FREE) {  // (register clocks: the exact path on every tile)
-      exact(tile_is_full<C>(p, ts, tile));
-    } else if (tile_is_full<C>(p, ts, tile)) {
+      exact(tile_is_full<C>(ts, tile));
+    } else if (tile_is_full<C>(ts, tile)) {
       // The max-free path (session 24): P against the running offsets, no row max. Exact where
       // every P <= 2^SLACK, which a thread's partial row sum (its 32 keys of the row, each P >= 0)
       // bounds; a warp with a larger sum (or inf / NaN, or a row with no offset yet) takes the
@@ -721,7 +638,7 @@ __device__ __forceinline__ void consume_tile(float (&o)[64], float (&s)[C::SN],
       exact(false);
     }
 #else  // (a measurement build: the exact path on every tile, as before session 24)
-    exact(tile_is_full<C>(p, ts, tile));
+    exact(tile_is_full<C>(ts, tile));
 #endif
     l_run0 = l_run0 * alpha0 + sum.x;
     l_run1 = l_run1 * alpha1 + sum.y;
@@ -831,7 +748,7 @@ __device__ __forceinline__ void tail_softmax(float (&s)[C::BN / 64][TN / 2],
                                              uint32_t pb) {
   constexpr int KB = C::BN / 64;
   const float scale = p.qk_scale;
-  const bool full = tile_is_full<C>(p, ts, tile);
+  const bool full = tile_is_full<C>(ts, tile);
   float mx[TN / 4];
 #pragma unroll
   for (int i = 0; i < TN / 4; ++i) {
@@ -1333,7 +1250,7 @@ __device__ __forceinline__ void kt_warpgroup(const Params& p, const TileSeq& ts,
         continue;
       }
       fence_async_smem();  // the cp.async writes (generic proxy) -> wgmma's operand reads
-      const bool full = tile_is_full<C>(p, ts, tile);
+      const bool full = tile_is_full<C>(ts, tile);
       const uint64_t dk = wg_desc(sKV + SWAP * KV_PART, 16, KV_GROUP) + st * C::STAGE_STEP;
       const uint64_t dv =
           wg_desc(sKV + (1 - SWAP) * KV_PART, KV_HALF, KV_GROUP) + st * C::STAGE_STEP;
@@ -1429,17 +1346,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
-  const int32_t* pt_row = p.page_table + b * p.spt_b;
-#ifdef KDTREE_GQA_STRIDED
-  // the strided split's first page entries, read while the prefix length is (the producer's
-  // first warp; see strided_first_slot)
-  const bool early = tid >= CONSUMERS && tid < CONSUMERS + 32;
-  const int first_slot = early ? strided_first_slot<C>(p, pt_row, split, tid - CONSUMERS) : 0;
-  const TileSeq ts = split_tiles_strided<BN>(p, split, b);
-#else
   const TileSeq ts = split_tiles<BN, Params, true>(p, split, b);
-#endif
   const int n = ts.n_tiles;
+  const int32_t* pt_row = p.page_table + b * p.spt_b;
 #ifdef KDTREE_TIMELINE
   // (the CTA timeline's measurement build, sm90_common.cuh: each warpgroup's thread 0 stamps
   // its exit; the last one out appends the CTA's record)
@@ -1503,13 +1412,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       cp_async_mbar_arrive(sBar + 8 * STAGES);  // Q's own mbarrier
     }
 #endif
-#ifdef KDTREE_GQA_STRIDED
-    int next_slot = first_slot;
-    constexpr bool STRIDED = true;
-#else
     int next_slot = !C::KEY_TAIL && pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
-    constexpr bool STRIDED = false;
-#endif
     for (int tile = 0; tile < n; ++tile) {
       // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the
       // prefix tiles (and the page table, the prefix lengths) are read before it has finished,
@@ -1520,9 +1423,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       const uint32_t stage = sKV + st * C::SMEM_STAGE;
       // (WideTail's producer, at 24 registers, reads this tile's slot here, before the wait for
       // the stage as the others' read of the next one: no value carried across tiles)
-      const int slot = C::KEY_TAIL && !(STRIDED && tile == 0)
-                           ? (pt < 32 ? run_slot<C>(p, pt_row, ts, tile, pt) : 0)
-                           : next_slot;
+      const int slot = C::KEY_TAIL ? (pt < 32 ? run_slot<C>(p, pt_row, ts, tile, pt) : 0)
+                                   : next_slot;
       if (!C::KEY_TAIL) next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
@@ -1647,7 +1549,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   wg_wait<0>();
   pin(s);
   {
-    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(p, ts, 0), bits0, bits1, q4);
+    const float2 mx = wg_mask_max<C::SN>(s, tile_is_full<C>(ts, 0), bits0, bits1, q4);
     m_run0 = mx.x * scale;
     m_run1 = mx.y * scale;
     const float2 sum = wg_exp_pack<E>(s, pc, scale, wg_offset(m_run0), wg_offset(m_run1));

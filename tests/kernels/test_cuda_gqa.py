@@ -4,7 +4,6 @@ comparisons on a GPU."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import re
 
@@ -84,25 +83,6 @@ def test_timeline_build_compiles_without_spills(tmp_path):
             assert info["spill_stores"] <= 12 and info["stack"] <= 16, (name, info)
         else:
             assert info["spill_stores"] <= 8 and info["stack"] <= 8, (name, info)
-
-
-@needs_nvcc
-def test_strided_build_compiles_with_the_default_builds_spills(tmp_path):
-    """The strided split's measurement build (KDTREE_GQA_STRIDED, session 36) spills no more
-    than the default build in Tall and Wide; WideTail's producer (24 registers) parks the first
-    page entry it reads before the barriers' setup (56 / 60 bytes stored / loaded against the
-    default's 52 / 84)."""
-    kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_GQA_STRIDED",)).log)
-    split = {k: v for k, v in kernels.items() if "gqa_split_kernel" in k}
-    assert len(split) == 12
-    for name, info in split.items():
-        if "ELb1ELi40E" in name:  # WideTail
-            assert info["spill_stores"] <= 56 and info["spill_loads"] <= 60, (name, info)
-            assert info["stack"] <= 32, (name, info)
-        elif "CfgILi3ELi64E" in name:  # Tall
-            assert info["spill_stores"] <= 8 and info["spill_loads"] <= 16, (name, info)
-        else:  # Wide
-            assert info["spill_stores"] <= 4 and info["spill_loads"] <= 4, (name, info)
 
 
 @needs_nvcc
@@ -1270,46 +1250,15 @@ def test_split_pdl_setting(monkeypatch):
     assert 'getenv("KDTREE_CUDA_SPLIT_PDL")' in src and "env[0] != '0'" in src
 
 
-def _split_tiles(prefix_len: int, t: int, num_splits: int, tile: int, strided: bool = False):
-    """Each split's tiles, numbered as the kernel numbers them (the prefix's ``pre`` tiles, then
-    the tree's), dealt as ``kernels/gqa_tree_sm90.cu`` deals them. Chunked (the default build,
-    ``split_tiles<BN, P, true>`` in ``kernels/sm90_common.cuh``): a chunk of whole tiles, the
-    S-th of the prefix's and the tree's together; the prefix in chunks, the tree's tiles on the
-    last split. Strided (the measurement build ``KDTREE_GQA_STRIDED``, ``split_tiles_strided``):
-    split s takes tiles s, s + S, s + 2S, ... of the prefix's and the tree's tiles together."""
-    pre, tree = math.ceil(prefix_len / tile), math.ceil(t / tile)
-    if strided:
-        return [list(range(s, pre + tree, num_splits)) for s in range(num_splits)]
-    chunk = math.ceil(math.ceil((pre + tree) * tile / num_splits) / tile)
-    deal = [list(range(s * chunk, min(pre, s * chunk + chunk))) for s in range(num_splits)]
-    deal[-1] += list(range(pre, pre + tree))
-    return deal
-
-
 def _busiest_split_tiles(prefix_len: int, t: int, num_splits: int, tile: int) -> int:
-    """The most tiles one split streams (:func:`_split_tiles`, the default build's dealing)."""
-    return max(len(d) for d in _split_tiles(prefix_len, t, num_splits, tile))
-
-
-@pytest.mark.parametrize("strided", [True, False])
-def test_split_dealing_covers_every_tile_once(strided):
-    """Both dealings give every prefix and tree tile to exactly one split, a split's tiles in
-    order; the strided one is balanced to one tile and starts split s at tile s (whatever the
-    prefix length: what lets the kernel read its first page entries beside the prefix length),
-    the chunked one at most one chunk's worth of tiles a split."""
-    for length, t, splits, tile in itertools.product(
-        (1, 63, 64, 1000, 16384, 16385), (1, 17, 65, 257), (1, 2, 7, 33, 129), (64, 128)
-    ):
-        deal = _split_tiles(length, t, splits, tile, strided)
-        total = math.ceil(length / tile) + math.ceil(t / tile)
-        assert sorted(x for d in deal for x in d) == list(range(total))
-        assert all(d == sorted(d) for d in deal)
-        counts = [len(d) for d in deal]
-        if strided:
-            assert max(counts) - min(counts) <= 1
-            assert all(d[0] == s for s, d in enumerate(deal) if d)
-        else:
-            assert max(counts) <= math.ceil(total / splits) + math.ceil(t / tile)
+    """The most tiles one split streams, dealt as ``split_tiles<BN, P, true>`` in
+    ``kernels/sm90_common.cuh`` deals them: a chunk of whole tiles, the S-th of the prefix's and
+    the tree's tiles together; the prefix in chunks, the tree's tiles on the last split."""
+    pre, tree = math.ceil(prefix_len / tile), math.ceil(t / tile)
+    chunk = math.ceil(math.ceil((pre + tree) * tile / num_splits) / tile)
+    counts = [min(chunk, max(0, pre - s * chunk)) for s in range(num_splits)]
+    counts[-1] += tree
+    return max(counts)
 
 
 def test_split_count_model_counts_the_tree_tiles_the_kernel_streams():
@@ -1331,8 +1280,6 @@ def test_split_count_model_counts_the_tree_tiles_the_kernel_streams():
                         modelled = math.ceil(math.ceil(max_len / tile) / plan.num_splits)
                         got = _busiest_split_tiles(length, t, plan.num_splits, tile)
                         assert got <= modelled, (hq, batch, t, length, t_max, plan)
-                        strided = _split_tiles(length, t, plan.num_splits, tile, strided=True)
-                        assert max(map(len, strided)) <= got, (hq, batch, t, length, plan)
     assert cuda_gqa.plan_launch(1, 65, 8, 1, 16384 + 80, 132).num_splits == 33
     # where a count one tile short of the fewest remains, it is the rule's 3 % tolerance: at
     # 128k 32 splits of 33 tiles, where 33 splits would stream 32
