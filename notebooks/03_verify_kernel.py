@@ -1303,6 +1303,28 @@ else:
     nb.note("The session-35 rows are not shipped (data/bench/logs/*session35*).")
 
 # %% [markdown]
+# ### Session 36: a strided split (a measured negative, taken out)
+# One device call (`tools/gpu/stages_s36a.txt`, commit 02693d3; rows in
+# `data/bench/logs/strided_ab_session36.csv.gz`). Each split's producer reads the prefix length,
+# then the page-table entry of its first tile (two dependent loads before the first copy,
+# ~1.4-1.6 µs of a CTA's start in session 17's timeline). A strided split (split s takes tiles
+# s, s + S, s + 2S, ... of the prefix's and tree's tiles; the measurement build
+# `KDTREE_GQA_STRIDED`) knows its first tile without the length, so it read that entry beside
+# the length and asked L2 for the next tiles' entries. The GQA GPU tests passed on it (192);
+# two alternating rounds of the default build (`v0`) and it (`v1`) below: slower at 21 of 22
+# points (1.0-14.6 %, T=65 the most, whose WideTail producer reads each tile's entry right before
+# its copy: a strided split's entries are a page-table line each), so it was taken out.
+
+# %%
+if (L35 / "strided_ab_session36.csv.gz").exists():
+    nb.show_tables(ns.ab_call_tables(pd.read_csv(L35 / "strided_ab_session36.csv.gz"), {
+        "a": "8q/1kv, batch 1, shuffled pages", "a32": "32q/8kv, batch 1",
+        "a8": "8q/1kv, batch 8", "aseq": "8q/1kv, batch 1, pages in order",
+    }))  # fmt: skip
+else:
+    nb.note("The session-36 rows are not shipped (data/bench/logs/*session36*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
