@@ -1312,8 +1312,9 @@ else:
 # `KDTREE_GQA_STRIDED`) knows its first tile without the length, so it read that entry beside
 # the length and asked L2 for the next tiles' entries. The GQA GPU tests passed on it (192);
 # two alternating rounds of the default build (`v0`) and it (`v1`) below: slower at 21 of 22
-# points (1.0-14.6 %, T=65 the most, whose WideTail producer reads each tile's entry right before
-# its copy: a strided split's entries are a page-table line each), so it was taken out.
+# points (1.0-14.6 %, T=65 the most), so it was taken out. Likely, not isolated: a strided
+# split's tiles each need a page-table line of their own, which WideTail's producer (T=65) reads
+# right before each copy.
 
 # %%
 if (L35 / "strided_ab_session36.csv.gz").exists():
