@@ -976,23 +976,27 @@ def test_merge_modes_match_fp64(merge, graph, wgs, gen, monkeypatch):
 @pytest.mark.parametrize("split_pdl", ["1", "0"])
 @pytest.mark.parametrize("merge", ["plain", "pdl"])
 @pytest.mark.parametrize("splits", [1, 50])
-def test_split_kernel_as_programmatic_dependent(split_pdl, merge, splits, gen, monkeypatch):
+@pytest.mark.parametrize("t", [17, 65])
+def test_split_kernel_as_programmatic_dependent(split_pdl, merge, splits, t, gen, monkeypatch):
     """The split kernel as a programmatic dependent (the default; KDTREE_CUDA_SPLIT_PDL=0: a plain
     launch) starts while the kernel before it runs (the prefix read early; Q, the tree part, the
     workspace and the output after that kernel is done). One graph: two calls back to back (the
     second starts under the first's merge, which still reads the workspace the second writes), Q
     overwritten by a copy kernel, a third call; eager calls too. Each output matches the fp64
-    result of its own Q."""
+    result of its own Q. T=65 at 50 splits runs WideTail (two launch heads of 260 rows; a cluster
+    of its two row CTAs in the multicast build)."""
     monkeypatch.setenv("KDTREE_CUDA_SPLIT_PDL", split_pdl)
     assert cuda_gqa.split_pdl() == (split_pdl == "1")
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
-    lens, t, hq, hkv = [20000, 3000], 17, 8, 1
+    lens, hq, hkv = [20000, 3000], 8, 1
     dev = [x.cuda() for x in gqa_inputs(lens, t, hq, hkv, 128, 16, torch.bfloat16, gen)]
     q1, rest = dev[0], dev[1:]
     q2 = torch.randn(q1.shape, generator=gen).to(q1)
     qbuf = q1.clone()
-    ws = torch.empty(max(cuda_gqa.workspace_numel(2, 1, t * hq, splits), 1),
-                     dtype=torch.float32, device="cuda")  # fmt: skip
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = cuda_gqa.plan_launch(2, t, hq, hkv, rest[2].shape[1] * 16, sms, splits)
+    assert plan.split == (2 if t == 65 and splits > 1 else 0), plan
+    ws = torch.empty(max(plan.workspace_numel, 1), dtype=torch.float32, device="cuda")
     outs = [torch.empty_like(q1) for _ in range(3)]
 
     def call(o):
