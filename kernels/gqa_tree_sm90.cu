@@ -199,21 +199,6 @@ using Wide = Cfg<2, 128, KDTREE_GQA_WIDE_STAGES, 40, 232, kWideClocks>;
 // their wgmma, C7512: 200 and 216 did), the tail warpgroup at 40 (one S^T and one O^T
 // accumulator), the producer at 24 (2 x 128 x 224 + 128 x 40 + 128 x 24).
 using WideTail = Cfg<2, 128, 3, 24, 224, false, true, 40>;
-// WideTail's two CTAs of a split read the same KV tiles (and at 8q/1kv, T=65, so do the other
-// launch head's two): each brings every tile from L2 on its own. The measurement build
-// KDTREE_GQA_MULTICAST (session 37) launches them as a cluster of two: each CTA issues half of a
-// tile's page-run boxes, multicast into both CTAs' stage, and both expect the whole tile's bytes;
-// a stage is written again once both CTAs' consumers released it (each producer, past its own
-// release, arrives on the other CTA's "peer" mbarrier of the stage and waits on its own).
-#ifdef KDTREE_GQA_MULTICAST
-constexpr bool kMulticast = true;
-#else
-constexpr bool kMulticast = false;
-#endif
-template <class C>
-struct Multicast {
-  static constexpr bool value = C::KEY_TAIL && kMulticast;
-};
 // Three consumer warpgroups (192 rows a CTA, so fewer CTAs read each KV tile) over 64-key
 // tiles. 512 threads leave ptxas 160 registers a consumer thread (128 x 32 + 384 x 160 = 64K):
 // the S, P and O fragments fit, PhaseClocks' ten registers do not (spills), so its clocks sum
@@ -1397,24 +1382,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #define GQA_TL_STAMP(k, cond)
 #endif
 
-  // (Multicast<C>: then STAGES "peer" mbarriers, one arrival each, from the other CTA of the
-  // cluster: it has released the stage; 8 (2 STAGES + 1) bytes, in WideTail's Q^T rows 4-7)
-  constexpr bool MC = Multicast<C>::value;
-  static_assert(!MC || 8 * (2 * STAGES + 1) <= KT_RED - KT_BAR, "the peer mbarriers fit");
-  const uint32_t sPeer = sBar + 8 * (STAGES + 1);
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st <= STAGES; ++st) mbar_init(sBar + 8 * st, 128);
-    if constexpr (MC) {
-#pragma unroll
-      for (int st = 0; st < STAGES; ++st) mbar_init(sPeer + 8 * st, 1);
-    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if constexpr (MC)
-    cluster_sync();  // (the other CTA's copies and arrivals reach these mbarriers)
-  else
-    __syncthreads();
+  __syncthreads();
 
   if (C::KEY_TAIL && tid >= CONSUMERS + 128) {
     // ================= the tail warpgroup (WideTail) =======================================
@@ -1454,12 +1427,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                                    : next_slot;
       if (!C::KEY_TAIL) next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
-      if constexpr (MC) {
-        if (tile >= STAGES) {  // ... in the other CTA too: its stage is these copies' as well
-          if (pt == 0) mbar_arrive_cluster(sPeer + 8 * st, blockIdx.x ^ 1u);
-          if (pt < 32) mbar_wait(sPeer + 8 * st, (tile / STAGES - 1) & 1);
-        }
-      }
       clk.stamp(0);
       if (tile >= STAGES && (p.ablate & 1)) {
         mbar_arrive(bar);
@@ -1468,12 +1435,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         // page run's box (K and V, both 64-dim halves each); the rest arrive
         if (pt == 0) mbar_expect_tx(bar, C::SMEM_STAGE);
         if (pt < 32) __syncwarp();
-        if (pt * p.tma_rows < BN && (!MC || (pt & 1) == static_cast<int>(blockIdx.x & 1u))) {
+        if (pt * p.tma_rows < BN) {
           const uint32_t dst = stage + (pt * p.tma_rows >> 3) * KV_GROUP;
-          if constexpr (MC)  // (the runs of this CTA's parity, into both CTAs)
-            tma_load_5d_multicast(dst, &p.kv_map, 0, 0, 2 * kv_head, 0, slot >> 3, bar, 3);
-          else
-            tma_load_5d(dst, &p.kv_map, 0, 0, 2 * kv_head, 0, slot >> 3, bar);
+          tma_load_5d(dst, &p.kv_map, 0, 0, 2 * kv_head, 0, slot >> 3, bar);
         }
         if (pt != 0) mbar_arrive(bar);
       } else {
@@ -1644,11 +1608,8 @@ int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t st
     if (err != cudaSuccess) return static_cast<int>(err);
     raised[dev] = true;
   }
-  // (Multicast<C>: WideTail's two row CTAs, row_ctas 2, as one cluster)
-  const int rc = launch_kernel_clusters(gqa_split_kernel<C, E, SWAP>,
-                                        dim3(row_ctas, p.num_splits, B * p.Hkv), dim3(C::THREADS),
-                                        C::SMEM_TOTAL, stream, split_pdl(),
-                                        Multicast<C>::value ? 2 : 1, p);
+  const int rc = launch_kernel(gqa_split_kernel<C, E, SWAP>, dim3(row_ctas, p.num_splits, B * p.Hkv),
+                               dim3(C::THREADS), C::SMEM_TOTAL, stream, split_pdl(), p);
   if (rc != 0) return rc;
   if (p.num_splits == 1 || merge == MERGE_BY_CALLER) return 0;
   MergeParams mp = merge_params_of(p, p.Hkv, p.G);

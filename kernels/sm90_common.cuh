@@ -563,50 +563,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Thread-block clusters (the GQA split kernel's multicast build, KDTREE_GQA_MULTICAST): one
-// arrival on the mbarrier at the same shared-memory offset in cluster CTA `cta` (default
-// semantics, release at CTA scope, as CUTLASS's ClusterBarrier::arrive(cta_id); session 11
-// measured the .release.cluster form at 1.5-3k cycles an arrival), and the whole cluster's
-// barrier (every thread of every CTA: after the mbarriers' init, before any CTA's copies or
-// arrivals reach another's shared memory).
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
-}
-// tma_load_5d's box written to the same offset of the shared memory of every cluster CTA in
-// `mask` (bit i: CTA rank i), each completing its bytes on the mbarrier at `bar`'s offset there.
-__device__ __forceinline__ void tma_load_5d_multicast(uint32_t dst, const CUtensorMap* map, int c0,
-                                                      int c1, int c2, int c3, int c4,
-                                                      uint32_t bar, uint16_t mask) {
-#ifdef KDTREE_TMA_EVICT_NORMAL
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
-      "cluster [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar),
-      "h"(mask)
-      : "memory");
-#else
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
-      "cluster.L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8, %9;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar),
-      "h"(mask), "l"(l2_evict_first_policy())
-      : "memory");
-#endif
-}
-
 // ------------------------------------------------------------------ online softmax on wgmma fragments
 
 // Masks the invisible keys of rows r0 (bits0) and r1 (bits1) to -inf; returns the quad-reduced
@@ -1203,36 +1159,20 @@ static inline bool split_pdl() {
 // Launch `kernel` (grid, block, dynamic shared memory) on `stream`; `pdl`: as a programmatic
 // dependent of the kernel before it (cudaLaunchAttributeProgrammaticStreamSerialization). 0 or a
 // cudaError_t.
-// `cluster_x` > 1: in thread-block clusters of that many CTAs along x (grid.x a multiple).
 template <typename... K, typename... A>
-static inline int launch_kernel_clusters(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem,
-                                         cudaStream_t stream, bool pdl, int cluster_x,
-                                         const A&... args) {
+static inline int launch_kernel(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, bool pdl, const A&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = static_cast<unsigned>(cluster_x);
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = pdl ? 1 : 0;
   return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-template <typename... K, typename... A>
-static inline int launch_kernel(void (*kernel)(K...), dim3 grid, dim3 block, size_t smem,
-                                cudaStream_t stream, bool pdl, const A&... args) {
-  return launch_kernel_clusters(kernel, grid, block, smem, stream, pdl, 1, args...);
 }
 
 // Launch the merge on `stream` (grid (rows / 8 rounded up or rows, B * Hkv)); `pdl`: as a
