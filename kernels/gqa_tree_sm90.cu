@@ -125,6 +125,10 @@ constexpr int KEY_TAIL_BYTES = 3072;
 constexpr int KT_P = 2048;          // P^T's atom
 constexpr int KT_BAR = 512;         // mbarriers (Q^T's row 4 of the first atom)
 constexpr int KT_RED = KT_BAR + 64;  // [4 warps][4 columns] maxima, then [4 warps][4] sums
+// The CTA timeline's record in WideTail (KDTREE_TIMELINE builds: no static shared memory is left
+// beside its 227 KB): TL_WORDS words and the warpgroups' countdown in Q^T's rows 4-7 of the
+// second atom, which nothing else uses.
+constexpr int KT_TL = 1024 + 512;
 
 // A split kernel's shape: CWG consumer warpgroups of 64 rows, BN-key tiles in STAGES stages, the
 // producer's and consumers' register budgets (setmaxnreg).
@@ -1322,6 +1326,16 @@ __device__ __forceinline__ void kt_warpgroup(const Params& p, const TileSeq& ts,
   }
 }
 
+#ifdef KDTREE_TIMELINE
+// The CTA timeline's record of a split CTA in static shared memory (TL_WORDS words, then the
+// warpgroups' countdown): the Wide and Tall shapes' (ptxas allocates it only in the kernels that
+// reach it; WideTail's is in its dynamic shared memory, KT_TL).
+__device__ __forceinline__ unsigned long long* tl_static_record() {
+  __shared__ unsigned long long record[TL_WORDS + 1];
+  return record;
+}
+#endif
+
 // SWAP: the stage layout with V before K in each key group (Params::kv_swap).
 template <class C, typename E, int SWAP>
 __global__ void __launch_bounds__(C::THREADS, 1)
@@ -1351,32 +1365,46 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int32_t* pt_row = p.page_table + b * p.spt_b;
 #ifdef KDTREE_TIMELINE
   // (the CTA timeline's measurement build, sm90_common.cuh: each warpgroup's thread 0 stamps
-  // its exit; the last one out appends the CTA's record)
-  __shared__ unsigned long long tl_s[TL_WORDS];
-  __shared__ unsigned int tl_left;
+  // its exit; the last one out appends the CTA's record: TL_WORDS words and the warpgroups'
+  // countdown, WideTail's in its dynamic shared memory, KT_TL, the other shapes' in static
+  // shared memory)
+  static_assert(KT_TL + 8 * (TL_WORDS + 1) <= KT_P, "the record fits Q^T's second atom");
+  // (its shared-memory address: 32-bit shared accesses, as the static array's were)
+  const uint32_t tl_a = C::KEY_TAIL ? raw + C::SMEM_Q + STAGES * C::SMEM_STAGE + KT_TL
+                                    : smem_u32(tl_static_record());
+  const auto tl_set = [](uint32_t a, unsigned long long v) {
+    asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(a), "l"(v) : "memory");
+  };
   if (tid == 0) {
-    tl_s[0] = TL_SPLIT | tl_smid() << 8 | static_cast<unsigned long long>(n) << 32;
-    tl_s[1] = tl_block_id();
-    tl_s[2] = tl_now();
-    tl_s[3] = tl_s[4] = tl_s[5] = tl_s[6] = 0ull;
-    tl_s[7] = static_cast<unsigned long long>(clock64());
-    tl_left = THREADS / 128;
+    tl_set(tl_a, TL_SPLIT | tl_smid() << 8 | static_cast<unsigned long long>(n) << 32);
+    tl_set(tl_a + 8, tl_block_id());
+    tl_set(tl_a + 16, tl_now());
+#pragma unroll
+    for (int k = 3; k <= 6; ++k) tl_set(tl_a + 8 * k, 0ull);
+    tl_set(tl_a + 56, static_cast<unsigned long long>(clock64()));
+    tl_set(tl_a + 8 * TL_WORDS, THREADS / 128);  // (the countdown: its low word)
   }
   const auto tl_exit = [&]() {
     if ((tid & 127) != 0) return;
-    atomicMax(&tl_s[6], tl_now());
+    asm volatile("red.shared.max.u64 [%0], %1;\n" ::"r"(tl_a + 48), "l"(tl_now()) : "memory");
     __threadfence_block();
-    if (atomicSub(&tl_left, 1u) != 1u) return;
+    unsigned left;
+    asm volatile("atom.shared.add.u32 %0, [%1], -1;\n"
+                 : "=r"(left)
+                 : "r"(tl_a + 8 * TL_WORDS)
+                 : "memory");
+    if (left != 1u) return;
     __threadfence_block();
     unsigned long long w[TL_WORDS];
 #pragma unroll
-    for (int k = 0; k < TL_WORDS; ++k) w[k] = static_cast<volatile unsigned long long*>(tl_s)[k];
+    for (int k = 0; k < TL_WORDS; ++k)
+      asm volatile("ld.volatile.shared.u64 %0, [%1];\n" : "=l"(w[k]) : "r"(tl_a + 8 * k) : "memory");
     w[7] = static_cast<unsigned long long>(clock64()) - w[7];
     tl_append(w);
   };
 #define GQA_TL_EXIT() tl_exit()
 #define GQA_TL_STAMP(k, cond) \
-  if ((cond) && (tid & 127) == 0) tl_s[k] = tl_now()
+  if ((cond) && (tid & 127) == 0) tl_set(tl_a + 8 * (k), tl_now())
 #else
 #define GQA_TL_EXIT()
 #define GQA_TL_STAMP(k, cond)
@@ -1700,8 +1728,6 @@ const char* kdtree_gqa_error_string(int code) {
     case -15: return "split_tail 2 (the tail warpgroup): needs 2 warpgroups, tail_blocks 2, four "
                      "whole 64-row blocks with 1 .. 4 rows past them, num_splits > 1 and the CUDA "
                      "merge (at most 1024 splits)";
-    case -16: return "split_tail 2 (the tail warpgroup) is not built into the CTA timeline's "
-                     "measurement build (its static shared memory leaves less than 227 KB)";
     case -17: return "q_groups: expected >= 1, dividing the Hq / Hkv query heads of a KV head";
     default: return cudaGetErrorString(static_cast<cudaError_t>(code));
   }
@@ -1811,9 +1837,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
     if (wgs != 2 || tail_blocks != 2 || n_full != 4 || p.rows - p.full_rows > KEY_TAIL_ROWS ||
         num_splits < 2 || merge == MERGE_BY_CALLER || 2 * num_splits > MERGE_MAX_SPLITS)
       return -15;
-#ifdef KDTREE_TIMELINE
-    return -16;
-#endif
     row_ctas = 2;
     p.tail_cta = p.tail_wg = -1;
     p.half_row = p.full_rows;  // CTA 1's partials: shadow rows

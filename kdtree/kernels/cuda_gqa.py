@@ -264,8 +264,6 @@ def _key_tail_rows(rows: int) -> bool:
     forced = _env_int("KDTREE_GQA_KEY_TAIL", (0, 1))
     if forced == 0 or _env_int("KDTREE_GQA_WARPGROUPS", (2, 3)) == 3:
         return False
-    if "KDTREE_TIMELINE" in measurement_defines():  # (its static shared memory: no 227 KB left)
-        return False
     n_full, rest = divmod(rows, 64)
     fits = n_full == 4 and 1 <= rest <= KEY_TAIL_ROWS
     return fits and (forced == 1 or launch_plan(rows) == (3, 3))
@@ -278,9 +276,10 @@ def key_tail(rows: int, num_splits: int, merge: int | None = None) -> bool:
     swapped-operand wgmma), e.g. 32q/8kv at T=65 (260 rows). The default where the row layout
     is not forced (session 21: 6-15 % less time than :func:`split_tail` at 32q/8kv, T=65);
     ``KDTREE_GQA_KEY_TAIL=0`` never, ``=1`` whatever the layout knobs say (not with three
-    warpgroups forced, nor in the CTA timeline's build, whose stamps take shared memory the
-    tail warpgroup needs: the split tail runs there). CTA 1's partials go to :data:`TAIL_ROWS` shadow rows a split, added by
-    the CUDA merge, so it needs ``num_splits > 1`` and the CUDA merge (at most 1024 splits)."""
+    warpgroups forced). The CTA timeline's build runs it too since session 37 (its record in
+    the tail warpgroup's unused Q^T rows; before, its static shared memory left no room and the
+    split tail ran there). CTA 1's partials go to :data:`TAIL_ROWS` shadow rows a split, added
+    by the CUDA merge, so it needs ``num_splits > 1`` and the CUDA merge (at most 1024 splits)."""
     if not _key_tail_rows(rows):
         return False
     merge = merge_for(num_splits) if merge is None else merge

@@ -76,9 +76,10 @@ def main() -> None:
         ti = make_tree_inputs(wl, int(t), seed=0)
         rows = int(t) * (lay.hq // lay.hkv)
         fn, splits = _cuda_gqa_fn(wl, ti)
-        plan = _gqa_plan(wl, ti, splits)  # (one launch head a KV head: no WideTail in this build)
+        plan = _gqa_plan(wl, ti, splits)  # (WideTail too since session 37: two row CTAs)
         wgs, blocks, split = plan.wgs, plan.tail_blocks, plan.split
-        split_ctas = cuda_gqa.row_ctas(plan.rows, wgs, blocks) * splits * plan.heads
+        x = 2 if split == 2 else cuda_gqa.row_ctas(plan.rows, wgs, blocks)
+        split_ctas = x * splits * plan.heads
         entries = splits * (2 if split else 1)  # (the split tail's shadow rows)
         merge_ctas = cuda_common.merge_ctas(plan.rows, plan.heads, entries) if splits > 1 else 0
         replay, per = _graphed(fn, wl.n_rot, dev)
