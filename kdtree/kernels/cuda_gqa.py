@@ -43,7 +43,7 @@ import threading
 import torch
 
 from kdtree.kernels._common import launch_merge
-from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc, measurement_defines
+from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc
 from kdtree.kernels.cuda_common import (
     MERGE_MAX_SPLITS,
     aligned16,
