@@ -1326,6 +1326,57 @@ else:
     nb.note("The session-36 rows are not shipped (data/bench/logs/*session36*).")
 
 # %% [markdown]
+# ### Session 37: TMA multicast for WideTail (a measured negative), what a free tail would buy
+# Three device calls (`tools/gpu/stages_s37a.txt` … `stages_s37c.txt`). At 8q/1kv, T=65 four
+# CTAs read each split's KV (two launch heads of WideTail's two row CTAs), so L2 serves every
+# tile four times. Call a: the two row CTAs of a split as a cluster of two, each issuing half of
+# a tile's page runs multicast into both (the measurement build `KDTREE_GQA_MULTICAST`, taken
+# out): GQA GPU tests 200 passed on it, and it was 1-2 % slower at every point, idle consumers
+# included (`KDTREE_GQA_ABLATE=16`), so the L2-to-SM traffic does not set the pace. Calls b-c:
+# upper bounds with the tail rows' warpgroup idle (wrong results): at T=65 a free tail saves
+# 4-5 % (16.50 → 15.84 µs at 16k, where the target allows 15.9; 32k 23.10 → 22.09 against
+# 18.5), its MMAs alone ~3 %; at T=17 the padded third block and the tail warpgroup cost the
+# same, and a free tail saves 4-5 % (128k 29.17 → 28.06 against 26.5).
+
+# %%
+if (L35 / "multicast_ab_session37.csv.gz").exists():
+    nb.show_tables(ns.ab_call_tables(pd.read_csv(L35 / "multicast_ab_session37.csv.gz"), {
+        "ab1": "8q/1kv, T=65, batch 1 (v1 multicast)", "ab2": "32q/8kv, T=65, batch 1",
+        "ab3": "8q/1kv, T=65, batch 8", "idle": "8q/1kv, T=65, idle consumers",
+    }))  # fmt: skip
+    nb.show_tables(ns.ab_call_tables(pd.read_csv(L35 / "free_tail_ab_session37.csv.gz"), {
+        "b_kt": "T=65, idle consumers (v1: tail idle too)",
+        "c_t65": "T=65 (v1: tail idle, v2: tail without MMAs)",
+        "c_t17": "T=17 (v0 padded block, v1 tail warpgroup, v2 tail idle)",
+    }))  # fmt: skip
+else:
+    nb.note("The session-37 rows are not shipped (data/bench/logs/*session37*).")
+
+# %% [markdown]
+# WideTail's CTA timeline (call b; the timeline build could not launch WideTail before: its
+# record now sits in the tail warpgroup's unused Q^T rows). At T=65 a CTA issues its first copy
+# ~1.5 µs after entry and has its first tile at ~2.9 µs, then takes 1.7 µs a 128-key tile for
+# 8q/1kv's two blocks and tail — compute-paced: with idle consumers the stream takes ~1.0 µs a
+# tile — and the merge of 528 rows takes ~3.7 µs after a ~1 µs gap. At 32k the target's 18.5 µs
+# leaves ~7 µs beside 8 tiles of MMAs at the measured ceiling's rate (1.4 µs a tile): the first
+# tile's 2.9, the epilogue's 1.5, the gap and the merge take ~9 alone.
+
+# %%
+if (L35 / "gqa_timeline_session37.csv.gz").exists():
+    tl37 = pd.read_csv(L35 / "gqa_timeline_session37.csv.gz")
+    spans37 = {
+        f"call {c}, {v}": ns.timeline_spans_table(tl37, call=c, variant=v)
+        for c, v in (("b", "default"), ("c", "KDTREE_GQA_TAIL=1"))
+    }
+    # (idle consumers stamp no tile: the split grid's span, beside the real call's)
+    spans37["call b: the split grid's span (µs), real and idle consumers"] = tl37[
+        tl37["call"] == "b"
+    ].pivot_table(index="point", columns="variant", values="split", aggfunc="median")
+    nb.show_tables(spans37)
+else:
+    nb.note("The session-37 timeline rows are not shipped (data/bench/logs/*session37*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

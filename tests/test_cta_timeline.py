@@ -60,6 +60,20 @@ def test_calls_and_their_spans():
     assert ctl.timer_step_ns(df) == 100
 
 
+def test_stamps_a_cta_never_took_leave_their_spans_nan():
+    """Idle consumers (KDTREE_GQA_ABLATE=16) stamp no first tile and no last MMA: the spans
+    those bound are NaN, not the distance from 0 to the entry; the producer's issue stays."""
+    recs = _two_calls()
+    split = (recs[:, 0] & np.uint64(0xFF)) == 0
+    recs[split, 3] = 0  # first tile landed
+    recs[split, 5] = 0  # warpgroup 0's last MMA
+    ph = ctl.call_phases(ctl.assign_calls(ctl.decode(recs), split_ctas=3, merge_ctas=2))
+    first = ph.iloc[0]
+    assert np.isnan(first.first_tile) and np.isnan(first.stream) and np.isnan(first.stream_max)
+    assert np.isnan(first.epilogue)
+    assert first.issue == pytest.approx(0.65) and first.split == pytest.approx(5.6)
+
+
 def test_assign_calls_refuses_what_stream_order_forbids():
     raw = _two_calls()
     df = ctl.decode(raw)

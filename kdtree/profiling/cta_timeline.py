@@ -103,6 +103,8 @@ def call_phases(df: pd.DataFrame) -> pd.DataFrame:
       table, the first copy's round trip); ``issue``: entry to the producer's first issue;
     * ``stream``: the median CTA's first tile to warpgroup 0's last MMA; ``stream_max`` the
       longest; ``epilogue``: the median CTA's last MMA to exit (partials and LSE stored);
+      a stamp of 0 is one the CTA never took (idle consumers, ``KDTREE_GQA_ABLATE=16``, stamp
+      no tile and no MMA): the spans it bounds are NaN then;
     * ``straggle``: the last split exit minus the median one; ``split``: the split grid's span;
     * ``gap_merge``: the split's last exit to the merge's first entry; ``merge``: its span;
     * ``gap_next``: the call's last exit to the next call's first entry (NaN for the last);
@@ -118,6 +120,9 @@ def call_phases(df: pd.DataFrame) -> pd.DataFrame:
         t0 = s["entry"].min()
         end = m["exit"].max() if len(m) else s["exit"].max()
         tiled = s[s["tiles"] > 0]
+        landed = tiled["first_tile"].where(tiled["first_tile"] > 0)  # (0: never stamped)
+        issued = tiled["first_issue"].where(tiled["first_issue"] > 0)
+        mma_end = tiled["mma_end"].where(tiled["mma_end"] > 0)
         nxt = firsts.get(c + 1)
         long = df[(df["call"] == c) & (df["exit"] - df["entry"] >= 5000)]
         us = 1e-3
@@ -127,10 +132,10 @@ def call_phases(df: pd.DataFrame) -> pd.DataFrame:
                 "split_ctas": len(s),
                 "merge_ctas": len(m),
                 "ramp": (s["entry"].max() - t0) * us,
-                "first_tile": (tiled["first_tile"] - tiled["entry"]).median() * us,
-                "issue": (tiled["first_issue"] - tiled["entry"]).median() * us,
-                "stream": (tiled["mma_end"] - tiled["first_tile"]).median() * us,
-                "stream_max": (tiled["mma_end"] - tiled["first_tile"]).max() * us,
+                "first_tile": (landed - tiled["entry"]).median() * us,
+                "issue": (issued - tiled["entry"]).median() * us,
+                "stream": (mma_end - landed).median() * us,
+                "stream_max": (mma_end - landed).max() * us,
                 "epilogue": (s["exit"] - s["mma_end"].where(s["mma_end"] > 0)).median() * us,
                 "straggle": (s["exit"].max() - s["exit"].median()) * us,
                 "split": (s["exit"].max() - t0) * us,
