@@ -1327,9 +1327,9 @@ else:
 
 # %% [markdown]
 # ### Session 37: TMA multicast for WideTail (a measured negative), what a free tail would buy
-# Three device calls (`tools/gpu/stages_s37a.txt` … `stages_s37c.txt`). At 8q/1kv, T=65 four
-# CTAs read each split's KV (two launch heads of WideTail's two row CTAs), so L2 serves every
-# tile four times. Call a: the two row CTAs of a split as a cluster of two, each issuing half of
+# Four device calls (`tools/gpu/stages_s37a.txt` … `stages_s37d.txt`; d: the GPU tests). At
+# 8q/1kv, T=65 four CTAs read each split's KV (two launch heads of WideTail's two row CTAs), so
+# L2 serves every tile four times. Call a: the two row CTAs of a split as a cluster of two, each issuing half of
 # a tile's page runs multicast into both (the measurement build `KDTREE_GQA_MULTICAST`, taken
 # out): GQA GPU tests 200 passed on it, and it was 1-2 % slower at every point, idle consumers
 # included (`KDTREE_GQA_ABLATE=16`), so the L2-to-SM traffic does not set the pace. Calls b-c:
