@@ -1236,6 +1236,16 @@ def ab_call_tables(df: pd.DataFrame, calls: dict[str, str]) -> dict[str, pd.Data
     }
 
 
+def ab_file_tables(path, calls: dict[str, str]) -> dict[str, pd.DataFrame]:
+    """:func:`ab_call_tables` of the packed rows at ``path`` (``tools/gpu/pack_ab.py``'s CSV);
+    an empty dict where that file is not shipped, so a notebook cell notes it instead."""
+    from pathlib import Path
+
+    if not Path(path).exists():
+        return {}
+    return ab_call_tables(pd.read_csv(path), calls)
+
+
 #: The spans of a verify call in the CTA timeline (kdtree.profiling.cta_timeline.call_phases),
 #: in the order they follow each other.
 TIMELINE_SPANS = ("first_tile", "stream", "epilogue", "straggle", "gap_merge", "merge", "gap_next")

@@ -1317,11 +1317,12 @@ else:
 # right before each copy.
 
 # %%
-if (L35 / "strided_ab_session36.csv.gz").exists():
-    nb.show_tables(ns.ab_call_tables(pd.read_csv(L35 / "strided_ab_session36.csv.gz"), {
-        "a": "8q/1kv, batch 1, shuffled pages", "a32": "32q/8kv, batch 1",
-        "a8": "8q/1kv, batch 8", "aseq": "8q/1kv, batch 1, pages in order",
-    }))  # fmt: skip
+t36 = ns.ab_file_tables(L35 / "strided_ab_session36.csv.gz", {
+    "a": "8q/1kv, batch 1, shuffled pages", "a32": "32q/8kv, batch 1",
+    "a8": "8q/1kv, batch 8", "aseq": "8q/1kv, batch 1, pages in order",
+})  # fmt: skip
+if t36:
+    nb.show_tables(t36)
 else:
     nb.note("The session-36 rows are not shipped (data/bench/logs/*session36*).")
 
@@ -1329,26 +1330,27 @@ else:
 # ### Session 37: TMA multicast for WideTail (a measured negative), what a free tail would buy
 # Four device calls (`tools/gpu/stages_s37a.txt` … `stages_s37d.txt`; d: the GPU tests). At
 # 8q/1kv, T=65 four CTAs read each split's KV (two launch heads of WideTail's two row CTAs), so
-# L2 serves every tile four times. Call a: the two row CTAs of a split as a cluster of two, each issuing half of
-# a tile's page runs multicast into both (the measurement build `KDTREE_GQA_MULTICAST`, taken
-# out): GQA GPU tests 200 passed on it, and it was 1-2 % slower at every point, idle consumers
-# included (`KDTREE_GQA_ABLATE=16`), so the L2-to-SM traffic does not set the pace. Calls b-c:
+# L2 serves every tile four times. Call a: the two row CTAs of a split as a cluster of two, each
+# issuing half of a tile's page runs multicast into both (the measurement build
+# `KDTREE_GQA_MULTICAST`, taken out): GQA GPU tests 200 passed on it, and it was 1-2 % slower at
+# every point, idle consumers included (`KDTREE_GQA_ABLATE=16`), so the L2-to-SM traffic does not set the pace. Calls b-c:
 # upper bounds with the tail rows' warpgroup idle (wrong results): at T=65 a free tail saves
 # 4-5 % (16.50 → 15.84 µs at 16k, where the target allows 15.9; 32k 23.10 → 22.09 against
 # 18.5), its MMAs alone ~3 %; at T=17 the padded third block and the tail warpgroup cost the
 # same, and a free tail saves 4-5 % (128k 29.17 → 28.06 against 26.5).
 
 # %%
-if (L35 / "multicast_ab_session37.csv.gz").exists():
-    nb.show_tables(ns.ab_call_tables(pd.read_csv(L35 / "multicast_ab_session37.csv.gz"), {
-        "ab1": "8q/1kv, T=65, batch 1 (v1 multicast)", "ab2": "32q/8kv, T=65, batch 1",
-        "ab3": "8q/1kv, T=65, batch 8", "idle": "8q/1kv, T=65, idle consumers",
-    }))  # fmt: skip
-    nb.show_tables(ns.ab_call_tables(pd.read_csv(L35 / "free_tail_ab_session37.csv.gz"), {
-        "b_kt": "T=65, idle consumers (v1: tail idle too)",
-        "c_t65": "T=65 (v1: tail idle, v2: tail without MMAs)",
-        "c_t17": "T=17 (v0 padded block, v1 tail warpgroup, v2 tail idle)",
-    }))  # fmt: skip
+t37 = ns.ab_file_tables(L35 / "multicast_ab_session37.csv.gz", {
+    "ab1": "8q/1kv, T=65, batch 1 (v1 multicast)", "ab2": "32q/8kv, T=65, batch 1",
+    "ab3": "8q/1kv, T=65, batch 8", "idle": "8q/1kv, T=65, idle consumers",
+})  # fmt: skip
+t37.update(ns.ab_file_tables(L35 / "free_tail_ab_session37.csv.gz", {
+    "b_kt": "T=65, idle consumers (v1: tail idle too)",
+    "c_t65": "T=65 (v1: tail idle, v2: tail without MMAs)",
+    "c_t17": "T=17 (v0 padded block, v1 tail warpgroup, v2 tail idle)",
+}))  # fmt: skip
+if t37:
+    nb.show_tables(t37)
 else:
     nb.note("The session-37 rows are not shipped (data/bench/logs/*session37*).")
 

@@ -528,6 +528,21 @@ def test_gqa_layout_ab_table_and_ab_commits_table():
         ns.ab_call_tables(both, {"z": "none"})
 
 
+def test_ab_file_tables(tmp_path):
+    """The packed rows of a file, or nothing where the file is not shipped."""
+    n = "gqa_8q1kv_d128/B1/L16384/T65"
+    rows = pd.DataFrame(
+        [{"call": "a", "side": s, "round": r, "name": n, "provider": "ours_gqa_graph",
+          "metric": "time", "p50": p50}
+         for s, r, p50 in (("v0", 1, 0.016), ("v0", 2, 0.018), ("v1", 1, 0.020), ("v1", 2, 0.022))]
+    )  # fmt: skip
+    rows.to_csv(tmp_path / "ab.csv.gz", index=False)
+    tables = ns.ab_file_tables(tmp_path / "ab.csv.gz", {"a": "multicast"})
+    assert list(tables) == ["call a: multicast"]
+    assert tables["call a: multicast"].loc[0, "v1_vs_v0"] == pytest.approx(21.0 / 17.0)
+    assert ns.ab_file_tables(tmp_path / "missing.csv.gz", {"a": "multicast"}) == {}
+
+
 def test_layout_variants_table():
     rows = [
         {"call": "b", "point": p, "variant": v, "ms": ms}
