@@ -1,0 +1,91 @@
+"""What the end of a split-KV call costs with the partials added by vector atomics into one fp32
+accumulator and normalised by the last CTA to arrive (no merge kernel), against the partials
+written and merged by kdtree's own merge kernel — before building that into the GQA kernel.
+
+    python3 tools/gpu/atomic_merge_probe.py [--out DIR]
+
+Compiles ``tools/gpu/atomic_merge_probe.cu`` (a standalone probe; its header says what each mode
+does) with nvcc and, for each shape (8q/1kv's split grids: T=17, 129 one-CTA splits of 136 rows;
+T=65, 33 splits of four 132-row CTAs), times graph-captured back-to-back calls in every mode
+with the emulated stream (``--spin`` cycles and up to ``--jitter`` more a CTA) and with none.
+Each mode's cost is its time less mode ``none``'s at the same spin. Checks first that the atomic
+modes' output matches the merge kernel's. Writes ``atomic_merge_probe.csv`` with the run's
+provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from kdtree.bench.schema import run_env
+
+HERE = Path(__file__).resolve().parent
+SHAPES = {"t17_129x1x136": (129, 1, 136), "t65_33x4x132": (33, 4, 132)}
+MODES = {"none": (0, 0), "partials+merge": (1, 0), "partials+merge_pdl": (1, 1),
+         "atomic": (2, 0), "atomic_fixed_ref": (3, 0), "atomic_scalar": (4, 0)}  # fmt: skip
+
+
+def build() -> ctypes.CDLL:
+    out = Path(tempfile.mkdtemp()) / "libatomic_merge_probe.so"
+    subprocess.run(
+        ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xcompiler", "-fPIC",
+         "-shared", "-o", str(out), str(HERE / "atomic_merge_probe.cu")],
+        check=True,
+    )  # fmt: skip
+    lib = ctypes.CDLL(str(out))
+    lib.probe_run.restype = ctypes.c_float
+    lib.probe_run.argtypes = [ctypes.c_int] * 5 + [ctypes.c_longlong] + [ctypes.c_int] * 4
+    lib.probe_check.restype = ctypes.c_float
+    lib.probe_check.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_float)]
+    return lib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--spins", default="0,20000", help="cycles of emulated stream")
+    ap.add_argument("--jitter", type=int, default=2000, help="cycles, the most a CTA adds")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=7)
+    a = ap.parse_args()
+    env = run_env(shlex.join(["python3", *sys.argv]))
+    lib = build()
+    for shape, (s, c, r) in SHAPES.items():
+        for mode in (2, 4):
+            mx = ctypes.c_float(0.0)
+            err = lib.probe_check(s, c, r, mode, ctypes.byref(mx))
+            print(f"check {shape} mode {mode}: max |atomic - merged| {err:.3g} (|out| <= "
+                  f"{mx.value:.3g})", flush=True)  # fmt: skip
+            if err < 0 or err > 0.02 * max(mx.value, 1e-6):
+                raise SystemExit(f"{shape} mode {mode}: the atomic output does not match ({err})")
+    rows = []
+    for shape, (s, c, r) in SHAPES.items():
+        for spin in [int(x) for x in a.spins.split(",")]:
+            base = None
+            for name, (mode, pdl) in MODES.items():
+                us = lib.probe_run(s, c, r, mode, pdl, spin, a.jitter, a.calls, a.reps, a.rounds)
+                if us < 0:
+                    raise SystemExit(f"{shape} {name}: cudaError {-us:.0f}")
+                base = us if name == "none" else base
+                rows.append({"shape": shape, "splits": s, "row_ctas": c, "rows_a_cta": r,
+                             "mode": name, "spin_cycles": spin, "jitter_cycles": a.jitter,
+                             "us": us, "cost_us": us - base})  # fmt: skip
+                print(f"{shape:14s} spin={spin:6d} {name:20s} {us:8.3f} us  (+{us - base:6.3f})",
+                      flush=True)  # fmt: skip
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).assign(**env).to_csv(out / "atomic_merge_probe.csv", index=False)
+
+
+if __name__ == "__main__":
+    main()
