@@ -298,6 +298,9 @@ struct Params {
                              // rows .. of the workspace, merged by the CUDA merge); -1 none
   int half_row;              // the merge's shared rows' first (full_rows with a split tail), -1
   int ws_rows;               // the workspace's rows a split: rows (+ TAIL_N with a split tail)
+#ifdef KDTREE_GQA_LEN_HINT
+  int len_hint;  // (a measurement build: request 0's prefix length from the host, -1 none)
+#endif
   int max_pages;
   int page_shift;            // log2(page_size)
   int num_splits;
@@ -1360,7 +1363,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
+#ifdef KDTREE_GQA_LEN_HINT
+  // (the measurement build: a batch of one's prefix length from the launch's parameters, so the
+  // producer's first page-table read does not wait for the length's; session 38)
+  const TileSeq ts = p.len_hint >= 0 ? split_tiles_of<BN, Params, true>(p, split, p.len_hint)
+                                     : split_tiles<BN, Params, true>(p, split, b);
+#else
   const TileSeq ts = split_tiles<BN, Params, true>(p, split, b);
+#endif
   const int n = ts.n_tiles;
   const int32_t* pt_row = p.page_table + b * p.spt_b;
 #ifdef KDTREE_TIMELINE
@@ -1860,6 +1870,12 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.pingpong = env_pingpong == nullptr ? 1 : (env_pingpong[0] == '0' ? 0 : (env_pingpong[0] == '2' ? 2 : 1));
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
+#ifdef KDTREE_GQA_LEN_HINT
+  // KDTREE_GQA_LEN_HINT=L: the prefix length of a batch of one, taken as given (wrong results if
+  // it is not the prefix_lens entry; a measurement of what the length's load costs the start)
+  const char* env_len = getenv("KDTREE_GQA_LEN_HINT");
+  p.len_hint = env_len != nullptr && B == 1 ? atoi(env_len) : -1;
+#endif
   // Whole prefix tiles go through TMA when a page holds >= 8 slots: a TMA box's key groups of 8
   // (kv_off) must not cross a page, so smaller pages keep the cp.async path. KDTREE_GQA_TMA=0
   // keeps every tile on cp.async; a layout the driver will not map does too, except under
