@@ -1409,13 +1409,30 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #pragma unroll
     for (int k = 0; k < TL_WORDS; ++k)
       asm volatile("ld.volatile.shared.u64 %0, [%1];\n" : "=l"(w[k]) : "r"(tl_a + 8 * k) : "memory");
+#ifndef KDTREE_GQA_TL_PROLOGUE
     w[7] = static_cast<unsigned long long>(clock64()) - w[7];
+#endif
     tl_append(w);
   };
 #define GQA_TL_EXIT() tl_exit()
 #define GQA_TL_STAMP(k, cond) \
   if ((cond) && (tid & 127) == 0) tl_set(tl_a + 8 * (k), tl_now())
+#ifdef KDTREE_GQA_TL_PROLOGUE
+  // (a measurement build beside the timeline, session 38: the producer's thread 0 stamps word 5
+  // when it is past the CTA barrier after the mbarriers' init and word 7 once its first page-table
+  // entry has arrived (the add reads it, so the stamp waits for the load) -- in place of warpgroup
+  // 0's last MMA and the cycle count; gqa_timeline.py's spans that read them are then wrong)
+#define GQA_TL_PRO(k, v)                                       \
+  if (pt == 0) {                                               \
+    int pro_v = (v);                                           \
+    asm volatile("add.u32 %0, %0, 0;\n" : "+r"(pro_v)::"memory"); \
+    tl_set(tl_a + 8 * (k), tl_now());                          \
+  }
 #else
+#define GQA_TL_PRO(k, v)
+#endif
+#else
+#define GQA_TL_PRO(k, v)
 #define GQA_TL_EXIT()
 #define GQA_TL_STAMP(k, cond)
 #endif
@@ -1442,6 +1459,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const int kv_head = kvh / p.q_groups;  // (the cache's)
     const E* kbase = static_cast<const E*>(p.k) + kv_head * p.sk_h;
     const E* vbase = static_cast<const E*>(p.v) + kv_head * p.sv_h;
+    GQA_TL_PRO(5, 0);
     ProducerClocksOf<C> clk(p.clocks && pt == 0, sBar + 8 * (STAGES + 1) + 32 * 3);
 #ifdef KDTREE_GQA_PRODUCER_Q
     if (n > 0) {
@@ -1451,6 +1469,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     }
 #endif
     int next_slot = !C::KEY_TAIL && pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
+    if (!C::KEY_TAIL) GQA_TL_PRO(7, next_slot);
     for (int tile = 0; tile < n; ++tile) {
       // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the
       // prefix tiles (and the page table, the prefix lengths) are read before it has finished,
@@ -1463,6 +1482,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       // the stage as the others' read of the next one: no value carried across tiles)
       const int slot = C::KEY_TAIL ? (pt < 32 ? run_slot<C>(p, pt_row, ts, tile, pt) : 0)
                                    : next_slot;
+      if (C::KEY_TAIL && tile == 0) GQA_TL_PRO(7, slot);
       if (!C::KEY_TAIL) next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
@@ -1612,7 +1632,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     finish_pv<C, E>(o, pc, dv_last);
   }
 
+#ifndef KDTREE_GQA_TL_PROLOGUE
   GQA_TL_STAMP(5, w == 0);
+#endif
   clk.flush(g_gqa_clocks[w], n);
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
@@ -1623,6 +1645,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 }
 #undef GQA_TL_EXIT
 #undef GQA_TL_STAMP
+#undef GQA_TL_PRO
 
 // The split kernel is a programmatic dependent of the kernel before it (cudaLaunchAttribute-
 // ProgrammaticStreamSerialization; KDTREE_CUDA_SPLIT_PDL=0 launches it plainly). It then starts
