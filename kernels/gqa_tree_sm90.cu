@@ -298,9 +298,6 @@ struct Params {
                              // rows .. of the workspace, merged by the CUDA merge); -1 none
   int half_row;              // the merge's shared rows' first (full_rows with a split tail), -1
   int ws_rows;               // the workspace's rows a split: rows (+ TAIL_N with a split tail)
-#ifdef KDTREE_GQA_LEN_HINT
-  int len_hint;  // (a measurement build: request 0's prefix length from the host, -1 none)
-#endif
   int max_pages;
   int page_shift;            // log2(page_size)
   int num_splits;
@@ -1363,14 +1360,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
-#ifdef KDTREE_GQA_LEN_HINT
-  // (the measurement build: a batch of one's prefix length from the launch's parameters, so the
-  // producer's first page-table read does not wait for the length's; session 38)
-  const TileSeq ts = p.len_hint >= 0 ? split_tiles_of<BN, Params, true>(p, split, p.len_hint)
-                                     : split_tiles<BN, Params, true>(p, split, b);
-#else
   const TileSeq ts = split_tiles<BN, Params, true>(p, split, b);
-#endif
   const int n = ts.n_tiles;
   const int32_t* pt_row = p.page_table + b * p.spt_b;
 #ifdef KDTREE_TIMELINE
@@ -1409,30 +1399,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #pragma unroll
     for (int k = 0; k < TL_WORDS; ++k)
       asm volatile("ld.volatile.shared.u64 %0, [%1];\n" : "=l"(w[k]) : "r"(tl_a + 8 * k) : "memory");
-#ifndef KDTREE_GQA_TL_PROLOGUE
     w[7] = static_cast<unsigned long long>(clock64()) - w[7];
-#endif
     tl_append(w);
   };
 #define GQA_TL_EXIT() tl_exit()
 #define GQA_TL_STAMP(k, cond) \
   if ((cond) && (tid & 127) == 0) tl_set(tl_a + 8 * (k), tl_now())
-#ifdef KDTREE_GQA_TL_PROLOGUE
-  // (a measurement build beside the timeline, session 38: the producer's thread 0 stamps word 5
-  // when it is past the CTA barrier after the mbarriers' init and word 7 once its first page-table
-  // entry has arrived (the add reads it, so the stamp waits for the load) -- in place of warpgroup
-  // 0's last MMA and the cycle count; gqa_timeline.py's spans that read them are then wrong)
-#define GQA_TL_PRO(k, v)                                       \
-  if (pt == 0) {                                               \
-    int pro_v = (v);                                           \
-    asm volatile("add.u32 %0, %0, 0;\n" : "+r"(pro_v)::"memory"); \
-    tl_set(tl_a + 8 * (k), tl_now());                          \
-  }
 #else
-#define GQA_TL_PRO(k, v)
-#endif
-#else
-#define GQA_TL_PRO(k, v)
 #define GQA_TL_EXIT()
 #define GQA_TL_STAMP(k, cond)
 #endif
@@ -1459,7 +1432,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const int kv_head = kvh / p.q_groups;  // (the cache's)
     const E* kbase = static_cast<const E*>(p.k) + kv_head * p.sk_h;
     const E* vbase = static_cast<const E*>(p.v) + kv_head * p.sv_h;
-    GQA_TL_PRO(5, 0);
     ProducerClocksOf<C> clk(p.clocks && pt == 0, sBar + 8 * (STAGES + 1) + 32 * 3);
 #ifdef KDTREE_GQA_PRODUCER_Q
     if (n > 0) {
@@ -1469,7 +1441,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     }
 #endif
     int next_slot = !C::KEY_TAIL && pt < 32 ? run_slot<C>(p, pt_row, ts, 0, pt) : 0;
-    if (!C::KEY_TAIL) GQA_TL_PRO(7, next_slot);
     for (int tile = 0; tile < n; ++tile) {
       // A programmatic dependent launch (split_pdl) starts while the kernel before runs: the
       // prefix tiles (and the page table, the prefix lengths) are read before it has finished,
@@ -1482,7 +1453,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       // the stage as the others' read of the next one: no value carried across tiles)
       const int slot = C::KEY_TAIL ? (pt < 32 ? run_slot<C>(p, pt_row, ts, tile, pt) : 0)
                                    : next_slot;
-      if (C::KEY_TAIL && tile == 0) GQA_TL_PRO(7, slot);
       if (!C::KEY_TAIL) next_slot = pt < 32 ? run_slot<C>(p, pt_row, ts, tile + 1, pt) : 0;
       if (tile >= STAGES) named_sync(BAR_EMPTY + st, THREADS);  // tile - STAGES released
       clk.stamp(0);
@@ -1632,9 +1602,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     finish_pv<C, E>(o, pc, dv_last);
   }
 
-#ifndef KDTREE_GQA_TL_PROLOGUE
   GQA_TL_STAMP(5, w == 0);
-#endif
   clk.flush(g_gqa_clocks[w], n);
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 1);
   l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, 2);
@@ -1645,7 +1613,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 }
 #undef GQA_TL_EXIT
 #undef GQA_TL_STAMP
-#undef GQA_TL_PRO
 
 // The split kernel is a programmatic dependent of the kernel before it (cudaLaunchAttribute-
 // ProgrammaticStreamSerialization; KDTREE_CUDA_SPLIT_PDL=0 launches it plainly). It then starts
@@ -1893,12 +1860,6 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.pingpong = env_pingpong == nullptr ? 1 : (env_pingpong[0] == '0' ? 0 : (env_pingpong[0] == '2' ? 2 : 1));
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
-#ifdef KDTREE_GQA_LEN_HINT
-  // KDTREE_GQA_LEN_HINT=L: the prefix length of a batch of one, taken as given (wrong results if
-  // it is not the prefix_lens entry; a measurement of what the length's load costs the start)
-  const char* env_len = getenv("KDTREE_GQA_LEN_HINT");
-  p.len_hint = env_len != nullptr && B == 1 ? atoi(env_len) : -1;
-#endif
   // Whole prefix tiles go through TMA when a page holds >= 8 slots: a TMA box's key groups of 8
   // (kv_off) must not cross a page, so smaller pages keep the cp.async path. KDTREE_GQA_TMA=0
   // keeps every tile on cp.async; a layout the driver will not map does too, except under

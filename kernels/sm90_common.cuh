@@ -147,14 +147,12 @@ __device__ __forceinline__ int64_t key_slot(const P& p, const int32_t* pt_row,
 // from 128k down to 16k). No split streams more tiles than with the prefix's S-th alone (the
 // most loaded split then streams at least the S-th of all). (Counting a tree tile twice moved
 // 8q/1kv, T=65, 16k to 7-tile splits and cost it 0.4 us: call d.)
-// (split_tiles_of: the same for a prefix length the caller has; a measurement build passes one
-// from the host.)
 template <int BN, class P, bool TREE_BALANCED = false>
-__device__ __forceinline__ TileSeq split_tiles_of(const P& p, int split, int L) {
+__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
   TileSeq ts;
   const int S = p.num_splits;
   ts.T = p.T;
-  ts.L = max(L, 0);
+  ts.L = max(__ldg(p.prefix_lens + b), 0);
   const int per = TREE_BALANCED ? ((ts.L + BN - 1) / BN + (ts.T + BN - 1) / BN) * BN : ts.L;
   const int chunk = ((per + S - 1) / S + BN - 1) / BN * BN;
   ts.start = min(split * chunk, ts.L);
@@ -162,10 +160,6 @@ __device__ __forceinline__ TileSeq split_tiles_of(const P& p, int split, int L) 
   ts.n_pre = (ts.end - ts.start + BN - 1) / BN;
   ts.n_tiles = ts.n_pre + (split == S - 1 ? (ts.T + BN - 1) / BN : 0);
   return ts;
-}
-template <int BN, class P, bool TREE_BALANCED = false>
-__device__ __forceinline__ TileSeq split_tiles(const P& p, int split, int b) {
-  return split_tiles_of<BN, P, TREE_BALANCED>(p, split, __ldg(p.prefix_lens + b));
 }
 // ------------------------------------------------------------------ wgmma
 
