@@ -1246,6 +1246,53 @@ def ab_file_tables(path, calls: dict[str, str]) -> dict[str, pd.DataFrame]:
     return ab_call_tables(pd.read_csv(path), calls)
 
 
+def atomic_merge_probe_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``tools/gpu/atomic_merge_probe.py`` (session 38): what each way of ending a split
+    grid costs over the bare grid (``cost_us``, µs a call), by mode (rows) and shape, stream
+    spin and end jitter (columns), in the probe's order of modes."""
+    need = {"shape", "mode", "spin_cycles", "jitter_cycles", "cost_us"}
+    require_columns(df, need, "atomic merge probe rows")
+    if df.empty:
+        raise ValueError("no atomic merge probe rows")
+    d = df.assign(
+        grid=df["shape"] + ", spin " + df["spin_cycles"].astype(str)
+        + ", jitter " + df["jitter_cycles"].astype(str)
+    )  # fmt: skip
+    order = list(dict.fromkeys(d["mode"]))
+    t = d.pivot_table(index="mode", columns="grid", values="cost_us", aggfunc="median", sort=False)
+    return t.reindex(order)
+
+
+#: The steps of a split CTA's start in the prologue build (session 38, call c), in order: entry
+#: to the CTA barrier after the mbarriers' init, to the producer's first page-table entry, to
+#: its first copy issued, to the first tile landed.
+PROLOGUE_STEPS = ("barrier", "entry_read", "issue", "landed")
+
+
+def prologue_table(df: pd.DataFrame, q: float = 0.5) -> pd.DataFrame:
+    """CTA rows of the prologue build (``data/bench/logs/gqa_prologue_session38.csv.gz``): by
+    point, the ``q`` quantile over the split CTAs of each step of their start (µs,
+    :data:`PROLOGUE_STEPS`), the whole start (entry to first tile) and how far the page-table
+    entry's stamp can be off (``slot_ready_window_us``: it was aligned to the others within that
+    window, so ``entry_read`` and ``issue`` trade up to it; their sum is exact)."""
+    need = {"point", "kind", "entry", "past_barrier", "slot_ready", "first_issue", "first_tile",
+            "slot_ready_window_us"}  # fmt: skip
+    require_columns(df, need, "prologue rows")
+    d = df[df["kind"] == "split"]
+    if d.empty:
+        raise ValueError("no split CTA rows")
+    steps = pd.DataFrame({
+        "point": d["point"],
+        "barrier": d["past_barrier"] - d["entry"],
+        "entry_read": d["slot_ready"] - d["past_barrier"],
+        "issue": d["first_issue"] - d["slot_ready"],
+        "landed": d["first_tile"] - d["first_issue"],
+        "entry_to_first_tile": d["first_tile"] - d["entry"],
+        "slot_ready_window_us": d["slot_ready_window_us"],
+    })  # fmt: skip
+    return steps.groupby("point", sort=False).quantile(q).reset_index()
+
+
 #: The spans of a verify call in the CTA timeline (kdtree.profiling.cta_timeline.call_phases),
 #: in the order they follow each other.
 TIMELINE_SPANS = ("first_tile", "stream", "epilogue", "straggle", "gap_merge", "merge", "gap_next")

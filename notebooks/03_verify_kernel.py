@@ -1379,6 +1379,35 @@ else:
     nb.note("The session-37 timeline rows are not shipped (data/bench/logs/*session37*).")
 
 # %% [markdown]
+# ### Session 38: an atomic merge, the prefix length's load (two measured negatives), a CTA's start
+# Three device calls (`tools/gpu/stages_s38a.txt` … `stages_s38c.txt`). Call a, a standalone
+# probe (`tools/gpu/atomic_merge_probe.py`): instead of writing partials for a merge kernel,
+# every split CTA adds its rows into one fp32 accumulator (`red.global.add.v4.f32`, the row's
+# offset published by the first CTA to arrive) and the last CTA normalises it — no merge launch.
+# Its cost over the bare grid (µs a call, below) is ~10-12 µs against ~6 for bf16 partials and
+# kdtree's merge at both 8q/1kv split grids: 129 or 33 x 4 CTAs adding 17-18k floats each
+# into the same addresses run at ~250 G adds/s, so the L2's reduction rate, not the merge's
+# round trips, would set the end. Call b: the measurement build `KDTREE_GQA_LEN_HINT` (a batch
+# of one's prefix length from the launch: the first page-table read no longer waits for the
+# length's load) against the default, alternating (`v1` the hint): within ±0.8 % at every
+# point. Call c: a CTA's start stamped step by step (`KDTREE_GQA_TL_PROLOGUE`, medians, µs):
+# 0.2 to the CTA barrier, ~1.1-1.25 for the first page-table entry and the copy's issue
+# together (one L2/DRAM round trip and the TMA issue; the split between them is uncertain by
+# the window shown), then 1.3-1.8 until the tile has landed.
+
+# %%
+if (L35 / "atomic_merge_probe_session38.csv.gz").exists():
+    t38 = {"call a: cost over the bare grid (µs a call)": ns.atomic_merge_probe_table(
+        pd.read_csv(L35 / "atomic_merge_probe_session38.csv.gz"))}  # fmt: skip
+    t38.update(ns.ab_file_tables(L35 / "len_hint_ab_session38.csv.gz", {
+        "b16": "16k (v1 the length from the launch)", "b32": "32k", "b128": "128k"}))  # fmt: skip
+    t38["call c: a split CTA's start (µs, medians)"] = ns.prologue_table(
+        pd.read_csv(L35 / "gqa_prologue_session38.csv.gz"))  # fmt: skip
+    nb.show_tables(t38)
+else:
+    nb.note("The session-38 rows are not shipped (data/bench/logs/*session38*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 

@@ -543,6 +543,44 @@ def test_ab_file_tables(tmp_path):
     assert ns.ab_file_tables(tmp_path / "missing.csv.gz", {"a": "multicast"}) == {}
 
 
+def test_atomic_merge_probe_table():
+    rows = pd.DataFrame(
+        [{"shape": sh, "mode": m, "spin_cycles": sp, "jitter_cycles": 2000, "cost_us": c}
+         for sh, sp, m, c in (("t17", 0, "none", 0.0), ("t17", 0, "atomic", 11.0),
+                              ("t17", 0, "partials+merge", 6.0), ("t65", 0, "none", 0.0),
+                              ("t65", 0, "atomic", 10.0), ("t65", 0, "partials+merge", 5.8))]
+    )  # fmt: skip
+    t = ns.atomic_merge_probe_table(rows)
+    assert list(t.index) == ["none", "atomic", "partials+merge"]
+    assert list(t.columns) == ["t17, spin 0, jitter 2000", "t65, spin 0, jitter 2000"]
+    assert t.loc["atomic", "t65, spin 0, jitter 2000"] == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="no atomic merge probe rows"):
+        ns.atomic_merge_probe_table(rows.iloc[:0])
+    with pytest.raises(ValueError, match="missing"):
+        ns.atomic_merge_probe_table(rows.drop(columns=["cost_us"]))
+
+
+def test_prologue_table():
+    rows = pd.DataFrame(
+        [{"point": "p", "kind": "split", "entry": e, "past_barrier": e + 0.2,
+          "slot_ready": e + 0.2 + r, "first_issue": e + 0.2 + r + 0.4, "first_tile": e + 3.0,
+          "slot_ready_window_us": 0.5}
+         for e, r in ((0.0, 0.6), (1.0, 0.7), (2.0, 0.8))]
+        + [{"point": "p", "kind": "merge", "entry": 0.0, "past_barrier": 9.0, "slot_ready": 9.0,
+            "first_issue": 9.0, "first_tile": 9.0, "slot_ready_window_us": 0.5}]
+    )  # fmt: skip
+    t = ns.prologue_table(rows).set_index("point")
+    assert t.loc["p", "barrier"] == pytest.approx(0.2)
+    assert t.loc["p", "entry_read"] == pytest.approx(0.7)  # the median of 0.6, 0.7, 0.8
+    assert t.loc["p", "issue"] == pytest.approx(0.4)
+    assert t.loc["p", "landed"] == pytest.approx(3.0 - 1.3)
+    assert t.loc["p", "entry_to_first_tile"] == pytest.approx(3.0)
+    top = ns.prologue_table(rows, q=1.0).set_index("point")
+    assert top.loc["p", "entry_read"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="no split CTA rows"):
+        ns.prologue_table(rows[rows["kind"] == "merge"])
+
+
 def test_layout_variants_table():
     rows = [
         {"call": "b", "point": p, "variant": v, "ms": ms}
