@@ -1246,11 +1246,12 @@ def ab_file_tables(path, calls: dict[str, str]) -> dict[str, pd.DataFrame]:
     return ab_call_tables(pd.read_csv(path), calls)
 
 
-def atomic_merge_probe_table(df: pd.DataFrame) -> pd.DataFrame:
+def atomic_merge_probe_table(df: pd.DataFrame, value: str = "cost_us") -> pd.DataFrame:
     """Rows of ``tools/gpu/atomic_merge_probe.py`` (session 38): what each way of ending a split
-    grid costs over the bare grid (``cost_us``, µs a call), by mode (rows) and shape, stream
-    spin and end jitter (columns), in the probe's order of modes."""
-    need = {"shape", "mode", "spin_cycles", "jitter_cycles", "cost_us"}
+    grid costs over the bare grid (``cost_us``, µs a call; or ``value="us"``, the time a call),
+    by mode (rows) and shape, stream spin and end jitter (columns), in the probe's order of
+    modes; modes with no value anywhere (the no-split-grid modes' ``cost_us``) are left out."""
+    need = {"shape", "mode", "spin_cycles", "jitter_cycles", value}
     require_columns(df, need, "atomic merge probe rows")
     if df.empty:
         raise ValueError("no atomic merge probe rows")
@@ -1259,8 +1260,8 @@ def atomic_merge_probe_table(df: pd.DataFrame) -> pd.DataFrame:
         + ", jitter " + df["jitter_cycles"].astype(str)
     )  # fmt: skip
     order = list(dict.fromkeys(d["mode"]))
-    t = d.pivot_table(index="mode", columns="grid", values="cost_us", aggfunc="median", sort=False)
-    return t.reindex(order)
+    t = d.pivot_table(index="mode", columns="grid", values=value, aggfunc="median", sort=False)
+    return t.reindex([m for m in order if m in t.index])
 
 
 #: The steps of a split CTA's start in the prologue build (session 38, call c), in order: entry

@@ -548,12 +548,17 @@ def test_atomic_merge_probe_table():
         [{"shape": sh, "mode": m, "spin_cycles": sp, "jitter_cycles": 2000, "cost_us": c}
          for sh, sp, m, c in (("t17", 0, "none", 0.0), ("t17", 0, "atomic", 11.0),
                               ("t17", 0, "partials+merge", 6.0), ("t65", 0, "none", 0.0),
-                              ("t65", 0, "atomic", 10.0), ("t65", 0, "partials+merge", 5.8))]
-    )  # fmt: skip
+                              ("t65", 0, "atomic", 10.0), ("t65", 0, "partials+merge", 5.8),
+                              ("t17", 0, "merge_only", float("nan")),
+                              ("t65", 0, "merge_only", float("nan")))]
+    ).assign(us=lambda d: d["cost_us"].fillna(3.0) + 2.0)  # fmt: skip
     t = ns.atomic_merge_probe_table(rows)
     assert list(t.index) == ["none", "atomic", "partials+merge"]
     assert list(t.columns) == ["t17, spin 0, jitter 2000", "t65, spin 0, jitter 2000"]
     assert t.loc["atomic", "t65, spin 0, jitter 2000"] == pytest.approx(10.0)
+    us = ns.atomic_merge_probe_table(rows, value="us")
+    assert list(us.index) == ["none", "atomic", "partials+merge", "merge_only"]
+    assert us.loc["merge_only", "t17, spin 0, jitter 2000"] == pytest.approx(5.0)
     with pytest.raises(ValueError, match="no atomic merge probe rows"):
         ns.atomic_merge_probe_table(rows.iloc[:0])
     with pytest.raises(ValueError, match="missing"):

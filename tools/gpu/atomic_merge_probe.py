@@ -8,7 +8,9 @@ Compiles ``tools/gpu/atomic_merge_probe.cu`` (a standalone probe; its header say
 does) with nvcc and, for each shape (8q/1kv's split grids: T=17, 129 one-CTA splits of 136 rows;
 T=65, 33 splits of four 132-row CTAs), times graph-captured back-to-back calls in every mode
 with the emulated stream (``--spin`` cycles and up to ``--jitter`` more a CTA) and with none.
-Each mode's cost is its time less mode ``none``'s at the same spin. Checks first that the atomic
+Each mode's cost (``cost_us``) is its time less mode ``none``'s at the same spin; ``merge_only``
+and ``empty_merge_grid`` launch no split grid (``cost_us`` NaN): their ``us`` is the merge kernel
+alone on written partials and an empty kernel of its grid. Checks first that the atomic
 modes' output matches the merge kernel's. Writes ``atomic_merge_probe.csv`` with the run's
 provenance.
 """
@@ -30,7 +32,9 @@ from kdtree.bench.schema import run_env
 HERE = Path(__file__).resolve().parent
 SHAPES = {"t17_129x1x136": (129, 1, 136), "t65_33x4x132": (33, 4, 132)}
 MODES = {"none": (0, 0), "partials+merge": (1, 0), "partials+merge_pdl": (1, 1),
-         "atomic": (2, 0), "atomic_fixed_ref": (3, 0), "atomic_scalar": (4, 0)}  # fmt: skip
+         "atomic": (2, 0), "atomic_fixed_ref": (3, 0), "atomic_scalar": (4, 0),
+         "merge_only": (5, 0), "partials_only": (6, 0), "empty_merge_grid": (7, 0)}  # fmt: skip
+NO_SPLIT_GRID = (5, 7)  # modes that launch no split grid: their cost_us is NaN
 
 
 def build() -> ctypes.CDLL:
@@ -76,10 +80,11 @@ def main() -> None:
                 if us < 0:
                     raise SystemExit(f"{shape} {name}: cudaError {-us:.0f}")
                 base = us if name == "none" else base
+                cost = us - base if MODES[name][0] not in NO_SPLIT_GRID else float("nan")
                 rows.append({"shape": shape, "splits": s, "row_ctas": c, "rows_a_cta": r,
                              "mode": name, "spin_cycles": spin, "jitter_cycles": a.jitter,
-                             "us": us, "cost_us": us - base})  # fmt: skip
-                print(f"{shape:14s} spin={spin:6d} {name:20s} {us:8.3f} us  (+{us - base:6.3f})",
+                             "us": us, "cost_us": cost})  # fmt: skip
+                print(f"{shape:14s} spin={spin:6d} {name:20s} {us:8.3f} us  (+{cost:6.3f})",
                       flush=True)  # fmt: skip
     if a.out:
         out = Path(a.out)
