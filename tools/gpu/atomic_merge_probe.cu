@@ -19,6 +19,8 @@
 //   5 merge only   kdtree's merge kernel alone over partials written before (no split grid)
 //   6 partials only  mode 1's stores with no merge after them
 //   7 empty        an empty kernel with the merge's grid (a row a CTA, 256 threads)
+//   8, 9 merge only, a 16-byte-load variant of the one-pass merge (merge16 below: eight bf16
+//               columns a thread, 16 threads an entry's row) with 256 / 128 threads a CTA
 // The synthetic partials are the same in every mode, so mode 2's output is checked against the
 // merge kernel's (probe_check).
 #include <cuda_bf16.h>
@@ -159,6 +161,83 @@ __global__ void __launch_bounds__(256) empty_kernel(int never) {
   if (never == 12345 && threadIdx.x == 0) asm volatile("trap;");
 }
 
+// The one-pass row-a-CTA merge with 16-byte loads: thread (g, c) takes columns 8c .. 8c + 7 of
+// entries e = g (mod GROUPS), a batch of BATCH entries' LSE and partial loads issued before any
+// is used, an online max / sum / weighted sum; the GROUPS states added through shared memory.
+// (kdtree's merge_splits_kernel: 8-byte loads, four columns a thread, 32 threads an entry.)
+template <int THREADS, int BATCH>
+__global__ void __launch_bounds__(THREADS) merge16(const MergeParams p) {
+  constexpr int COLS = D / 8, GROUPS = THREADS / COLS;
+  __shared__ float red[GROUPS][COLS][9];  // (8 sums and the padding that spreads the banks)
+  __shared__ float2 red_ms[GROUPS];
+  const int tid = threadIdx.x, row = blockIdx.x, c = tid % COLS, g = tid / COLS;
+  const int S = p.num_splits;
+  const __nv_bfloat16* part = static_cast<const __nv_bfloat16*>(p.part);
+  float mx = -INFINITY, sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int e0 = g; e0 < S; e0 += BATCH * GROUPS) {
+    uint4 v[BATCH];
+    float l[BATCH];
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      const int e = e0 + k * GROUPS;
+      const bool on = e < S;
+      const int64_t at = static_cast<int64_t>(on ? e : 0) * p.ws_rows + row;
+      l[k] = load_lse_if(p.lse, at, on);
+      v[k] = make_uint4(0u, 0u, 0u, 0u);
+      asm volatile(
+          "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
+          " @q ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+          : "+r"(v[k].x), "+r"(v[k].y), "+r"(v[k].z), "+r"(v[k].w)
+          : "l"(part + at * D + 8 * c), "r"(static_cast<int>(on)));
+    }
+    float bm = mx;
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) bm = fmaxf(bm, l[k]);
+    const float s0 = mx == -INFINITY ? 0.f : exp2f(mx - bm);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] *= s0;
+    sum *= s0;
+    mx = bm;
+    if (bm == -INFINITY) bm = 0.f;
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      const float w = exp2f(l[k] - bm);
+      const uint32_t u[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = Mma<__nv_bfloat16>::unpack2(u[j]);
+        acc[2 * j] += w > 0.f ? w * f.x : 0.f;
+        acc[2 * j + 1] += w > 0.f ? w * f.y : 0.f;
+      }
+      sum += w;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[g][c][j] = acc[j];
+  if (c == 0) red_ms[g] = make_float2(mx, sum);
+  __syncthreads();
+  if (g != 0) return;
+  float m_all = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < GROUPS; ++k) m_all = fmaxf(m_all, red_ms[k].x);
+  if (m_all == -INFINITY) m_all = 0.f;
+  float out[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, total = 0.f;
+#pragma unroll
+  for (int k = 0; k < GROUPS; ++k) {
+    const float w = exp2f(red_ms[k].x - m_all);
+    total += w * red_ms[k].y;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] += w * red[k][c][j];
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  uint4 o;
+  uint32_t* ou = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ou[j] = Mma<__nv_bfloat16>::pack(out[2 * j] * inv, out[2 * j + 1] * inv);
+  *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(row) * D +
+                            8 * c) = o;
+}
+
 __global__ void fill_u32(unsigned* a, unsigned v, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) a[i] = v;
@@ -215,6 +294,8 @@ int setup(int S, int C, int R) {
 
 int launch(int mode, int merge_pdl, cudaStream_t st) {
   if (mode == 7) return launch_kernel(empty_kernel, dim3(g.mp.rows), dim3(256), 0, st, false, 0);
+  if (mode == 8) return launch_kernel(merge16<256, 8>, dim3(g.mp.rows), dim3(256), 0, st, false, g.mp);
+  if (mode == 9) return launch_kernel(merge16<128, 8>, dim3(g.mp.rows), dim3(128), 0, st, false, g.mp);
   int rc = 0;
   if (mode != 5) {
     g.p.mode = mode == 6 ? 1 : mode;
@@ -238,7 +319,7 @@ float probe_run(int S, int C, int R, int mode, int merge_pdl, long long spin, in
   if (rc) return -static_cast<float>(rc);
   g.p.spin = spin;
   g.p.jitter = jitter;
-  if (mode == 5) {  // the merge alone reads partials one split grid wrote
+  if (mode == 5 || mode >= 8) {  // the merge alone reads partials one split grid wrote
     rc = launch(6, 0, 0);
     if (rc == 0) rc = static_cast<int>(cudaDeviceSynchronize());
     if (rc) return -static_cast<float>(rc);
@@ -295,6 +376,7 @@ float probe_check(int S, int C, int R, int mode, float* max_ref) {
   launch(1, 0, 0);
   cudaMemcpy(h1, g.p.out, sizeof(__nv_bfloat16) * n, cudaMemcpyDeviceToHost);
   cudaMemset(g.p.out, 0, sizeof(__nv_bfloat16) * n);
+  if (mode >= 8) launch(6, 0, 0);  // (the merge variants read mode 1's partials)
   for (int i = 0; i < 3; ++i) launch(mode, 0, 0);  // (the accumulator must come back clear)
   rc = static_cast<int>(cudaMemcpy(h2, g.p.out, sizeof(__nv_bfloat16) * n, cudaMemcpyDeviceToHost));
   float err = 0.f, mx = 0.f;

@@ -33,8 +33,9 @@ HERE = Path(__file__).resolve().parent
 SHAPES = {"t17_129x1x136": (129, 1, 136), "t65_33x4x132": (33, 4, 132)}
 MODES = {"none": (0, 0), "partials+merge": (1, 0), "partials+merge_pdl": (1, 1),
          "atomic": (2, 0), "atomic_fixed_ref": (3, 0), "atomic_scalar": (4, 0),
-         "merge_only": (5, 0), "partials_only": (6, 0), "empty_merge_grid": (7, 0)}  # fmt: skip
-NO_SPLIT_GRID = (5, 7)  # modes that launch no split grid: their cost_us is NaN
+         "merge_only": (5, 0), "partials_only": (6, 0), "empty_merge_grid": (7, 0),
+         "merge16_256_only": (8, 0), "merge16_128_only": (9, 0)}  # fmt: skip
+NO_SPLIT_GRID = (5, 7, 8, 9)  # modes that launch no split grid: their cost_us is NaN
 
 
 def build() -> ctypes.CDLL:
@@ -64,7 +65,7 @@ def main() -> None:
     env = run_env(shlex.join(["python3", *sys.argv]))
     lib = build()
     for shape, (s, c, r) in SHAPES.items():
-        for mode in (2, 4):
+        for mode in (2, 4, 8, 9):
             mx = ctypes.c_float(0.0)
             err = lib.probe_check(s, c, r, mode, ctypes.byref(mx))
             print(f"check {shape} mode {mode}: max |atomic - merged| {err:.3g} (|out| <= "
