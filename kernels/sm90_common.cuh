@@ -1121,6 +1121,101 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const 
 #endif
 }
 
+// The one-pass row-a-CTA merge with 16-byte loads, for 16-bit partials of 128 columns whose
+// entries fit one batch (at most MERGE_WIDE_ENTRIES): thread (g, c) of 128 takes columns 8c ..
+// 8c + 7 of entries e = g (mod 8), every LSE and partial load of the row issued before any is
+// used, then the eight groups' states are added through shared memory. Session 38 (a standalone
+// probe, tools/gpu/atomic_merge_probe.cu): on L2-resident partials of 528 rows x 33 entries it
+// took 3.30 us a call where merge_splits_kernel took 4.18 (an empty kernel of the grid 0.86);
+// where the rows are few (136 rows x 129 entries) it lost (4.80 against 4.21: 128 threads a CTA
+// leave an SM too few loads in flight), so the launcher takes it only for grids of at least three
+// CTAs an SM (8q/1kv, T=65: 520 rows, the shared rows' 66 entries within the batch's 72).
+constexpr int MERGE_WIDE_THREADS = 128, MERGE_WIDE_ENTRIES = 72;  // (9 a thread)
+template <typename E, typename P>
+__global__ void __launch_bounds__(MERGE_WIDE_THREADS) merge_splits_wide_kernel(const MergeParams p) {
+  static_assert(sizeof(P) == 2, "16-bit partials");
+  constexpr int COLS = 128 / 8, GROUPS = MERGE_WIDE_THREADS / COLS;
+  constexpr int BATCH = MERGE_WIDE_ENTRIES / GROUPS;
+  __shared__ float red[GROUPS][COLS][9];  // eight sums a thread (+1: spreads the banks)
+  __shared__ float2 red_ms[GROUPS];       // each group's (max, sum)
+  griddep_wait();  // the split kernel's partials
+  griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
+#ifdef KDTREE_TIMELINE
+  const unsigned long long tl_entry = tl_now();
+  const long long tl_clock = clock64();
+#endif
+  const int tid = threadIdx.x, row = blockIdx.x, hb = blockIdx.y;
+  const int c = tid % COLS, g = tid / COLS;
+  const MergeRow mr(p, hb, row);
+  const int NE = mr.NE;
+  const P* part = static_cast<const P*>(p.part);
+  uint4 v[BATCH];
+  float l[BATCH];
+#pragma unroll
+  for (int k = 0; k < BATCH; ++k) {  // every load before any use
+    const int e = g + k * GROUPS;
+    const int64_t at = mr.at(min(e, NE - 1));  // (an address either way)
+    l[k] = load_lse_if(p.lse, at, e < NE);     // -inf past the last entry
+    v[k] = make_uint4(0u, 0u, 0u, 0u);
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "+r"(v[k].x), "+r"(v[k].y), "+r"(v[k].z), "+r"(v[k].w)
+        : "l"(part + at * 128 + 8 * c), "r"(static_cast<int>(e < NE)));
+  }
+  float mx = neg_inf();
+#pragma unroll
+  for (int k = 0; k < BATCH; ++k) mx = fmaxf(mx, l[k]);
+  const float muse = mx == neg_inf() ? 0.f : mx;  // no keys in this group: every weight is 0
+  float sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int k = 0; k < BATCH; ++k) {
+    const float w = exp2f(l[k] - muse);  // 0 for a split without keys: never read into the sum
+    const uint32_t u[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = Mma<P>::unpack2(u[j]);
+      acc[2 * j] += w > 0.f ? w * f.x : 0.f;
+      acc[2 * j + 1] += w > 0.f ? w * f.y : 0.f;
+    }
+    sum += w;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[g][c][j] = acc[j];
+  if (c == 0) red_ms[g] = make_float2(mx, sum);
+  __syncthreads();
+  if (g == 0) {
+    float m_all = neg_inf();
+#pragma unroll
+    for (int k = 0; k < GROUPS; ++k) m_all = fmaxf(m_all, red_ms[k].x);
+    if (m_all == neg_inf()) m_all = 0.f;  // no keys in any split: sum 0, out 0
+    float out[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, total = 0.f;
+#pragma unroll
+    for (int k = 0; k < GROUPS; ++k) {
+      const float w = exp2f(red_ms[k].x - m_all);  // 0 for a group without keys
+      total += w * red_ms[k].y;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] += w * red[k][c][j];
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const int b = hb / p.Hkv, kvh = hb % p.Hkv;
+    E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
+             (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + 8 * c;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) Mma<E>::store2(dst + 2 * j, out[2 * j] * inv, out[2 * j + 1] * inv);
+  }
+#ifdef KDTREE_TIMELINE
+  if (tid == 0) merge_record(tl_entry, tl_now(), tl_clock, NE);
+#endif
+}
+
+// KDTREE_CUDA_MERGE_WIDE=0 keeps the rows the wide merge would take on merge_splits_kernel (a
+// measurement knob: its A/B, session 38).
+static inline bool merge_wide_allowed() {
+  const char* env = getenv("KDTREE_CUDA_MERGE_WIDE");
+  return env == nullptr || env[0] != '0';
+}
+
 // The merge of a split kernel's launch parameters `p` (fields part, lse, out, so_b / so_t / so_h,
 // rows, num_splits), for Hkv KV heads of G packed query heads each.
 template <class P>
@@ -1184,6 +1279,16 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
   // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane)
   const bool by_warp = D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed();
+  if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: the wide merge on large grids
+    int dev = 0, sms = 0;
+    if (!by_warp && entries <= MERGE_WIDE_ENTRIES && merge_wide_allowed() &&
+        cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        static_cast<int64_t>(p.rows) * B * p.Hkv >= 3 * static_cast<int64_t>(sms))
+      return launch_kernel(merge_splits_wide_kernel<E, P>,
+                           dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(B * p.Hkv)),
+                           dim3(MERGE_WIDE_THREADS), 0, stream, pdl, p);
+  }
   constexpr int ROWS_A_CTA = MERGE_THREADS / 32;
   const dim3 grid(static_cast<unsigned>(by_warp ? (p.rows + ROWS_A_CTA - 1) / ROWS_A_CTA : p.rows),
                   static_cast<unsigned>(B * p.Hkv));

@@ -739,6 +739,29 @@ def test_key_tail_matches_fp64(case, gen, monkeypatch):
     _run(case, torch.bfloat16, gen)
 
 
+WIDE_MERGE_CASES = [  # >= 3 merge CTAs an SM and 17-72 entries a row: the wide merge's rows
+    ([16000], 65, 8, 1, 16, 33),  # 8q/1kv, T=65 as in the bench: the tail rows' 66 entries
+    ([5000], 65, 8, 1, 16, None),  # the split count's own rule
+    ([200], 65, 8, 1, 16, 30),  # two tiles, 30 splits: splits with no keys (-inf LSEs)
+    ([3000, 700], 65, 8, 1, 64, 20),  # two requests, page size 64
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("wide", ["0", "1"])
+@pytest.mark.parametrize(
+    "case", WIDE_MERGE_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}x{c[3]}-ps{c[4]}-s{c[5]}"
+)
+def test_wide_merge_matches_fp64(case, wide, gen, monkeypatch):
+    """The merge with 16-byte loads (merge_splits_wide_kernel, session 38) where the launcher
+    takes it, and merge_splits_kernel there under KDTREE_CUDA_MERGE_WIDE=0, match fp64: eager,
+    graph-captured (where the T=65 merge is a programmatic dependent), both dtypes."""
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_WIDE", wide)
+    _run(case, torch.bfloat16, gen)
+    _run(case, torch.float16, gen, graph=True)
+
+
 Q_GROUP_CASES = [  # query heads of a KV head as several launch heads (cuda_gqa.q_groups)
     ([5000], 65, 8, 1, 16, None),  # 8q/1kv, T=65: two launch heads of 260 rows
     ([1234, 4000], 65, 8, 1, 64, 6),  # page size 64, two requests
