@@ -1131,7 +1131,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const 
 // leave an SM too few loads in flight), so the launcher takes it only for grids of at least three
 // CTAs an SM (8q/1kv, T=65: 520 rows, the shared rows' 66 entries within the batch's 72).
 constexpr int MERGE_WIDE_THREADS = 128, MERGE_WIDE_ENTRIES = 72;  // (9 a thread)
-constexpr int MERGE_WIDE_PDL_SMEM = 48 * 1024;
+constexpr int MERGE_WIDE_PDL_SMEM = 42 * 1024;  // (+ its 4.6 KB static: <= 48 KB, > a fifth of the SM)
 template <typename E, typename P>
 __global__ void __launch_bounds__(MERGE_WIDE_THREADS) merge_splits_wide_kernel(const MergeParams p) {
   static_assert(sizeof(P) == 2, "16-bit partials");
@@ -1286,7 +1286,7 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
         cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
         static_cast<int64_t>(p.rows) * B * p.Hkv >= 3 * static_cast<int64_t>(sms))
-      // (as a programmatic dependent, 48 KB of unused dynamic shared memory hold it to four
+      // (as a programmatic dependent, 42 KB of unused dynamic shared memory hold it to four
       // CTAs an SM, as merge_splits_kernel: its CTAs land on the SMs the split grid frees first,
       // and 16 to an SM crowded a few SMs while the others idled -- call f, session 38)
       return launch_kernel(merge_splits_wide_kernel<E, P>,
