@@ -1393,7 +1393,12 @@ else:
 # point. Call c: a CTA's start stamped step by step (`KDTREE_GQA_TL_PROLOGUE`, medians, µs):
 # 0.2 to the CTA barrier, ~1.1-1.25 for the first page-table entry and the copy's issue
 # together (one L2/DRAM round trip and the TMA issue; the split between them is uncertain by
-# the window shown), then 1.3-1.8 until the tile has landed.
+# the window shown), then 1.3-1.8 until the tile has landed. Calls d-h: the probe put kdtree's
+# merge alone at ~3.3-3.6 µs over an empty kernel of its grid; a merge with 16-byte loads and 128
+# threads a row (`merge_splits_wide_kernel`, shipped for 17-72 entries on grids of ≥ 3 CTAs an
+# SM: 8q/1kv, T=65) took 8q/1kv, T=65 from 16.52 to 15.83 µs at 16k (36.1 % of the floor, call
+# i: the target's 35 % met) once held to four CTAs an SM as a dependent launch (call f, 16 an
+# SM: 5-9 % slower).
 
 # %%
 if (L35 / "atomic_merge_probe_session38.csv.gz").exists():
@@ -1403,6 +1408,15 @@ if (L35 / "atomic_merge_probe_session38.csv.gz").exists():
         "b16": "16k (v1 the length from the launch)", "b32": "32k", "b128": "128k"}))  # fmt: skip
     t38["call c: a split CTA's start (µs, medians)"] = ns.prologue_table(
         pd.read_csv(L35 / "gqa_prologue_session38.csv.gz"))  # fmt: skip
+    probe = pd.read_csv(L35 / "atomic_merge_probe_session38.csv.gz")
+    t38["calls d-e: µs a call, merges alone (no split grid)"] = ns.atomic_merge_probe_table(
+        probe[probe["call"] == "e"], value="us")  # fmt: skip
+    t38.update(
+        ns.ab_file_tables(
+            L35 / "wide_merge_ab_session38.csv.gz",
+            {"f": "the wide merge (v1), 16 CTAs an SM", "h": "the wide merge (v1), four an SM"},
+        )
+    )
     nb.show_tables(t38)
 else:
     nb.note("The session-38 rows are not shipped (data/bench/logs/*session38*).")
