@@ -756,13 +756,14 @@ __device__ __forceinline__ void griddep_wait() {
 // part [B, Hkv, S, rows, D] normalised partials (P: fp32 from the MLA kernels, the input dtype
 // from the GQA kernel) and fp32 lse [B, Hkv, S, rows] (base 2, -inf
 // for a split without keys) -> out row r of KV head h of request b: token r / G, query head
-// h * G + r % G, weighted by 2^(lse_s - max lse). Three kernels (launch_merge_splits picks):
+// h * G + r % G, weighted by 2^(lse_s - max lse). Four kernels (launch_merge_splits picks):
 // merge_splits_warp_kernel, a row a warp, where a row's entries fit a warp's registers (at most
 // 16, D = 128: session 17 measured the row-a-CTA kernel at 7.6-9.3 us for 32q/8kv's 2080 rows
-// of 16 entries, the row-a-warp one at 2.8-3.0); else a row a CTA of MERGE_THREADS threads,
-// merge_splits_kernel (one pass, 16-bit partials: the GQA kernel's) or
-// merge_splits_twopass_kernel (fp32 partials: the MLA kernels'). The MLA kernels are the Hkv = 1
-// case.
+// of 16 entries, the row-a-warp one at 2.8-3.0); merge_splits_wide_kernel, a row a CTA of 128
+// threads with 16-byte loads, for 16-bit partials of at most 72 entries on grids of at least
+// three CTAs an SM (session 38); else a row a CTA of MERGE_THREADS threads, merge_splits_kernel
+// (one pass, 16-bit partials: the GQA kernel's) or merge_splits_twopass_kernel (fp32 partials:
+// the MLA kernels'). The MLA kernels are the Hkv = 1 case.
 // A shared row block (the GQA kernel's `half_row`, session 16): rows half_row .. half_row + 63
 // were computed by two warpgroups over alternate tiles, the second's partials in shadow rows
 // rows .. rows + 63 of each split (the workspace's row stride is then ws_rows = rows + 64); those
