@@ -35,6 +35,8 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     assert len(merge) == 2, f"expected the bf16 / fp16 merge, got {kernels}"
     by_warp = [k for k in kernels if "merge_splits_warp_kernel" in k]  # a row a warp
     assert len(by_warp) == 2, f"expected the bf16 / fp16 merge by warp, got {kernels}"
+    wide = [k for k in kernels if "merge_splits_wide_kernel" in k]  # 16-byte loads (session 38)
+    assert len(wide) == 2, f"expected the bf16 / fp16 wide merge, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
@@ -75,7 +77,7 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     caught. The default build's bounds are the test above's."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
     assert sum("gqa_split_kernel" in k for k in kernels) == 12
-    assert sum("merge_splits" in k for k in kernels) == 4
+    assert sum("merge_splits" in k for k in kernels) == 6  # row a CTA, a warp, wide (session 38)
     for name, info in kernels.items():
         if "merge_splits_warp_kernel" in name:
             assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
