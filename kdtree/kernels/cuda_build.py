@@ -21,6 +21,7 @@ __all__ = [
     "KERNELS_DIR",
     "BuildResult",
     "CudaSource",
+    "build_probe",
     "find_cxx",
     "find_nvcc",
     "parse_ptxas",
@@ -67,6 +68,23 @@ def find_nvcc() -> str | None:
         return found
     default = "/usr/local/cuda/bin/nvcc"
     return default if os.access(default, os.X_OK) else None
+
+
+def build_probe(src: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
+    """A standalone sm_90a probe (a device tool's ``.cu``, e.g. ``tools/gpu/read_floor.cu``; not
+    one of kdtree's kernels) built into a shared library with the kernels' nvcc and flags, in
+    ``out_dir`` (a new temporary directory if None); its path. Raises ``RuntimeError`` without
+    nvcc, ``subprocess.CalledProcessError`` when it does not build."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("build_probe: no nvcc (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)")
+    src = Path(src)
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp())
+    out.mkdir(parents=True, exist_ok=True)
+    lib = out / f"lib{src.stem}.so"
+    flags = [f for f in SHARED_FLAGS if f != "--ptxas-options=-v"]
+    subprocess.run([nvcc, *SM90_FLAGS, *flags, "-o", str(lib), str(src)], check=True)
+    return lib
 
 
 def find_cxx() -> str | None:

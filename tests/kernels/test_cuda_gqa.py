@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,6 +63,26 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
             continue
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (name, info)
         assert info["stack"] == 0, (name, info)  # a local array would be a per-tile round trip
+
+
+@needs_nvcc
+def test_build_probe_builds_the_device_tools(tmp_path, monkeypatch):
+    """cuda_build.build_probe: the device tools' standalone probes build with the kernels' nvcc
+    and flags and export what their drivers call; without nvcc, a clear error."""
+    import ctypes
+
+    from kdtree.kernels import cuda_build
+
+    tools = Path(__file__).resolve().parents[2] / "tools" / "gpu"
+    for name, symbols in (("read_floor", ("read_floor_launch", "paged_read_launch")),
+                          ("atomic_merge_probe", ("probe_run", "probe_check"))):  # fmt: skip
+        lib = cuda_build.build_probe(tools / f"{name}.cu", tmp_path / name)
+        assert lib == tmp_path / name / f"lib{name}.so" and lib.exists()
+        loaded = ctypes.CDLL(str(lib))
+        assert all(hasattr(loaded, s) for s in symbols)
+    monkeypatch.setattr(cuda_build, "find_nvcc", lambda: None)
+    with pytest.raises(RuntimeError, match="no nvcc"):
+        cuda_build.build_probe(tools / "read_floor.cu")
 
 
 @needs_nvcc

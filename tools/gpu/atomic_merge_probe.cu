@@ -19,8 +19,9 @@
 //   5 merge only   kdtree's merge kernel alone over partials written before (no split grid)
 //   6 partials only  mode 1's stores with no merge after them
 //   7 empty        an empty kernel with the merge's grid (a row a CTA, 256 threads)
-//   8, 9 merge only, a 16-byte-load variant of the one-pass merge (merge16 below: eight bf16
-//               columns a thread, 16 threads an entry's row) with 256 / 128 threads a CTA
+//   8 merge only, kdtree's merge with 16-byte loads (merge_splits_wide_kernel: eight bf16
+//               columns a thread, 128 threads a row; at most 72 splits). Session 38's call e ran
+//               this probe's own first forms of it, at 256 and 128 threads (commit 30ed78b).
 // The synthetic partials are the same in every mode, so mode 2's output is checked against the
 // merge kernel's (probe_check).
 #include <cuda_bf16.h>
@@ -161,83 +162,6 @@ __global__ void __launch_bounds__(256) empty_kernel(int never) {
   if (never == 12345 && threadIdx.x == 0) asm volatile("trap;");
 }
 
-// The one-pass row-a-CTA merge with 16-byte loads: thread (g, c) takes columns 8c .. 8c + 7 of
-// entries e = g (mod GROUPS), a batch of BATCH entries' LSE and partial loads issued before any
-// is used, an online max / sum / weighted sum; the GROUPS states added through shared memory.
-// (kdtree's merge_splits_kernel: 8-byte loads, four columns a thread, 32 threads an entry.)
-template <int THREADS, int BATCH>
-__global__ void __launch_bounds__(THREADS) merge16(const MergeParams p) {
-  constexpr int COLS = D / 8, GROUPS = THREADS / COLS;
-  __shared__ float red[GROUPS][COLS][9];  // (8 sums and the padding that spreads the banks)
-  __shared__ float2 red_ms[GROUPS];
-  const int tid = threadIdx.x, row = blockIdx.x, c = tid % COLS, g = tid / COLS;
-  const int S = p.num_splits;
-  const __nv_bfloat16* part = static_cast<const __nv_bfloat16*>(p.part);
-  float mx = -INFINITY, sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int e0 = g; e0 < S; e0 += BATCH * GROUPS) {
-    uint4 v[BATCH];
-    float l[BATCH];
-#pragma unroll
-    for (int k = 0; k < BATCH; ++k) {
-      const int e = e0 + k * GROUPS;
-      const bool on = e < S;
-      const int64_t at = static_cast<int64_t>(on ? e : 0) * p.ws_rows + row;
-      l[k] = load_lse_if(p.lse, at, on);
-      v[k] = make_uint4(0u, 0u, 0u, 0u);
-      asm volatile(
-          "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
-          " @q ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-          : "+r"(v[k].x), "+r"(v[k].y), "+r"(v[k].z), "+r"(v[k].w)
-          : "l"(part + at * D + 8 * c), "r"(static_cast<int>(on)));
-    }
-    float bm = mx;
-#pragma unroll
-    for (int k = 0; k < BATCH; ++k) bm = fmaxf(bm, l[k]);
-    const float s0 = mx == -INFINITY ? 0.f : exp2f(mx - bm);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] *= s0;
-    sum *= s0;
-    mx = bm;
-    if (bm == -INFINITY) bm = 0.f;
-#pragma unroll
-    for (int k = 0; k < BATCH; ++k) {
-      const float w = exp2f(l[k] - bm);
-      const uint32_t u[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = Mma<__nv_bfloat16>::unpack2(u[j]);
-        acc[2 * j] += w > 0.f ? w * f.x : 0.f;
-        acc[2 * j + 1] += w > 0.f ? w * f.y : 0.f;
-      }
-      sum += w;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) red[g][c][j] = acc[j];
-  if (c == 0) red_ms[g] = make_float2(mx, sum);
-  __syncthreads();
-  if (g != 0) return;
-  float m_all = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < GROUPS; ++k) m_all = fmaxf(m_all, red_ms[k].x);
-  if (m_all == -INFINITY) m_all = 0.f;
-  float out[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, total = 0.f;
-#pragma unroll
-  for (int k = 0; k < GROUPS; ++k) {
-    const float w = exp2f(red_ms[k].x - m_all);
-    total += w * red_ms[k].y;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] += w * red[k][c][j];
-  }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  uint4 o;
-  uint32_t* ou = reinterpret_cast<uint32_t*>(&o);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) ou[j] = Mma<__nv_bfloat16>::pack(out[2 * j] * inv, out[2 * j + 1] * inv);
-  *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(row) * D +
-                            8 * c) = o;
-}
-
 __global__ void fill_u32(unsigned* a, unsigned v, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) a[i] = v;
@@ -294,8 +218,11 @@ int setup(int S, int C, int R) {
 
 int launch(int mode, int merge_pdl, cudaStream_t st) {
   if (mode == 7) return launch_kernel(empty_kernel, dim3(g.mp.rows), dim3(256), 0, st, false, 0);
-  if (mode == 8) return launch_kernel(merge16<256, 8>, dim3(g.mp.rows), dim3(256), 0, st, false, g.mp);
-  if (mode == 9) return launch_kernel(merge16<128, 8>, dim3(g.mp.rows), dim3(128), 0, st, false, g.mp);
+  if (mode == 8)
+    return g.mp.num_splits > MERGE_WIDE_ENTRIES
+               ? static_cast<int>(cudaErrorInvalidValue)
+               : launch_kernel(merge_splits_wide_kernel<__nv_bfloat16, __nv_bfloat16>,
+                               dim3(g.mp.rows), dim3(MERGE_WIDE_THREADS), 0, st, false, g.mp);
   int rc = 0;
   if (mode != 5) {
     g.p.mode = mode == 6 ? 1 : mode;

@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import shlex
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -38,19 +36,14 @@ import torch
 from kdtree.bench.roofline import gqa_cost, measure_copy_bandwidth
 from kdtree.bench.schema import run_env
 from kdtree.bench.timing import time_cuda
+from kdtree.kernels.cuda_build import build_probe
 
 HERE = Path(__file__).resolve().parent
 L2_ROTATE_BYTES = 3 * 2**30 // 8  # rotate over >= 384 MiB: every call reads from DRAM
 
 
 def build() -> ctypes.CDLL:
-    out = Path(tempfile.mkdtemp()) / "libread_floor.so"
-    subprocess.run(
-        ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xcompiler", "-fPIC",
-         "-shared", "-o", str(out), str(HERE / "read_floor.cu")],
-        check=True,
-    )  # fmt: skip
-    lib = ctypes.CDLL(str(out))
+    lib = ctypes.CDLL(str(build_probe(HERE / "read_floor.cu")))
     lib.read_floor_launch.restype = ctypes.c_int
     lib.read_floor_launch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                       ctypes.c_int, ctypes.c_int, ctypes.c_size_t]  # fmt: skip
