@@ -784,6 +784,21 @@ constexpr int MERGE_THREADS = 256;
 constexpr int MERGE_BY_CALLER = 0, MERGE_PLAIN = 1, MERGE_PDL = 2;
 constexpr int MERGE_MAX_SPLITS = 2048;  // the two-pass merge's weights array (8 KB)
 
+// Every merge kernel's start: wait for the split kernel's partials, then let the next call's
+// split kernel start on the SMs this grid frees; the timeline build also stamps the entry
+// (tl_entry, tl_clock).
+#ifdef KDTREE_TIMELINE
+#define KDTREE_MERGE_ENTRY()                    \
+  griddep_wait();                               \
+  griddep_launch_dependents();                  \
+  const unsigned long long tl_entry = tl_now(); \
+  const long long tl_clock = clock64()
+#else
+#define KDTREE_MERGE_ENTRY() \
+  griddep_wait();            \
+  griddep_launch_dependents()
+#endif
+
 template <int N>
 __device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_max) {
   // every thread gets the reduction of v over the block (N threads, N / 32 warps)
@@ -923,12 +938,9 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_twopass_kernel(con
   __shared__ float w_s[MERGE_MAX_SPLITS];
   __shared__ float scratch[MERGE_THREADS / 32];
   __shared__ float4 red[GROUPS > 1 ? GROUPS - 1 : 1][COLS];
-  griddep_wait();  // the split kernel's partials
-  griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
+  KDTREE_MERGE_ENTRY();
   const int tid = threadIdx.x;
 #ifdef KDTREE_TIMELINE
-  const unsigned long long tl_entry = tl_now();
-  const long long tl_clock = clock64();
   unsigned long long tl_ready = 0;
 #endif
   const int row = blockIdx.x;
@@ -1016,13 +1028,8 @@ __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const Me
   constexpr int GROUPS = MERGE_THREADS / COLS;
   __shared__ float4 red[GROUPS > 1 ? GROUPS - 1 : 1][COLS];
   __shared__ float2 red_ms[GROUPS];  // each group's (max, sum)
-  griddep_wait();  // the split kernel's partials
-  griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
+  KDTREE_MERGE_ENTRY();
   const int tid = threadIdx.x;
-#ifdef KDTREE_TIMELINE
-  const unsigned long long tl_entry = tl_now();
-  const long long tl_clock = clock64();
-#endif
   const int row = blockIdx.x;
   const int hb = blockIdx.y;  // b * Hkv + kvh
   const MergeRow mr(p, hb, row);
@@ -1083,12 +1090,7 @@ __global__ void __launch_bounds__(MERGE_THREADS, 4) merge_splits_kernel(const Me
 constexpr int MERGE_WARP_ENTRIES = 16;
 template <typename E, typename P>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const MergeParams p) {
-  griddep_wait();  // the split kernel's partials
-  griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
-#ifdef KDTREE_TIMELINE
-  const unsigned long long tl_entry = tl_now();
-  const long long tl_clock = clock64();
-#endif
+  KDTREE_MERGE_ENTRY();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * (MERGE_THREADS / 32) + (threadIdx.x >> 5);
   const int hb = blockIdx.y;
@@ -1140,12 +1142,7 @@ __global__ void __launch_bounds__(MERGE_WIDE_THREADS) merge_splits_wide_kernel(c
   constexpr int BATCH = MERGE_WIDE_ENTRIES / GROUPS;
   __shared__ float red[GROUPS][COLS][9];  // eight sums a thread (+1: spreads the banks)
   __shared__ float2 red_ms[GROUPS];       // each group's (max, sum)
-  griddep_wait();  // the split kernel's partials
-  griddep_launch_dependents();  // (the next call's split kernel may start on freed SMs)
-#ifdef KDTREE_TIMELINE
-  const unsigned long long tl_entry = tl_now();
-  const long long tl_clock = clock64();
-#endif
+  KDTREE_MERGE_ENTRY();
   const int tid = threadIdx.x, row = blockIdx.x, hb = blockIdx.y;
   const int c = tid % COLS, g = tid / COLS;
   const MergeRow mr(p, hb, row);
