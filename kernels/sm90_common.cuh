@@ -11,7 +11,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>  // getenv (the merge's measurement knob)
+#include <stdlib.h>  // getenv, atoi (the merge's measurement knobs)
+#include <string.h>  // strcmp
 
 #include <type_traits>
 
@@ -1208,11 +1209,152 @@ __global__ void __launch_bounds__(MERGE_WIDE_THREADS) merge_splits_wide_kernel(c
 #endif
 }
 
+// A row's merge over CS CTAs, each taking 128 / CS of its columns (16-bit partials, 128
+// columns): CTA (row, slice) of 128 threads, thread (g, c) the 16-byte chunk c of the slice
+// (CHUNKS = 16 / CS a slice) of entries e = g (mod 8 CS), at most K a thread, every LSE and
+// partial load issued before any is used; each group keeps (max, sum, weighted sum) over its
+// entries, and after one barrier thread (j, q) adds a column pair over the groups q (mod 2 CS),
+// the 2 CS parts by shuffles. Session 39: where the merge's rows are fewer than the SMs have room for
+// (8q/1kv, T=17: 136 rows of 129 entries, ~one 256-thread CTA an SM at 11.7 % occupancy, latency
+// bound: session 23's profile) CS CTAs a row put CS times the loads in flight on the same bytes.
+template <typename E, typename P, int CS, int K>
+__global__ void __launch_bounds__(128) merge_splits_cols_kernel(const MergeParams p) {
+  static_assert(sizeof(P) == 2 && CS >= 1 && CS <= 16 && 16 % CS == 0, "16-bit, CS | 16");
+  constexpr int CHUNKS = 16 / CS, GROUPS = 128 / CHUNKS, COLS = 128 / CS;
+  __shared__ float red[GROUPS][CHUNKS][9];  // eight sums a thread (+1: spreads the banks)
+  __shared__ float2 red_ms[GROUPS];         // each group's (max, sum)
+  KDTREE_MERGE_ENTRY();
+  const int tid = threadIdx.x, row = blockIdx.x / CS, slice = blockIdx.x % CS, hb = blockIdx.y;
+  const int c = tid % CHUNKS, g = tid / CHUNKS;
+  const MergeRow mr(p, hb, row);
+  const int NE = mr.NE;
+  const P* part = static_cast<const P*>(p.part) + slice * COLS + 8 * c;
+  uint4 v[K];
+  float l[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {  // every load before any use
+    const int e = g + k * GROUPS;
+    const int64_t at = mr.at(min(e, NE - 1));  // (an address either way)
+    l[k] = load_lse_if(p.lse, at, e < NE);     // -inf past the last entry
+    v[k] = make_uint4(0u, 0u, 0u, 0u);
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "+r"(v[k].x), "+r"(v[k].y), "+r"(v[k].z), "+r"(v[k].w)
+        : "l"(part + at * 128), "r"(static_cast<int>(e < NE)));
+  }
+  float mx = neg_inf();
+#pragma unroll
+  for (int k = 0; k < K; ++k) mx = fmaxf(mx, l[k]);
+  const float muse = mx == neg_inf() ? 0.f : mx;  // no keys in this group: every weight is 0
+  float sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const float w = exp2f(l[k] - muse);  // 0 for a split without keys: never read into the sum
+    const uint32_t u[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = Mma<P>::unpack2(u[j]);
+      acc[2 * j] += w > 0.f ? w * f.x : 0.f;
+      acc[2 * j + 1] += w > 0.f ? w * f.y : 0.f;
+    }
+    sum += w;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[g][c][j] = acc[j];
+  if (c == 0) red_ms[g] = make_float2(mx, sum);
+  __syncthreads();
+  // thread (j, q): columns 2j, 2j + 1 of the slice over groups q, q + PARTS, ... (4 of them);
+  // the PARTS lanes of a column pair are adjacent, added by shuffles
+  constexpr int PARTS = 2 * CS;
+  const int j = 2 * (tid / PARTS), q = tid % PARTS;
+  float m_all = neg_inf();
+#pragma unroll
+  for (int i = 0; i < GROUPS / PARTS; ++i) m_all = fmaxf(m_all, red_ms[q + i * PARTS].x);
+#pragma unroll
+  for (int o = 1; o < PARTS; o <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
+  if (m_all == neg_inf()) m_all = 0.f;  // no keys in any split: sum 0, out 0
+  float o0 = 0.f, o1 = 0.f, total = 0.f;
+#pragma unroll
+  for (int i = 0; i < GROUPS / PARTS; ++i) {
+    const int gg = q + i * PARTS;
+    const float2 ms = red_ms[gg];
+    const float w = exp2f(ms.x - m_all);  // 0 for a group without keys
+    total += w * ms.y;
+    o0 += w * red[gg][j / 8][j % 8];
+    o1 += w * red[gg][j / 8][j % 8 + 1];
+  }
+#pragma unroll
+  for (int o = 1; o < PARTS; o <<= 1) {
+    o0 += __shfl_xor_sync(0xffffffffu, o0, o);
+    o1 += __shfl_xor_sync(0xffffffffu, o1, o);
+    total += __shfl_xor_sync(0xffffffffu, total, o);
+  }
+  if (q == 0) {
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const int b = hb / p.Hkv, kvh = hb % p.Hkv;
+    E* dst = static_cast<E*>(p.out) + b * p.so_b + (row / p.G) * p.so_t +
+             (static_cast<int64_t>(kvh) * p.G + row % p.G) * p.so_h + slice * COLS + j;
+    Mma<E>::store2(dst, o0 * inv, o1 * inv);
+  }
+#ifdef KDTREE_TIMELINE
+  if (tid == 0) merge_record(tl_entry, tl_now(), tl_clock, NE);
+#endif
+}
+
 // KDTREE_CUDA_MERGE_WIDE=0 keeps the rows the wide merge would take on merge_splits_kernel (a
 // measurement knob: its A/B, session 38).
 static inline bool merge_wide_allowed() {
   const char* env = getenv("KDTREE_CUDA_MERGE_WIDE");
   return env == nullptr || env[0] != '0';
+}
+
+// merge_splits_cols_kernel's entries a thread at CS CTAs a row: a row of up to 144 entries (8q/1kv,
+// T=17's 129; T=1 / 9's 128) in one batch at every CS (16 / 9, 32 / 5, 64 / 3, 128 / 2 groups).
+template <int CS>
+constexpr int merge_cols_k() {
+  return CS == 2 ? 9 : CS == 4 ? 5 : CS == 8 ? 3 : 2;
+}
+constexpr int merge_cols_entries(int cs) {
+  return cs == 2 ? 144 : cs == 4 ? 160 : cs == 8 ? 192 : cs == 16 ? 256 : 0;
+}
+// (as a programmatic dependent, unused dynamic shared memory holds it to four CTAs an SM, as the
+// wide merge: <= 6.2 KB static + 40 KB, under the 48 KB a launch takes without opting in)
+constexpr int MERGE_COLS_PDL_SMEM = 40 * 1024;
+
+// Launch merge_splits_cols_kernel with `cs` (2, 4, 8 or 16) CTAs a row; cudaErrorInvalidValue
+// for another cs or more entries a row than it holds (merge_cols_entries).
+template <typename E, typename P>
+static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t stream, bool pdl,
+                                    int cs) {
+  const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
+  if (entries > merge_cols_entries(cs)) return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid(static_cast<unsigned>(p.rows * cs), static_cast<unsigned>(B * p.Hkv));
+  const size_t smem = pdl ? MERGE_COLS_PDL_SMEM : 0;
+  const auto run = [&](auto kernel) {
+    return launch_kernel(kernel, grid, dim3(128), smem, stream, pdl, p);
+  };
+  switch (cs) {
+    case 2: return run(merge_splits_cols_kernel<E, P, 2, merge_cols_k<2>()>);
+    case 4: return run(merge_splits_cols_kernel<E, P, 4, merge_cols_k<4>()>);
+    case 8: return run(merge_splits_cols_kernel<E, P, 8, merge_cols_k<8>()>);
+    case 16: return run(merge_splits_cols_kernel<E, P, 16, merge_cols_k<16>()>);
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+// KDTREE_CUDA_MERGE_COLS=2|4|8|16: the rows neither the row-a-warp nor the wide merge takes go
+// to merge_splits_cols_kernel with that many CTAs a row (where their entries fit); `auto`: where
+// the merge has fewer than four row CTAs an SM, the fewest CTAs a row (up to 16) that make four;
+// unset or 0: merge_splits_kernel. (A measurement knob, session 39.)
+static inline int merge_cols_of(int64_t row_ctas, int sms) {
+  const char* env = getenv("KDTREE_CUDA_MERGE_COLS");
+  if (env == nullptr) return 0;
+  if (strcmp(env, "auto") != 0) return atoi(env);
+  if (row_ctas >= 4 * static_cast<int64_t>(sms)) return 0;
+  int cs = 2;
+  while (cs < 16 && row_ctas * cs < 4 * static_cast<int64_t>(sms)) cs *= 2;
+  return cs;
 }
 
 // The merge of a split kernel's launch parameters `p` (fields part, lse, out, so_b / so_t / so_h,
@@ -1290,6 +1432,16 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
       return launch_kernel(merge_splits_wide_kernel<E, P>,
                            dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(B * p.Hkv)),
                            dim3(MERGE_WIDE_THREADS), pdl ? MERGE_WIDE_PDL_SMEM : 0, stream, pdl, p);
+  }
+  if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: a row over several CTAs
+    int dev = 0, sms = 0;
+    const int cs = by_warp || cudaGetDevice(&dev) != cudaSuccess ||
+                           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+                               cudaSuccess
+                       ? 0
+                       : merge_cols_of(static_cast<int64_t>(p.rows) * B * p.Hkv, sms);
+    if (cs > 0 && entries <= merge_cols_entries(cs))
+      return launch_merge_cols<E, P>(p, B, stream, pdl, cs);
   }
   constexpr int ROWS_A_CTA = MERGE_THREADS / 32;
   const dim3 grid(static_cast<unsigned>(by_warp ? (p.rows + ROWS_A_CTA - 1) / ROWS_A_CTA : p.rows),

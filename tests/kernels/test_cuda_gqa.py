@@ -38,6 +38,8 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path):
     assert len(by_warp) == 2, f"expected the bf16 / fp16 merge by warp, got {kernels}"
     wide = [k for k in kernels if "merge_splits_wide_kernel" in k]  # 16-byte loads (session 38)
     assert len(wide) == 2, f"expected the bf16 / fp16 wide merge, got {kernels}"
+    cols = [k for k in kernels if "merge_splits_cols_kernel" in k]  # a row over CS CTAs (s39)
+    assert len(cols) == 8, f"expected bf16 / fp16 x CS 2 / 4 / 8 / 16, got {kernels}"
     # a serialised wgmma (ptxas C7510-C7520) would be a silent several-fold slowdown
     assert "serialized" not in res.log and "C75" not in res.log, res.log
     for name, info in kernels.items():
@@ -98,7 +100,8 @@ def test_timeline_build_compiles_without_spills(tmp_path):
     caught. The default build's bounds are the test above's."""
     kernels = parse_ptxas(cuda_gqa.compile_only(tmp_path, ("KDTREE_TIMELINE",)).log)
     assert sum("gqa_split_kernel" in k for k in kernels) == 12
-    assert sum("merge_splits" in k for k in kernels) == 6  # row a CTA, a warp, wide (session 38)
+    # row a CTA, a warp, wide (session 38), a row over CS CTAs (session 39: four CS)
+    assert sum("merge_splits" in k for k in kernels) == 14
     for name, info in kernels.items():
         if "merge_splits_warp_kernel" in name:
             assert info["spill_stores"] == 0 and info["stack"] == 0, (name, info)
@@ -781,6 +784,31 @@ def test_wide_merge_matches_fp64(case, wide, gen, monkeypatch):
     takes it, and merge_splits_kernel there under KDTREE_CUDA_MERGE_WIDE=0, match fp64: eager,
     graph-captured (where the T=65 merge is a programmatic dependent), both dtypes."""
     monkeypatch.setenv("KDTREE_CUDA_MERGE_WIDE", wide)
+    _run(case, torch.bfloat16, gen)
+    _run(case, torch.float16, gen, graph=True)
+
+
+COLS_MERGE_CASES = [  # rows the row-a-warp and the wide merge leave to merge_splits_kernel
+    ([16000], 17, 8, 1, 16, 129),  # 8q/1kv, T=17 as in the bench at 128k: 129 entries a row
+    ([9000], 1, 8, 1, 16, 128),  # T=1: 8 rows of 128 entries
+    ([200], 17, 8, 1, 16, 30),  # two tiles, 30 splits: splits with no keys (-inf LSEs)
+    ([3000, 700], 17, 8, 1, 64, 20),  # two requests, page size 64
+    ([16000], 65, 8, 1, 16, 33),  # (with the wide merge off) the tail rows' 66 entries
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("cs", ["2", "4", "8", "16", "auto"])
+@pytest.mark.parametrize(
+    "case", COLS_MERGE_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}x{c[3]}-ps{c[4]}-s{c[5]}"
+)
+def test_cols_merge_matches_fp64(case, cs, gen, monkeypatch):
+    """The merge of a row over several CTAs of a column slice each (merge_splits_cols_kernel,
+    KDTREE_CUDA_MERGE_COLS=cs, session 39) matches fp64: eager and graph-captured, both
+    dtypes, wherever the wide merge is off."""
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", cs)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_WIDE", "0")
     _run(case, torch.bfloat16, gen)
     _run(case, torch.float16, gen, graph=True)
 

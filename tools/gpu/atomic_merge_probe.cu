@@ -22,6 +22,8 @@
 //   8 merge only, kdtree's merge with 16-byte loads (merge_splits_wide_kernel: eight bf16
 //               columns a thread, 128 threads a row; at most 72 splits). Session 38's call e ran
 //               this probe's own first forms of it, at 256 and 128 threads (commit 30ed78b).
+//   9-12 merge only, kdtree's column-sliced merge (merge_splits_cols_kernel: 2, 4, 8 or 16 CTAs
+//               of 128 threads a row, each a slice of the columns; session 39)
 // The synthetic partials are the same in every mode, so mode 2's output is checked against the
 // merge kernel's (probe_check).
 #include <cuda_bf16.h>
@@ -223,6 +225,8 @@ int launch(int mode, int merge_pdl, cudaStream_t st) {
                ? static_cast<int>(cudaErrorInvalidValue)
                : launch_kernel(merge_splits_wide_kernel<__nv_bfloat16, __nv_bfloat16>,
                                dim3(g.mp.rows), dim3(MERGE_WIDE_THREADS), 0, st, false, g.mp);
+  if (mode >= 9 && mode <= 12)
+    return launch_merge_cols<__nv_bfloat16, __nv_bfloat16>(g.mp, 1, st, false, 2 << (mode - 9));
   int rc = 0;
   if (mode != 5) {
     g.p.mode = mode == 6 ? 1 : mode;

@@ -10,8 +10,9 @@ T=65, 33 splits of four 132-row CTAs), times graph-captured back-to-back calls i
 with the emulated stream (``--spin`` cycles and up to ``--jitter`` more a CTA) and with none.
 Each mode's cost (``cost_us``) is its time less mode ``none``'s at the same spin; ``merge_only``
 and ``empty_merge_grid`` launch no split grid (``cost_us`` NaN): their ``us`` is the merge kernel
-alone on written partials and an empty kernel of its grid. Checks first that the atomic
-modes' and the wide merge's output match the merge kernel's. Writes ``atomic_merge_probe.csv`` with the run's
+alone on written partials and an empty kernel of its grid; ``merge_wide_only`` and
+``merge_colsN_only`` the library's other merge kernels alone (``--modes`` picks; ``none`` always
+runs). Checks first that the atomic modes' and the other merges' output match the merge kernel's. Writes ``atomic_merge_probe.csv`` with the run's
 provenance.
 """
 
@@ -33,8 +34,9 @@ SHAPES = {"t17_129x1x136": (129, 1, 136), "t65_33x4x132": (33, 4, 132)}
 MODES = {"none": (0, 0), "partials+merge": (1, 0), "partials+merge_pdl": (1, 1),
          "atomic": (2, 0), "atomic_fixed_ref": (3, 0), "atomic_scalar": (4, 0),
          "merge_only": (5, 0), "partials_only": (6, 0), "empty_merge_grid": (7, 0),
-         "merge_wide_only": (8, 0)}  # fmt: skip
-NO_SPLIT_GRID = (5, 7, 8)  # modes that launch no split grid: their cost_us is NaN
+         "merge_wide_only": (8, 0), "merge_cols2_only": (9, 0), "merge_cols4_only": (10, 0),
+         "merge_cols8_only": (11, 0), "merge_cols16_only": (12, 0)}  # fmt: skip
+NO_SPLIT_GRID = (5, 7, 8, 9, 10, 11, 12)  # modes that launch no split grid: their cost_us is NaN
 WIDE_MAX_SPLITS = 72  # merge_splits_wide_kernel's entries a row (MERGE_WIDE_ENTRIES)
 
 
@@ -55,11 +57,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--modes", default=",".join(MODES), help="which modes to time (names)")
     a = ap.parse_args()
     env = run_env(shlex.join(["python3", *sys.argv]))
     lib = build()
     for shape, (s, c, r) in SHAPES.items():
-        for mode in (2, 4, 8) if s <= WIDE_MAX_SPLITS else (2, 4):
+        for mode in (2, 4, 8, 9, 10, 11, 12) if s <= WIDE_MAX_SPLITS else (2, 4, 9, 10, 11, 12):
             mx = ctypes.c_float(0.0)
             err = lib.probe_check(s, c, r, mode, ctypes.byref(mx))
             print(f"check {shape} mode {mode}: max |its out - the merge kernel's| {err:.3g} "
@@ -71,6 +74,8 @@ def main() -> None:
         for spin in [int(x) for x in a.spins.split(",")]:
             base = None
             for name, (mode, pdl) in MODES.items():
+                if name not in a.modes.split(",") and name != "none":
+                    continue
                 if mode == 8 and s > WIDE_MAX_SPLITS:
                     continue  # (more splits than the wide merge takes)
                 us = lib.probe_run(s, c, r, mode, pdl, spin, a.jitter, a.calls, a.reps, a.rounds)
