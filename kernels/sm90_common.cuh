@@ -12,7 +12,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>  // getenv, atoi (the merge's measurement knobs)
-#include <string.h>  // strcmp
 
 #include <type_traits>
 
@@ -1214,9 +1213,8 @@ __global__ void __launch_bounds__(MERGE_WIDE_THREADS) merge_splits_wide_kernel(c
 // (CHUNKS = 16 / CS a slice) of entries e = g (mod 8 CS), at most K a thread, every LSE and
 // partial load issued before any is used; each group keeps (max, sum, weighted sum) over its
 // entries, and after one barrier thread (j, q) adds a column pair over the groups q (mod 2 CS),
-// the 2 CS parts by shuffles. Session 39: where the merge's rows are fewer than the SMs have room for
-// (8q/1kv, T=17: 136 rows of 129 entries, ~one 256-thread CTA an SM at 11.7 % occupancy, latency
-// bound: session 23's profile) CS CTAs a row put CS times the loads in flight on the same bytes.
+// the 2 CS parts by shuffles. For merges of few rows, whose row CTAs leave most SMs idle
+// (merge_cols_of, session 39).
 template <typename E, typename P, int CS, int K>
 __global__ void __launch_bounds__(128) merge_splits_cols_kernel(const MergeParams p) {
   static_assert(sizeof(P) == 2 && CS >= 1 && CS <= 16 && 16 % CS == 0, "16-bit, CS | 16");
@@ -1343,18 +1341,19 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
   }
 }
 
-// KDTREE_CUDA_MERGE_COLS=2|4|8|16: the rows neither the row-a-warp nor the wide merge takes go
-// to merge_splits_cols_kernel with that many CTAs a row (where their entries fit); `auto`: where
-// the merge has fewer than four row CTAs an SM, the fewest CTAs a row (up to 16) that make four;
-// unset or 0: merge_splits_kernel. (A measurement knob, session 39.)
-static inline int merge_cols_of(int64_t row_ctas, int sms) {
+// How many CTAs share a row of the merge (merge_splits_cols_kernel; 0: none, merge_splits_kernel)
+// for rows neither the row-a-warp nor the wide merge takes: 8 where the merge has at most 16 row
+// CTAs (8q/1kv, T=1, batch 1: 8 rows of 32-129 entries), else none. Session 39, call b (three
+// rounds against merge_splits_kernel, 8q/1kv, batch 1): T=1 at 8 CTAs a row 0.90 / 0.97 / 0.98 /
+// 0.98 / 0.98x at 16k / 32k / 64k / 128k / 256k; where the rows are many it gained nothing in the
+// call (T=17, 136 rows of 129 entries: 0.98-1.01x at 2 CTAs a row, slower at 4-16, though the
+// merge alone took 3.2 us against 4.3 in the probe) and T=9's 72 rows lost at 4-16 (1.02-1.24x).
+// KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the count (a measurement knob).
+constexpr int MERGE_COLS_MAX_ROW_CTAS = 16, MERGE_COLS_DEFAULT = 8;
+static inline int merge_cols_of(int64_t row_ctas) {
   const char* env = getenv("KDTREE_CUDA_MERGE_COLS");
-  if (env == nullptr) return 0;
-  if (strcmp(env, "auto") != 0) return atoi(env);
-  if (row_ctas >= 4 * static_cast<int64_t>(sms)) return 0;
-  int cs = 2;
-  while (cs < 16 && row_ctas * cs < 4 * static_cast<int64_t>(sms)) cs *= 2;
-  return cs;
+  if (env != nullptr && env[0] != '\0') return atoi(env);
+  return row_ctas <= MERGE_COLS_MAX_ROW_CTAS ? MERGE_COLS_DEFAULT : 0;
 }
 
 // The merge of a split kernel's launch parameters `p` (fields part, lse, out, so_b / so_t / so_h,
@@ -1434,12 +1433,7 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
                            dim3(MERGE_WIDE_THREADS), pdl ? MERGE_WIDE_PDL_SMEM : 0, stream, pdl, p);
   }
   if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: a row over several CTAs
-    int dev = 0, sms = 0;
-    const int cs = by_warp || cudaGetDevice(&dev) != cudaSuccess ||
-                           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
-                               cudaSuccess
-                       ? 0
-                       : merge_cols_of(static_cast<int64_t>(p.rows) * B * p.Hkv, sms);
+    const int cs = by_warp ? 0 : merge_cols_of(static_cast<int64_t>(p.rows) * B * p.Hkv);
     if (cs > 0 && entries <= merge_cols_entries(cs))
       return launch_merge_cols<E, P>(p, B, stream, pdl, cs);
   }

@@ -799,14 +799,15 @@ COLS_MERGE_CASES = [  # rows the row-a-warp and the wide merge leave to merge_sp
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("cs", ["2", "4", "8", "16", "auto"])
+@pytest.mark.parametrize("cs", ["2", "4", "8", "16", ""])
 @pytest.mark.parametrize(
     "case", COLS_MERGE_CASES, ids=lambda c: f"L{c[0]}-T{c[1]}-h{c[2]}x{c[3]}-ps{c[4]}-s{c[5]}"
 )
 def test_cols_merge_matches_fp64(case, cs, gen, monkeypatch):
     """The merge of a row over several CTAs of a column slice each (merge_splits_cols_kernel,
-    KDTREE_CUDA_MERGE_COLS=cs, session 39) matches fp64: eager and graph-captured, both
-    dtypes, wherever the wide merge is off."""
+    session 39) matches fp64 at every count (KDTREE_CUDA_MERGE_COLS=cs; "": the launcher's
+    rule, 8 CTAs a row at T=1's 8 rows): eager and graph-captured, both dtypes, with the wide
+    merge off."""
     monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", cs)
     monkeypatch.setenv("KDTREE_CUDA_MERGE_WIDE", "0")
     _run(case, torch.bfloat16, gen)
