@@ -1343,17 +1343,21 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
 
 // How many CTAs share a row of the merge (merge_splits_cols_kernel; 0: none, merge_splits_kernel)
 // for rows neither the row-a-warp nor the wide merge takes: 8 where the merge has at most 16 row
-// CTAs (8q/1kv, T=1, batch 1: 8 rows of 32-129 entries), else none. Session 39, call b (three
-// rounds against merge_splits_kernel, 8q/1kv, batch 1): T=1 at 8 CTAs a row 0.90 / 0.97 / 0.98 /
-// 0.98 / 0.98x at 16k / 32k / 64k / 128k / 256k; where the rows are many it gained nothing in the
-// call (T=17, 136 rows of 129 entries: 0.98-1.01x at 2 CTAs a row, slower at 4-16, though the
-// merge alone took 3.2 us against 4.3 in the probe) and T=9's 72 rows lost at 4-16 (1.02-1.24x).
-// KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the count (a measurement knob).
-constexpr int MERGE_COLS_MAX_ROW_CTAS = 16, MERGE_COLS_DEFAULT = 8;
-static inline int merge_cols_of(int64_t row_ctas) {
+// CTAs and a row more than 64 entries (8q/1kv, T=1, batch 1 from 16k: 8 rows of 128-129
+// entries), else none. Session 39, calls b-c (three rounds each against merge_splits_kernel,
+// 8q/1kv, batch 1): T=1 at 8 CTAs a row 0.90 / 0.96 / 0.97 / 0.99 / 0.985x at 16k / 32k / 64k /
+// 128k / 256k (call c), but 1.02x at 4k's 32 entries (one batch of merge_splits_kernel); where
+// the rows are many it gained nothing in the call (T=17, 136 rows of 129 entries: 0.98-1.01x at
+// 2 CTAs a row, slower at 4-16, though the merge alone took 3.2 us against 4.3 in the probe)
+// and T=9's 72 rows lost at 4-16 (1.02-1.24x). KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the
+// count (a measurement knob). kdtree.kernels.cuda_common.merge_cols mirrors it.
+constexpr int MERGE_COLS_MAX_ROW_CTAS = 16, MERGE_COLS_DEFAULT = 8, MERGE_COLS_MIN_ENTRIES = 64;
+static inline int merge_cols_of(int64_t row_ctas, int entries) {
   const char* env = getenv("KDTREE_CUDA_MERGE_COLS");
   if (env != nullptr && env[0] != '\0') return atoi(env);
-  return row_ctas <= MERGE_COLS_MAX_ROW_CTAS ? MERGE_COLS_DEFAULT : 0;
+  return row_ctas <= MERGE_COLS_MAX_ROW_CTAS && entries > MERGE_COLS_MIN_ENTRIES
+             ? MERGE_COLS_DEFAULT
+             : 0;
 }
 
 // The merge of a split kernel's launch parameters `p` (fields part, lse, out, so_b / so_t / so_h,
@@ -1433,7 +1437,7 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
                            dim3(MERGE_WIDE_THREADS), pdl ? MERGE_WIDE_PDL_SMEM : 0, stream, pdl, p);
   }
   if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: a row over several CTAs
-    const int cs = by_warp ? 0 : merge_cols_of(static_cast<int64_t>(p.rows) * B * p.Hkv);
+    const int cs = by_warp ? 0 : merge_cols_of(static_cast<int64_t>(p.rows) * B * p.Hkv, entries);
     if (cs > 0 && entries <= merge_cols_entries(cs))
       return launch_merge_cols<E, P>(p, B, stream, pdl, cs);
   }

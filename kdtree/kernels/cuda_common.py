@@ -16,6 +16,7 @@ __all__ = [
     "is_sm90",
     "library_builds",
     "merge_for",
+    "merge_cols",
     "merge_ctas",
     "merge_mode",
     "on_sm90",
@@ -37,6 +38,15 @@ MERGE_MAX_SPLITS = 2048
 #: The CUDA merge takes a row a warp up to this many entries a row (kernels/sm90_common.cuh
 #: MERGE_WARP_ENTRIES: a split's partial, or two with the split tail's shadow rows), head dim 128.
 MERGE_WARP_ENTRIES = 16
+#: The GQA merge's rows over several CTAs of a column slice each (kernels/sm90_common.cuh
+#: merge_splits_cols_kernel, session 39): MERGE_COLS_DEFAULT CTAs a row where the merge has at
+#: most MERGE_COLS_MAX_ROW_CTAS row CTAs and more than MERGE_COLS_MIN_ENTRIES entries a row (8q/1kv,
+#: T=1, batch 1); MERGE_COLS_ENTRIES: the most entries a row at each count.
+MERGE_COLS_MAX_ROW_CTAS, MERGE_COLS_DEFAULT, MERGE_COLS_MIN_ENTRIES = 16, 8, 64
+MERGE_COLS_ENTRIES = {2: 144, 4: 160, 8: 192, 16: 256}
+#: The wide merge's bounds (merge_splits_wide_kernel, session 38): at most this many entries a
+#: row, on merge grids of at least three CTAs an SM (16-bit partials, head dim 128).
+MERGE_WIDE_ENTRIES = 72
 
 
 def is_sm90(device: torch.device) -> bool:
@@ -176,14 +186,44 @@ def resolve_merge(merge: int, split_ctas: int, num_sms: int, one_cta_a_split: bo
     return MERGE_PDL if full and not one_cta_a_split else MERGE_PLAIN
 
 
-def merge_ctas(rows: int, heads: int, entries: int, head_dim: int = 128) -> int:
+def merge_cols(row_ctas: int, entries: int) -> int:
+    """CTAs a row of the GQA merge's column-sliced form for a merge of ``row_ctas`` rows (batch x
+    KV heads x rows) of ``entries`` partials, 0 for none (``merge_cols_of`` in
+    ``launch_merge_splits``, for rows neither the row-a-warp nor the wide merge takes):
+    :data:`MERGE_COLS_DEFAULT` where ``row_ctas`` <= :data:`MERGE_COLS_MAX_ROW_CTAS` and
+    ``entries`` > :data:`MERGE_COLS_MIN_ENTRIES`; ``KDTREE_CUDA_MERGE_COLS=0|2|4|8|16`` forces
+    the count (a measurement knob). Where a row's entries exceed what the count holds
+    (:data:`MERGE_COLS_ENTRIES`), 0."""
+    env = os.environ.get("KDTREE_CUDA_MERGE_COLS", "")
+    if env:
+        cs = int(env)
+    else:
+        few = row_ctas <= MERGE_COLS_MAX_ROW_CTAS and entries > MERGE_COLS_MIN_ENTRIES
+        cs = MERGE_COLS_DEFAULT if few else 0
+    return cs if entries <= MERGE_COLS_ENTRIES.get(cs, 0) else 0
+
+
+def merge_ctas(
+    rows: int, heads: int, entries: int, head_dim: int = 128, num_sms: int | None = None
+) -> int:
     """CTAs of the CUDA merge over ``heads`` (batch x KV heads) of ``rows`` output rows with
     ``entries`` partials a row (``launch_merge_splits``): a row a warp, eight a CTA, where the
-    entries fit (:data:`MERGE_WARP_ENTRIES`, head dim 128, unless ``KDTREE_CUDA_MERGE_WARP=0``),
-    else a row a CTA. The CTA timeline counts its records by it."""
+    entries fit (:data:`MERGE_WARP_ENTRIES`, head dim 128, unless ``KDTREE_CUDA_MERGE_WARP=0``);
+    at head dim 128 (the GQA kernel's 16-bit partials), unless the wide merge takes the rows (a
+    row a CTA; decided only with ``num_sms``), :func:`merge_cols` CTAs a row; else a row a CTA.
+    The CTA timeline counts its records by it."""
     by_warp = (
         head_dim == 128
         and entries <= MERGE_WARP_ENTRIES
         and os.environ.get("KDTREE_CUDA_MERGE_WARP", "1")[:1] != "0"
     )
-    return (-(-rows // 8) if by_warp else rows) * heads
+    if by_warp:
+        return -(-rows // 8) * heads
+    wide = (
+        num_sms is not None
+        and entries <= MERGE_WIDE_ENTRIES
+        and rows * heads >= 3 * num_sms
+        and os.environ.get("KDTREE_CUDA_MERGE_WIDE", "1")[:1] != "0"
+    )
+    cs = merge_cols(rows * heads, entries) if head_dim == 128 and not wide else 0
+    return rows * heads * max(cs, 1)

@@ -1267,6 +1267,30 @@ def test_merge_mode_setting(monkeypatch):
     assert f"constexpr int MERGE_WARP_ENTRIES = {MERGE_WARP_ENTRIES};" in src
     assert merge_ctas(136, 2, 16) == 17 * 2 and merge_ctas(136, 2, 17) == 136 * 2
     assert merge_ctas(8, 1, 4, head_dim=512) == 8  # (MLA: a row a CTA)
+    # the column-sliced merge (session 39): 8 CTAs a row at <= 16 row CTAs of > 64 entries
+    from kdtree.kernels.cuda_common import (
+        MERGE_COLS_DEFAULT,
+        MERGE_COLS_ENTRIES,
+        MERGE_COLS_MAX_ROW_CTAS,
+        MERGE_COLS_MIN_ENTRIES,
+        MERGE_WIDE_ENTRIES,
+    )
+
+    assert (
+        f"constexpr int MERGE_COLS_MAX_ROW_CTAS = {MERGE_COLS_MAX_ROW_CTAS}, MERGE_COLS_DEFAULT = "
+        f"{MERGE_COLS_DEFAULT}, MERGE_COLS_MIN_ENTRIES = {MERGE_COLS_MIN_ENTRIES};" in src
+    )
+    assert f"MERGE_WIDE_ENTRIES = {MERGE_WIDE_ENTRIES};" in src
+    for cs, most in MERGE_COLS_ENTRIES.items():  # merge_cols_entries
+        assert f"cs == {cs} ? {most}" in src, cs
+    assert merge_ctas(8, 1, 129) == 8 * 8 and merge_ctas(8, 1, 32) == 8  # (T=1: 16k / 4k)
+    assert merge_ctas(136, 1, 129) == 136 and merge_ctas(8, 1, 300) == 8  # (past 192 entries)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", "2")
+    assert merge_ctas(136, 1, 129) == 272 and merge_ctas(136, 1, 145) == 136
+    assert merge_ctas(528, 1, 33, num_sms=132) == 528  # (the wide merge's rows)
+    assert merge_ctas(528, 1, 33) == 1056 and merge_ctas(8, 1, 4, head_dim=512) == 8
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", "0")
+    assert merge_ctas(8, 1, 129) == 8
     monkeypatch.setenv("KDTREE_CUDA_MERGE_WARP", "0")
     assert merge_ctas(136, 2, 16) == 136 * 2
 

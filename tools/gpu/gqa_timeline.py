@@ -81,7 +81,12 @@ def main() -> None:
         x = 2 if split == 2 else cuda_gqa.row_ctas(plan.rows, wgs, blocks)
         split_ctas = x * splits * plan.heads
         entries = splits * (2 if split else 1)  # (the split tail's shadow rows)
-        merge_ctas = cuda_common.merge_ctas(plan.rows, plan.heads, entries) if splits > 1 else 0
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        merge_ctas = (
+            cuda_common.merge_ctas(plan.rows, plan.heads, entries, num_sms=sms)
+            if splits > 1
+            else 0
+        )
         replay, per = _graphed(fn, wl.n_rot, dev)
         p50 = (
             time_cuda(lambda replay=replay: replay(0)).p50 / per * 1e3
