@@ -1422,6 +1422,32 @@ else:
     nb.note("The session-38 rows are not shipped (data/bench/logs/*session38*).")
 
 # %% [markdown]
+# ### Session 39: a merge of a row over several CTAs (shipped for 8q/1kv, T=1, batch 1)
+# The merge of 8q/1kv, T=17 (136 rows of 129 partials) leaves about one 256-thread CTA an SM,
+# latency-bound. `merge_splits_cols_kernel` splits a row's 128 columns over 2-16 CTAs of 128
+# threads, every load in one batch (`tools/gpu/stages_s39a.txt` … `s39d.txt`). Call a, the probe
+# (the merges alone on L2-resident partials, µs a call): 2 CTAs a row 3.2 µs against the
+# row-a-CTA merge's 4.3 at T=17; more CTAs a row cost more (8.2 µs at 16). Calls b-c, the bench in
+# alternating rounds against the row-a-CTA merge (`v0`): at T=17 and T=9 nothing gained or a
+# loss — the merge alone got faster but the call did not — while T=1's 8 rows gained up to 10 %
+# at 8 CTAs a row (16k: 8.43 → 7.58 µs), the rule shipped (at most 16 row CTAs, more than 64
+# partials a row).
+
+# %%
+if (L35 / "cols_merge_probe_session39.csv.gz").exists():
+    t39 = {"call a: µs a call, merges alone (no split grid)": ns.atomic_merge_probe_table(
+        pd.read_csv(L35 / "cols_merge_probe_session39.csv.gz"), value="us")}  # fmt: skip
+    t39.update(
+        ns.ab_file_tables(
+            L35 / "cols_merge_ab_session39.csv.gz",
+            {"b": "CS = 2 / 4 / 8 / 16 CTAs a row (v1-v4)", "c": "the rule (v1), T=1"},
+        )
+    )
+    nb.show_tables(t39)
+else:
+    nb.note("The session-39 rows are not shipped (data/bench/logs/*session39*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
