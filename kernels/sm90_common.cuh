@@ -1347,9 +1347,10 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
 // entries), else none. Session 39, calls b-c (three rounds each against merge_splits_kernel,
 // 8q/1kv, batch 1): T=1 at 8 CTAs a row 0.90 / 0.96 / 0.97 / 0.99 / 0.985x at 16k / 32k / 64k /
 // 128k / 256k (call c), but 1.02x at 4k's 32 entries (one batch of merge_splits_kernel); where
-// the rows are many it gained nothing in the call (T=17, 136 rows of 129 entries: 0.98-1.01x at
-// 2 CTAs a row, slower at 4-16, though the merge alone took 3.2 us against 4.3 in the probe)
-// and T=9's 72 rows lost at 4-16 (1.02-1.24x). KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the
+// the rows are many it gained nothing in the call (T=17, 136 rows of 129 entries: 0.98-1.02x at
+// 2 CTAs a row, 0.99-1.05 at 4, 1.02-1.28 at 8-16, though the merge alone took 3.2 us against
+// 4.3 at 2 in the probe: the next call's split grid then starts that much later after it, call d's
+// timeline) and T=9's 72 rows 0.99-1.07x at 2-4, 1.02-1.24 at 8-16. KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the
 // count (a measurement knob). kdtree.kernels.cuda_common.merge_cols mirrors it.
 constexpr int MERGE_COLS_MAX_ROW_CTAS = 16, MERGE_COLS_DEFAULT = 8, MERGE_COLS_MIN_ENTRIES = 64;
 static inline int merge_cols_of(int64_t row_ctas, int entries) {
