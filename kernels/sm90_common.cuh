@@ -1124,6 +1124,51 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_splits_warp_kernel(const 
 #endif
 }
 
+// One group's state over a row's entries e = g + k * groups (k < K) of 16-bit partials, the
+// eight columns at `chunk` (the partial's element offset of the thread's 16 bytes) of each:
+// every LSE and 16-byte partial load issued before any is used; mx the largest LSE (-inf: no
+// entry with keys), acc and sum weighted by 2^(lse - mx). The wide and the column-sliced merge's
+// first step.
+template <typename P, int K>
+__device__ __forceinline__ void merge_group16(const MergeParams& p, const MergeRow& mr,
+                                              const P* chunk, int g, int groups, float& mx,
+                                              float& sum, float (&acc)[8]) {
+  const int NE = mr.NE;
+  uint4 v[K];
+  float l[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {  // every load before any use
+    const int e = g + k * groups;
+    const int64_t at = mr.at(min(e, NE - 1));  // (an address either way)
+    l[k] = load_lse_if(p.lse, at, e < NE);     // -inf past the last entry
+    v[k] = make_uint4(0u, 0u, 0u, 0u);
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "+r"(v[k].x), "+r"(v[k].y), "+r"(v[k].z), "+r"(v[k].w)
+        : "l"(chunk + at * 128), "r"(static_cast<int>(e < NE)));
+  }
+  mx = neg_inf();
+#pragma unroll
+  for (int k = 0; k < K; ++k) mx = fmaxf(mx, l[k]);
+  const float muse = mx == neg_inf() ? 0.f : mx;  // no keys in this group: every weight is 0
+  sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const float w = exp2f(l[k] - muse);  // 0 for a split without keys: never read into the sum
+    const uint32_t u[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = Mma<P>::unpack2(u[j]);
+      acc[2 * j] += w > 0.f ? w * f.x : 0.f;
+      acc[2 * j + 1] += w > 0.f ? w * f.y : 0.f;
+    }
+    sum += w;
+  }
+}
+
 // The one-pass row-a-CTA merge with 16-byte loads, for 16-bit partials of 128 columns whose
 // entries fit one batch (at most MERGE_WIDE_ENTRIES): thread (g, c) of 128 takes columns 8c ..
 // 8c + 7 of entries e = g (mod 8), every LSE and partial load of the row issued before any is
@@ -1146,39 +1191,8 @@ __global__ void __launch_bounds__(MERGE_WIDE_THREADS) merge_splits_wide_kernel(c
   const int tid = threadIdx.x, row = blockIdx.x, hb = blockIdx.y;
   const int c = tid % COLS, g = tid / COLS;
   const MergeRow mr(p, hb, row);
-  const int NE = mr.NE;
-  const P* part = static_cast<const P*>(p.part);
-  uint4 v[BATCH];
-  float l[BATCH];
-#pragma unroll
-  for (int k = 0; k < BATCH; ++k) {  // every load before any use
-    const int e = g + k * GROUPS;
-    const int64_t at = mr.at(min(e, NE - 1));  // (an address either way)
-    l[k] = load_lse_if(p.lse, at, e < NE);     // -inf past the last entry
-    v[k] = make_uint4(0u, 0u, 0u, 0u);
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
-        " @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-        : "+r"(v[k].x), "+r"(v[k].y), "+r"(v[k].z), "+r"(v[k].w)
-        : "l"(part + at * 128 + 8 * c), "r"(static_cast<int>(e < NE)));
-  }
-  float mx = neg_inf();
-#pragma unroll
-  for (int k = 0; k < BATCH; ++k) mx = fmaxf(mx, l[k]);
-  const float muse = mx == neg_inf() ? 0.f : mx;  // no keys in this group: every weight is 0
-  float sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int k = 0; k < BATCH; ++k) {
-    const float w = exp2f(l[k] - muse);  // 0 for a split without keys: never read into the sum
-    const uint32_t u[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = Mma<P>::unpack2(u[j]);
-      acc[2 * j] += w > 0.f ? w * f.x : 0.f;
-      acc[2 * j + 1] += w > 0.f ? w * f.y : 0.f;
-    }
-    sum += w;
-  }
+  float mx, sum, acc[8];
+  merge_group16<P, BATCH>(p, mr, static_cast<const P*>(p.part) + 8 * c, g, GROUPS, mx, sum, acc);
 #pragma unroll
   for (int j = 0; j < 8; ++j) red[g][c][j] = acc[j];
   if (c == 0) red_ms[g] = make_float2(mx, sum);
@@ -1204,7 +1218,7 @@ __global__ void __launch_bounds__(MERGE_WIDE_THREADS) merge_splits_wide_kernel(c
     for (int j = 0; j < 4; ++j) Mma<E>::store2(dst + 2 * j, out[2 * j] * inv, out[2 * j + 1] * inv);
   }
 #ifdef KDTREE_TIMELINE
-  if (tid == 0) merge_record(tl_entry, tl_now(), tl_clock, NE);
+  if (tid == 0) merge_record(tl_entry, tl_now(), tl_clock, mr.NE);
 #endif
 }
 
@@ -1225,39 +1239,9 @@ __global__ void __launch_bounds__(128) merge_splits_cols_kernel(const MergeParam
   const int tid = threadIdx.x, row = blockIdx.x / CS, slice = blockIdx.x % CS, hb = blockIdx.y;
   const int c = tid % CHUNKS, g = tid / CHUNKS;
   const MergeRow mr(p, hb, row);
-  const int NE = mr.NE;
-  const P* part = static_cast<const P*>(p.part) + slice * COLS + 8 * c;
-  uint4 v[K];
-  float l[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {  // every load before any use
-    const int e = g + k * GROUPS;
-    const int64_t at = mr.at(min(e, NE - 1));  // (an address either way)
-    l[k] = load_lse_if(p.lse, at, e < NE);     // -inf past the last entry
-    v[k] = make_uint4(0u, 0u, 0u, 0u);
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
-        " @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-        : "+r"(v[k].x), "+r"(v[k].y), "+r"(v[k].z), "+r"(v[k].w)
-        : "l"(part + at * 128), "r"(static_cast<int>(e < NE)));
-  }
-  float mx = neg_inf();
-#pragma unroll
-  for (int k = 0; k < K; ++k) mx = fmaxf(mx, l[k]);
-  const float muse = mx == neg_inf() ? 0.f : mx;  // no keys in this group: every weight is 0
-  float sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const float w = exp2f(l[k] - muse);  // 0 for a split without keys: never read into the sum
-    const uint32_t u[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = Mma<P>::unpack2(u[j]);
-      acc[2 * j] += w > 0.f ? w * f.x : 0.f;
-      acc[2 * j + 1] += w > 0.f ? w * f.y : 0.f;
-    }
-    sum += w;
-  }
+  float mx, sum, acc[8];
+  const P* chunk = static_cast<const P*>(p.part) + slice * COLS + 8 * c;
+  merge_group16<P, K>(p, mr, chunk, g, GROUPS, mx, sum, acc);
 #pragma unroll
   for (int j = 0; j < 8; ++j) red[g][c][j] = acc[j];
   if (c == 0) red_ms[g] = make_float2(mx, sum);
@@ -1296,7 +1280,7 @@ __global__ void __launch_bounds__(128) merge_splits_cols_kernel(const MergeParam
     Mma<E>::store2(dst, o0 * inv, o1 * inv);
   }
 #ifdef KDTREE_TIMELINE
-  if (tid == 0) merge_record(tl_entry, tl_now(), tl_clock, NE);
+  if (tid == 0) merge_record(tl_entry, tl_now(), tl_clock, mr.NE);
 #endif
 }
 
