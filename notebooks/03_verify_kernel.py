@@ -1431,7 +1431,10 @@ else:
 # alternating rounds against the row-a-CTA merge (`v0`): at T=17 and T=9 nothing gained or a
 # loss — the merge alone got faster but the call did not — while T=1's 8 rows gained up to 10 %
 # at 8 CTAs a row (16k: 8.43 → 7.58 µs), the rule shipped (at most 16 row CTAs, more than 64
-# partials a row).
+# partials a row). Call d's CTA timeline: at T=17 the shorter merge only delays the next call's
+# split grid, whose CTAs need the SMs the merge's CTAs hold. Call e: every GQA batch-1 target
+# point on the final kernels in one run with its ceilings (4.16 TB/s, 748.2 TFLOP/s) — the same
+# five 8q/1kv points miss (T=17 at 16k-128k, T=65 at 32k).
 
 # %%
 if (L35 / "cols_merge_probe_session39.csv.gz").exists():
@@ -1443,6 +1446,10 @@ if (L35 / "cols_merge_probe_session39.csv.gz").exists():
             {"b": "CS = 2 / 4 / 8 / 16 CTAs a row (v1-v4)", "c": "the rule (v1), T=1"},
         )
     )
+    e39 = ns.verify_rows(pd.read_csv(L35 / "verify_gqa_targets_session39_calle.csv.gz"))
+    t39["call e: % of the floor, every GQA batch-1 target point at one commit"] = (
+        e39.pivot_table(index=["layout", "T"], columns="L", values="frac_of_floor") * 100
+    ).round(1)
     nb.show_tables(t39)
 else:
     nb.note("The session-39 rows are not shipped (data/bench/logs/*session39*).")
