@@ -1291,8 +1291,9 @@ static inline bool merge_wide_allowed() {
   return env == nullptr || env[0] != '0';
 }
 
-// merge_splits_cols_kernel's entries a thread at CS CTAs a row: a row of up to 144 entries (8q/1kv,
-// T=17's 129; T=1 / 9's 128) in one batch at every CS (16 / 9, 32 / 5, 64 / 3, 128 / 2 groups).
+// merge_splits_cols_kernel's entries a thread at CS CTAs a row: a row of up to 144 entries
+// (8q/1kv, T=17's 129; T=1 / 9's 128) in one batch at every CS (16 / 9, 32 / 5, 64 / 3, 128 / 2
+// groups / entries a thread).
 template <int CS>
 constexpr int merge_cols_k() {
   return CS == 2 ? 9 : CS == 4 ? 5 : CS == 8 ? 3 : 2;
@@ -1301,7 +1302,7 @@ constexpr int merge_cols_entries(int cs) {
   return cs == 2 ? 144 : cs == 4 ? 160 : cs == 8 ? 192 : cs == 16 ? 256 : 0;
 }
 // (as a programmatic dependent, unused dynamic shared memory holds it to four CTAs an SM, as the
-// wide merge: <= 6.2 KB static + 40 KB, under the 48 KB a launch takes without opting in)
+// wide merge: <= 7 KB static + 40 KB, under the 48 KB a launch takes without opting in)
 constexpr int MERGE_COLS_PDL_SMEM = 40 * 1024;
 
 // Launch merge_splits_cols_kernel with `cs` (2, 4, 8 or 16) CTAs a row; cudaErrorInvalidValue
@@ -1333,9 +1334,10 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
 // 128k / 256k (call c), but 1.02x at 4k's 32 entries (one batch of merge_splits_kernel); where
 // the rows are many it gained nothing in the call (T=17, 136 rows of 129 entries: 0.98-1.02x at
 // 2 CTAs a row, 0.99-1.05 at 4, 1.02-1.28 at 8-16, though the merge alone took 3.2 us against
-// 4.3 at 2 in the probe: the next call's split grid then starts that much later after it, call d's
-// timeline) and T=9's 72 rows 0.99-1.07x at 2-4, 1.02-1.24 at 8-16. KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the
-// count (a measurement knob). kdtree.kernels.cuda_common.merge_cols mirrors it.
+// 4.3 at 2 in the probe: the next call's split grid then starts that much later after it, call
+// d's timeline) and T=9's 72 rows 0.99-1.07x at 2-4, 1.02-1.24 at 8-16.
+// KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the count (a measurement knob).
+// kdtree.kernels.cuda_common.merge_cols mirrors it.
 constexpr int MERGE_COLS_MAX_ROW_CTAS = 16, MERGE_COLS_DEFAULT = 8, MERGE_COLS_MIN_ENTRIES = 64;
 static inline int merge_cols_of(int64_t row_ctas, int entries) {
   const char* env = getenv("KDTREE_CUDA_MERGE_COLS");

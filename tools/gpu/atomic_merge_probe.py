@@ -12,8 +12,8 @@ Each mode's cost (``cost_us``) is its time less mode ``none``'s at the same spin
 and ``empty_merge_grid`` launch no split grid (``cost_us`` NaN): their ``us`` is the merge kernel
 alone on written partials and an empty kernel of its grid; ``merge_wide_only`` and
 ``merge_colsN_only`` the library's other merge kernels alone (``--modes`` picks; ``none`` always
-runs). Checks first that the atomic modes' and the other merges' output match the merge kernel's. Writes ``atomic_merge_probe.csv`` with the run's
-provenance.
+runs). Checks first that the atomic modes' and the other merges' output match the merge
+kernel's. Writes ``atomic_merge_probe.csv`` with the run's provenance.
 """
 
 from __future__ import annotations
