@@ -1434,7 +1434,9 @@ else:
 # partials a row). Call d's CTA timeline: at T=17 the shorter merge only delays the next call's
 # split grid, whose CTAs need the SMs the merge's CTAs hold. Call e: every GQA batch-1 target
 # point on the final kernels in one run with its ceilings (4.16 TB/s, 748.2 TFLOP/s) — the same
-# five 8q/1kv points miss (T=17 at 16k-128k, T=65 at 32k).
+# five 8q/1kv points miss (T=17 at 16k-128k, T=65 at 32k). Call f (not shipped yet): the sliced
+# merge as a programmatic dependent at T=17 is level at 32k / 64k and 2.4 % faster at 128k, where
+# the dependent row-a-CTA merge is 7-19 % slower.
 
 # %%
 if (L35 / "cols_merge_probe_session39.csv.gz").exists():
@@ -1443,7 +1445,11 @@ if (L35 / "cols_merge_probe_session39.csv.gz").exists():
     t39.update(
         ns.ab_file_tables(
             L35 / "cols_merge_ab_session39.csv.gz",
-            {"b": "CS = 2 / 4 / 8 / 16 CTAs a row (v1-v4)", "c": "the rule (v1), T=1"},
+            {
+                "b": "CS = 2 / 4 / 8 / 16 CTAs a row (v1-v4)",
+                "c": "the rule (v1), T=1",
+                "f": "T=17: the merge as a dependent (v1), 2 CTAs a row (v2), both (v3)",
+            },
         )
     )
     e39 = ns.verify_rows(pd.read_csv(L35 / "verify_gqa_targets_session39_calle.csv.gz"))
