@@ -1291,16 +1291,13 @@ static inline bool merge_wide_allowed() {
   return env == nullptr || env[0] != '0';
 }
 
-// merge_splits_cols_kernel's entries a thread at CS CTAs a row: a row of up to 144 entries
-// (8q/1kv, T=17's 129; T=1 / 9's 128) in one batch at every CS (16 / 9, 32 / 5, 64 / 3, 128 / 2
-// groups / entries a thread).
-template <int CS>
-constexpr int merge_cols_k() {
-  return CS == 2 ? 9 : CS == 4 ? 5 : CS == 8 ? 3 : 2;
+// merge_splits_cols_kernel's entries a thread at cs CTAs a row (0: no such count), and the most
+// entries a row it holds, 8 cs groups of them: up to 144 entries (8q/1kv, T=17's 129; T=1 / 9's
+// 128) in one batch at every count (16 / 9, 32 / 5, 64 / 3, 128 / 2 groups / entries a thread).
+constexpr int merge_cols_k(int cs) {
+  return cs == 2 ? 9 : cs == 4 ? 5 : cs == 8 ? 3 : cs == 16 ? 2 : 0;
 }
-constexpr int merge_cols_entries(int cs) {
-  return cs == 2 ? 144 : cs == 4 ? 160 : cs == 8 ? 192 : cs == 16 ? 256 : 0;
-}
+constexpr int merge_cols_entries(int cs) { return 8 * cs * merge_cols_k(cs); }
 // (as a programmatic dependent, unused dynamic shared memory holds it to four CTAs an SM, as the
 // wide merge: <= 7 KB static + 40 KB, under the 48 KB a launch takes without opting in)
 constexpr int MERGE_COLS_PDL_SMEM = 40 * 1024;
@@ -1318,10 +1315,10 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
     return launch_kernel(kernel, grid, dim3(128), smem, stream, pdl, p);
   };
   switch (cs) {
-    case 2: return run(merge_splits_cols_kernel<E, P, 2, merge_cols_k<2>()>);
-    case 4: return run(merge_splits_cols_kernel<E, P, 4, merge_cols_k<4>()>);
-    case 8: return run(merge_splits_cols_kernel<E, P, 8, merge_cols_k<8>()>);
-    case 16: return run(merge_splits_cols_kernel<E, P, 16, merge_cols_k<16>()>);
+    case 2: return run(merge_splits_cols_kernel<E, P, 2, merge_cols_k(2)>);
+    case 4: return run(merge_splits_cols_kernel<E, P, 4, merge_cols_k(4)>);
+    case 8: return run(merge_splits_cols_kernel<E, P, 8, merge_cols_k(8)>);
+    case 16: return run(merge_splits_cols_kernel<E, P, 16, merge_cols_k(16)>);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }

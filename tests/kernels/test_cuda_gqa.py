@@ -1281,8 +1281,8 @@ def test_merge_mode_setting(monkeypatch):
         f"{MERGE_COLS_DEFAULT}, MERGE_COLS_MIN_ENTRIES = {MERGE_COLS_MIN_ENTRIES};" in src
     )
     assert f"MERGE_WIDE_ENTRIES = {MERGE_WIDE_ENTRIES};" in src
-    for cs, most in MERGE_COLS_ENTRIES.items():  # merge_cols_entries
-        assert f"cs == {cs} ? {most}" in src, cs
+    for cs, most in MERGE_COLS_ENTRIES.items():  # merge_cols_entries: 8 cs groups of K
+        assert most % (8 * cs) == 0 and f"cs == {cs} ? {most // (8 * cs)}" in src, cs
     assert merge_ctas(8, 1, 129) == 8 * 8 and merge_ctas(8, 1, 32) == 8  # (T=1: 16k / 4k)
     assert merge_ctas(136, 1, 129) == 136 and merge_ctas(8, 1, 300) == 8  # (past 192 entries)
     monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", "2")
