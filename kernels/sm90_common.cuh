@@ -1228,7 +1228,7 @@ __global__ void __launch_bounds__(MERGE_WIDE_THREADS) merge_splits_wide_kernel(c
 // partial load issued before any is used; each group keeps (max, sum, weighted sum) over its
 // entries, and after one barrier thread (j, q) adds a column pair over the groups q (mod 2 CS),
 // the 2 CS parts by shuffles. For merges of few rows, whose row CTAs leave most SMs idle
-// (merge_cols_of, session 39).
+// (merge_cols_of: session 39 in stream order, session 40 as a programmatic dependent).
 template <typename E, typename P, int CS, int K>
 __global__ void __launch_bounds__(128) merge_splits_cols_kernel(const MergeParams p) {
   static_assert(sizeof(P) == 2 && CS >= 1 && CS <= 16 && 16 % CS == 0, "16-bit, CS | 16");
@@ -1324,24 +1324,34 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
 }
 
 // How many CTAs share a row of the merge (merge_splits_cols_kernel; 0: none, merge_splits_kernel)
-// for rows neither the row-a-warp nor the wide merge takes: 8 where the merge has at most 16 row
-// CTAs and a row more than 64 entries (8q/1kv, T=1, batch 1 from 16k: 8 rows of 128-129
-// entries), else none. Session 39, calls b-c (three rounds each against merge_splits_kernel,
-// 8q/1kv, batch 1): T=1 at 8 CTAs a row 0.90 / 0.96 / 0.97 / 0.99 / 0.985x at 16k / 32k / 64k /
-// 128k / 256k (call c), but 1.02x at 4k's 32 entries (one batch of merge_splits_kernel); where
-// the rows are many it gained nothing in the call (T=17, 136 rows of 129 entries: 0.98-1.02x at
-// 2 CTAs a row, 0.99-1.05 at 4, 1.02-1.28 at 8-16, though the merge alone took 3.2 us against
-// 4.3 at 2 in the probe: the next call's split grid then starts that much later after it, call
-// d's timeline) and T=9's 72 rows 0.99-1.07x at 2-4, 1.02-1.24 at 8-16.
+// for rows neither the row-a-warp nor the wide merge takes, on a device of `sms` SMs, launched
+// as a programmatic dependent or not (`pdl`): where a row has more than 64 entries, 8 where the
+// merge has at most 16 row CTAs (8q/1kv, T=1, batch 1 from 16k: 8 rows of 128-129 entries), 4
+// as a dependent where it has at most `sms` (8q/1kv, T=5 / 9 / 13 at batch 1 from 16k: 40 / 72 /
+// 104 rows; at most 528 CTAs, four an SM, in one residency wave), else none.
+// Session 39, calls b-c (three rounds each against merge_splits_kernel, 8q/1kv, batch 1): T=1
+// at 8 CTAs a row 0.90 / 0.96 / 0.97 / 0.99 / 0.985x at 16k / 32k / 64k / 128k / 256k (call c),
+// but 1.02x at 4k's 32 entries (one batch of merge_splits_kernel); in stream order the sliced
+// merge gained nothing where the rows are many (T=17's 136 rows of 129 entries: 0.98-1.02x at 2
+// CTAs a row, 0.99-1.05 at 4; T=9's 72 rows 0.99-1.07x at 2-4, 1.02-1.24 at 8-16): the next
+// call's split grid starts that much later after its extra CTAs (call d's timeline).
+// Session 40, calls a-b (three alternating rounds in b against the default, stream-order
+// merge_splits_kernel; data/bench/logs/pdl_merge_ab_session40.csv.gz): as a programmatic
+// dependent, whose CTAs wait on the SMs the split grid frees, 4 CTAs a row took 0.92 / 0.95 /
+// 0.93 / 0.96 / 0.99x at T=5, 0.94 / 0.94 / 0.96 / 0.98 / 1.00x at T=9 and 0.95 / 0.97 / 0.97 /
+// 0.98 / 1.005x at T=13 (16k-256k); 2 a row gained at most 1.5 % anywhere and lost up to 7 %,
+// 8 a row lost 4-17 % at T 9-17 (576-1088 CTAs, past one wave) and 10 % at T=5, 16k; T=17's
+// 136 row CTAs at 2 a row 0.985-1.016x (not taken: `sms` bounds the rows).
 // KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the count (a measurement knob).
 // kdtree.kernels.cuda_common.merge_cols mirrors it.
 constexpr int MERGE_COLS_MAX_ROW_CTAS = 16, MERGE_COLS_DEFAULT = 8, MERGE_COLS_MIN_ENTRIES = 64;
-static inline int merge_cols_of(int64_t row_ctas, int entries) {
+constexpr int MERGE_COLS_PDL = 4;
+static inline int merge_cols_of(int64_t row_ctas, int entries, bool pdl, int sms) {
   const char* env = getenv("KDTREE_CUDA_MERGE_COLS");
   if (env != nullptr && env[0] != '\0') return atoi(env);
-  return row_ctas <= MERGE_COLS_MAX_ROW_CTAS && entries > MERGE_COLS_MIN_ENTRIES
-             ? MERGE_COLS_DEFAULT
-             : 0;
+  if (entries <= MERGE_COLS_MIN_ENTRIES) return 0;
+  if (row_ctas <= MERGE_COLS_MAX_ROW_CTAS) return MERGE_COLS_DEFAULT;
+  return pdl && row_ctas <= sms ? MERGE_COLS_PDL : 0;
 }
 
 // The merge of a split kernel's launch parameters `p` (fields part, lse, out, so_b / so_t / so_h,
@@ -1407,21 +1417,22 @@ static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t 
   if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
   // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane)
   const bool by_warp = D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed();
-  if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: the wide merge on large grids
-    int dev = 0, sms = 0;
-    if (!by_warp && entries <= MERGE_WIDE_ENTRIES && merge_wide_allowed() &&
-        cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        static_cast<int64_t>(p.rows) * B * p.Hkv >= 3 * static_cast<int64_t>(sms))
+  if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: the wide or the sliced merge
+    int dev = 0, sms = 0;  // (0 where unknown: neither the wide nor the dependent sliced merge)
+    if (!by_warp && (cudaGetDevice(&dev) != cudaSuccess ||
+                     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess))
+      sms = 0;
+    const int64_t row_ctas = static_cast<int64_t>(p.rows) * B * p.Hkv;
+    if (!by_warp && entries <= MERGE_WIDE_ENTRIES && merge_wide_allowed() && sms > 0 &&
+        row_ctas >= 3 * static_cast<int64_t>(sms))
       // (as a programmatic dependent, 42 KB of unused dynamic shared memory hold it to four
       // CTAs an SM, as merge_splits_kernel: its CTAs land on the SMs the split grid frees first,
       // and 16 to an SM crowded a few SMs while the others idled -- call f, session 38)
       return launch_kernel(merge_splits_wide_kernel<E, P>,
                            dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(B * p.Hkv)),
                            dim3(MERGE_WIDE_THREADS), pdl ? MERGE_WIDE_PDL_SMEM : 0, stream, pdl, p);
-  }
-  if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: a row over several CTAs
-    const int cs = by_warp ? 0 : merge_cols_of(static_cast<int64_t>(p.rows) * B * p.Hkv, entries);
+    // a row over several CTAs (merge_cols_of)
+    const int cs = by_warp ? 0 : merge_cols_of(row_ctas, entries, pdl, sms);
     if (cs > 0 && entries <= merge_cols_entries(cs))
       return launch_merge_cols<E, P>(p, B, stream, pdl, cs);
   }

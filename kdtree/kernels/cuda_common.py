@@ -39,10 +39,12 @@ MERGE_MAX_SPLITS = 2048
 #: MERGE_WARP_ENTRIES: a split's partial, or two with the split tail's shadow rows), head dim 128.
 MERGE_WARP_ENTRIES = 16
 #: The GQA merge's rows over several CTAs of a column slice each (kernels/sm90_common.cuh
-#: merge_splits_cols_kernel, session 39): MERGE_COLS_DEFAULT CTAs a row where the merge has at
-#: most MERGE_COLS_MAX_ROW_CTAS row CTAs and more than MERGE_COLS_MIN_ENTRIES entries a row (8q/1kv,
-#: T=1, batch 1); MERGE_COLS_ENTRIES: the most entries a row at each count.
+#: merge_splits_cols_kernel, sessions 39-40), for rows of more than MERGE_COLS_MIN_ENTRIES
+#: entries: MERGE_COLS_DEFAULT CTAs a row where the merge has at most MERGE_COLS_MAX_ROW_CTAS row
+#: CTAs (8q/1kv, T=1, batch 1), MERGE_COLS_PDL as a programmatic dependent where it has at most
+#: one an SM (8q/1kv, T 5-13, batch 1); MERGE_COLS_ENTRIES: the most entries a row at each count.
 MERGE_COLS_MAX_ROW_CTAS, MERGE_COLS_DEFAULT, MERGE_COLS_MIN_ENTRIES = 16, 8, 64
+MERGE_COLS_PDL = 4
 MERGE_COLS_ENTRIES = {2: 144, 4: 160, 8: 192, 16: 256}
 #: The wide merge's bounds (merge_splits_wide_kernel, session 38): at most this many entries a
 #: row, on merge grids of at least three CTAs an SM (16-bit partials, head dim 128).
@@ -158,12 +160,16 @@ def merge_for(num_splits: int) -> int:
     return 0 if num_splits > MERGE_MAX_SPLITS else mode
 
 
-def resolve_merge(merge: int, split_ctas: int, num_sms: int, one_cta_a_split: bool = False) -> int:
+def resolve_merge(
+    merge: int, split_ctas: int, num_sms: int, one_cta_a_split: bool = False, sliced: bool = False
+) -> int:
     """The merge launch for ``merge`` (:func:`merge_for`) after a split grid of ``split_ctas``
     CTAs (one an SM): ``merge`` unless it is :data:`MERGE_AUTO`, which takes the programmatic
     dependent launch where every wave of the split grid fills the SMs (``split_ctas`` a
     multiple of ``num_sms``), so no SM is free when its last CTA starts, and a split's rows take
-    more than one CTA (``one_cta_a_split`` False); else stream order.
+    more than one CTA (``one_cta_a_split`` False); or where each split is one CTA and the merge,
+    launched so, slices its rows over several CTAs (``sliced``: :func:`merge_cols` with
+    ``pdl=True`` above 0); else stream order.
 
     Why: a dependent launch puts the merge's CTAs on the SMs as the split grid's last CTAs leave
     them, so they wait there for its end instead of being launched after it. Where SMs are free
@@ -174,43 +180,59 @@ def resolve_merge(merge: int, split_ctas: int, num_sms: int, one_cta_a_split: bo
     at 8q/1kv, T=65, 16k-64k (132 split CTAs) 0.8-2.5 % less time (64k 37.66 -> 37.28 us in
     call a); with SMs free 2.3 % more at 8q/1kv, T=17, 16k (64 CTAs, call a), 5.5-12.8 % more at
     8q/1kv, T=17, 32k-128k (103-129 CTAs, call f) and 0.4-8.8 % at 32q/8kv (120-128 CTAs).
-    Where each split is one CTA (8q/1kv at T <= 17) a full grid does not make it pay: session 35,
-    call e (``tools/gpu/mla_splits.py`` at 132 splits under ``KDTREE_CUDA_MERGE=auto`` and
-    ``plain``, two passes, ``data/bench/logs/merge_pdl_session35_calle.csv.gz``), the dependent
-    merge 2.5-3.1 µs slower at 8q/1kv, batch 1, T 1 / 9 / 17, 16k-64k (T=1, 16768 keys, the count
-    the split rule picks there: 12.56 against 9.46 µs), while at T=65 (four CTAs a split) it
-    stayed 0.4 µs faster (16k: 16.61 against 17.04)."""
+    Where each split is one CTA (8q/1kv at T <= 17) a full grid does not make the row-a-CTA merge
+    pay: session 35, call e (``tools/gpu/mla_splits.py`` at 132 splits under
+    ``KDTREE_CUDA_MERGE=auto`` and ``plain``, two passes,
+    ``data/bench/logs/merge_pdl_session35_calle.csv.gz``), the dependent merge 2.5-3.1 µs slower
+    at 8q/1kv, batch 1, T 1 / 9 / 17, 16k-64k, while at T=65 (four CTAs a split) it stayed 0.4 µs
+    faster. The sliced merge does pay there (session 40, calls a-b, alternating rounds against
+    this rule's stream order, ``data/bench/logs/pdl_merge_ab_session40.csv.gz``): 8q/1kv, batch 1,
+    16k-256k, T=5 / 9 / 13 at 4 CTAs a row 0.92-0.99 / 0.94-1.00 / 0.95-1.005x, T=1 at its 8 a
+    row 0.96-1.01x (five rounds over two calls; 128k the one point above 1)."""
     if merge != MERGE_AUTO:
         return merge
+    if one_cta_a_split:
+        return MERGE_PDL if sliced else MERGE_PLAIN
     full = split_ctas > 0 and split_ctas % num_sms == 0
-    return MERGE_PDL if full and not one_cta_a_split else MERGE_PLAIN
+    return MERGE_PDL if full else MERGE_PLAIN
 
 
-def merge_cols(row_ctas: int, entries: int) -> int:
+def merge_cols(row_ctas: int, entries: int, pdl: bool = False, num_sms: int | None = None) -> int:
     """CTAs a row of the GQA merge's column-sliced form for a merge of ``row_ctas`` rows (batch x
-    KV heads x rows) of ``entries`` partials, 0 for none (``merge_cols_of`` in
-    ``launch_merge_splits``, for rows neither the row-a-warp nor the wide merge takes):
-    :data:`MERGE_COLS_DEFAULT` where ``row_ctas`` <= :data:`MERGE_COLS_MAX_ROW_CTAS` and
-    ``entries`` > :data:`MERGE_COLS_MIN_ENTRIES`; ``KDTREE_CUDA_MERGE_COLS=0|2|4|8|16`` forces
+    KV heads x rows) of ``entries`` partials, launched as a programmatic dependent or not
+    (``pdl``), on ``num_sms`` SMs; 0 for none (``merge_cols_of`` in ``launch_merge_splits``, for
+    rows neither the row-a-warp nor the wide merge takes). For ``entries`` >
+    :data:`MERGE_COLS_MIN_ENTRIES`: :data:`MERGE_COLS_DEFAULT` where ``row_ctas`` <=
+    :data:`MERGE_COLS_MAX_ROW_CTAS`, :data:`MERGE_COLS_PDL` where ``pdl`` and ``row_ctas`` <=
+    ``num_sms`` (decided only with ``num_sms``). ``KDTREE_CUDA_MERGE_COLS=0|2|4|8|16`` forces
     the count (a measurement knob). Where a row's entries exceed what the count holds
     (:data:`MERGE_COLS_ENTRIES`), 0."""
     env = os.environ.get("KDTREE_CUDA_MERGE_COLS", "")
     if env:
         cs = int(env)
+    elif entries <= MERGE_COLS_MIN_ENTRIES:
+        cs = 0
+    elif row_ctas <= MERGE_COLS_MAX_ROW_CTAS:
+        cs = MERGE_COLS_DEFAULT
     else:
-        few = row_ctas <= MERGE_COLS_MAX_ROW_CTAS and entries > MERGE_COLS_MIN_ENTRIES
-        cs = MERGE_COLS_DEFAULT if few else 0
+        cs = MERGE_COLS_PDL if pdl and num_sms is not None and row_ctas <= num_sms else 0
     return cs if entries <= MERGE_COLS_ENTRIES.get(cs, 0) else 0
 
 
 def merge_ctas(
-    rows: int, heads: int, entries: int, head_dim: int = 128, num_sms: int | None = None
+    rows: int,
+    heads: int,
+    entries: int,
+    head_dim: int = 128,
+    num_sms: int | None = None,
+    pdl: bool = False,
 ) -> int:
     """CTAs of the CUDA merge over ``heads`` (batch x KV heads) of ``rows`` output rows with
     ``entries`` partials a row (``launch_merge_splits``): a row a warp, eight a CTA, where the
     entries fit (:data:`MERGE_WARP_ENTRIES`, head dim 128, unless ``KDTREE_CUDA_MERGE_WARP=0``);
     at head dim 128 (the GQA kernel's 16-bit partials), unless the wide merge takes the rows (a
-    row a CTA; decided only with ``num_sms``), :func:`merge_cols` CTAs a row; else a row a CTA.
+    row a CTA; decided only with ``num_sms``), :func:`merge_cols` CTAs a row (launched as a
+    programmatic dependent or not: ``pdl``); else a row a CTA.
     The CTA timeline counts its records by it."""
     by_warp = (
         head_dim == 128
@@ -225,5 +247,5 @@ def merge_ctas(
         and rows * heads >= 3 * num_sms
         and os.environ.get("KDTREE_CUDA_MERGE_WIDE", "1")[:1] != "0"
     )
-    cs = merge_cols(rows * heads, entries) if head_dim == 128 and not wide else 0
+    cs = merge_cols(rows * heads, entries, pdl, num_sms) if head_dim == 128 and not wide else 0
     return rows * heads * max(cs, 1)

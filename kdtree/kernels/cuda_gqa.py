@@ -50,6 +50,7 @@ from kdtree.kernels.cuda_common import (
     any_sm90,
     is_sm90,
     library_builds,
+    merge_cols,
     merge_for,
     on_sm90,
     resolve_merge,
@@ -393,7 +394,11 @@ def plan_launch(
     wgs, tail_blocks, split = launch_layout(rows, s, merge, max_len)
     # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs
     grid_x = 2 if split == 2 else row_ctas(rows, wgs, tail_blocks)
-    merge = resolve_merge(merge, batch * heads * grid_x * s, num_sms, one_cta_a_split=grid_x == 1)
+    # (one CTA a split: no shared row block, a split's partial an entry)
+    sliced = merge_cols(batch * heads * rows, s, pdl=True, num_sms=num_sms) > 0
+    merge = resolve_merge(
+        merge, batch * heads * grid_x * s, num_sms, one_cta_a_split=grid_x == 1, sliced=sliced
+    )
     return GqaLaunch(
         r, heads, rows, s, wgs, tail_blocks, split, merge, workspace_numel(batch, heads, rows, s)
     )

@@ -794,6 +794,8 @@ COLS_MERGE_CASES = [  # rows the row-a-warp and the wide merge leave to merge_sp
     ([200], 17, 8, 1, 16, 30),  # two tiles, 30 splits: splits with no keys (-inf LSEs)
     ([3000, 700], 17, 8, 1, 64, 20),  # two requests, page size 64
     ([16000], 65, 8, 1, 16, 33),  # (with the wide merge off) the tail rows' 66 entries
+    ([16000], 9, 8, 1, 16, 129),  # T=9: 72 rows, a dependent merge at 4 CTAs a row (session 40)
+    ([9000, 3000], 5, 8, 1, 16, 100),  # two requests of T=5: 80 rows, as T=9
 ]
 
 
@@ -806,8 +808,8 @@ COLS_MERGE_CASES = [  # rows the row-a-warp and the wide merge leave to merge_sp
 def test_cols_merge_matches_fp64(case, cs, gen, monkeypatch):
     """The merge of a row over several CTAs of a column slice each (merge_splits_cols_kernel,
     session 39) matches fp64 at every count (KDTREE_CUDA_MERGE_COLS=cs; "": the launcher's
-    rule, 8 CTAs a row at T=1's 8 rows): eager and graph-captured, both dtypes, with the wide
-    merge off."""
+    rule, 8 CTAs a row at T=1's 8 rows, 4 a row as a programmatic dependent at T=5 / 9's 80 /
+    72, none at T=17's 136): eager and graph-captured, both dtypes, with the wide merge off."""
     monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", cs)
     monkeypatch.setenv("KDTREE_CUDA_MERGE_WIDE", "0")
     _run(case, torch.bfloat16, gen)
@@ -1284,6 +1286,18 @@ def test_merge_mode_setting(monkeypatch):
     for cs, most in MERGE_COLS_ENTRIES.items():  # merge_cols_entries: 8 cs groups of K
         assert most % (8 * cs) == 0 and f"cs == {cs} ? {most // (8 * cs)}" in src, cs
     assert merge_ctas(8, 1, 129) == 8 * 8 and merge_ctas(8, 1, 32) == 8  # (T=1: 16k / 4k)
+    # as a programmatic dependent, 4 a row up to a row CTA an SM (session 40: T 5-13)
+    from kdtree.kernels.cuda_common import MERGE_COLS_PDL
+
+    assert f"constexpr int MERGE_COLS_PDL = {MERGE_COLS_PDL};" in src
+    assert merge_ctas(72, 1, 129, num_sms=132, pdl=True) == 72 * 4
+    assert merge_ctas(8, 1, 129, num_sms=132, pdl=True) == 8 * 8  # (T=1's count)
+    assert merge_ctas(136, 1, 129, num_sms=132, pdl=True) == 136  # (T=17: past an SM each)
+    assert merge_ctas(132, 1, 129, num_sms=132, pdl=True) == 132 * 4
+    assert merge_ctas(72, 1, 129, num_sms=132) == 72  # (in stream order: none)
+    assert merge_ctas(72, 1, 129, pdl=True) == 72  # (no SM count: none)
+    assert merge_ctas(72, 1, 64, num_sms=132, pdl=True) == 72  # (64 entries: one batch)
+    assert merge_ctas(72, 1, 161, num_sms=132, pdl=True) == 72  # (past what 4 a row hold)
     assert merge_ctas(136, 1, 129) == 136 and merge_ctas(8, 1, 300) == 8  # (past 192 entries)
     monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", "2")
     assert merge_ctas(136, 1, 129) == 272 and merge_ctas(136, 1, 145) == 136
@@ -1307,9 +1321,16 @@ def test_auto_merge_launch(monkeypatch):
     assert resolve_merge(3, 131, 132) == 1 and resolve_merge(3, 64, 132) == 1
     assert resolve_merge(3, 200, 132) == 1  # a second wave of 68: 64 SMs free at its start
     assert resolve_merge(3, 0, 132) == 1
-    # one CTA a split (session 35, call e: the dependent merge 2.5-3.1 us slower there)
+    # one CTA a split (session 35, call e: the dependent row-a-CTA merge 2.5-3.1 us slower
+    # there), unless the merge is sliced (session 40, calls a-b)
     assert resolve_merge(3, 132, 132, one_cta_a_split=True) == 1
+    assert resolve_merge(3, 131, 132, one_cta_a_split=True, sliced=True) == 2
+    assert (
+        resolve_merge(3, 132, 132, sliced=True) == 2
+        and resolve_merge(3, 64, 132, sliced=True) == 1
+    )
     assert resolve_merge(2, 132, 132, one_cta_a_split=True) == 2  # (forced stays forced)
+    assert resolve_merge(1, 129, 132, one_cta_a_split=True, sliced=True) == 1
     for forced in (0, 1, 2):
         assert resolve_merge(forced, 132, 132) == forced
         assert resolve_merge(forced, 64, 132) == forced
@@ -1324,10 +1345,20 @@ def test_auto_merge_launch(monkeypatch):
     assert merge_at(8, 1, 65, 131072) == 1  # 32 splits: 4 SMs free
     for length in (16384, 32768, 65536, 131072):  # 8q/1kv, T=17: 52-129 split CTAs
         assert merge_at(8, 1, 17, length) == 1
-    # 8q/1kv, T=1 at 16768 keys: the split rule's 132 splits of one tile, one CTA each: stream
-    # order (call e: 9.46 us against 12.56 as a dependent launch)
+    # 8q/1kv, T 5 / 9 / 13 from 8k (65-129 entries): 40 / 72 / 104 rows sliced as a dependent
+    for t in (5, 9, 13):
+        assert merge_at(8, 1, t, 4096) == 1  # (33 entries: not sliced)
+        for length in (8192, 16384, 262144):
+            assert merge_at(8, 1, t, length) == 2, (t, length)
+    # 8q/1kv, T=1 at 16768 keys: the split rule's 132 splits of one tile, one CTA each: a
+    # dependent launch since its merge is sliced (session 40; the row-a-CTA merge took 12.56 us
+    # so against 9.46 in stream order in session 35's call e)
     plan = cuda_gqa.plan_launch(1, 1, 8, 1, 16784, 132)
-    assert (plan.num_splits, plan.merge) == (132, 1)
+    assert (plan.num_splits, plan.merge) == (132, 2)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", "0")  # (forced unsliced: stream order again)
+    assert cuda_gqa.plan_launch(1, 1, 8, 1, 16784, 132).merge == 1
+    assert merge_at(8, 1, 9, 16384) == 1
+    monkeypatch.delenv("KDTREE_CUDA_MERGE_COLS")
     for t in (17, 65):
         for length in (16384, 65536, 131072):
             assert merge_at(32, 8, t, length) == 1

@@ -8,7 +8,8 @@ with splits), also for a KV head's query heads launched as several heads (cuda_g
 8q/1kv at T=65, G=4 at T=257); each checked against the
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
 reference's + 2e-3). argv[1] keeps only N cases (racecheck is slow), from case argv[2]
-(default 0; the tail warpgroup's are the last three: `sanitize_gqa.py 3 10`). Exits 1 on a
+(default 0; the tail warpgroup's are cases 10-12: `sanitize_gqa.py 3 10`; the sliced merge's
+the last two: `sanitize_gqa.py 2 14`). Exits 1 on a
 mismatch."""
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ CASES = [  # prefix lengths, T, Hq, Hkv, page size, splits
     ([1234], 257, 1, 1, 64, 5),  # 257 rows (MHA, T=257): one row past the blocks
     # 136 rows, splits of >= 32 tiles: [2 blocks + the tail warpgroup] by default (session 33)
     ([4200, 1900], 17, 8, 1, 16, 2),
+    # rows of more than 64 entries: the column-sliced merge as a programmatic dependent (session
+    # 40), 8 CTAs a row at T=1's 8 rows, 4 at T=9's 72
+    ([9000], 1, 8, 1, 16, 128),
+    ([16000], 9, 8, 1, 16, 129),
 ]
 
 
