@@ -1461,6 +1461,39 @@ else:
     nb.note("The session-39 rows are not shipped (data/bench/logs/*session39*).")
 
 # %% [markdown]
+# ### Session 40: the sliced merge as a programmatic dependent where each split is one CTA
+# (shipped for 8q/1kv, T 1-13, batch 1, from 8k)
+# Where a split is one CTA (8q/1kv at T <= 17) the merge ran in stream order since session 35:
+# the dependent row-a-CTA merge crowded the SMs. Session 39's call f hinted that the sliced
+# merge (several CTAs a row) does not. Calls a-b (`tools/gpu/stages_s40a.txt`, `s40b.txt`),
+# alternating rounds against the default (`v0`) at 16k-256k: as a dependent, 4 CTAs a row took
+# 0.92-0.99× at T=5 (40 rows), 0.94-1.00× at T=9 (72) and 0.95-1.005× at T=13 (104); 2 a row
+# gained at most 1.5 % anywhere (T=17's 136 rows: 0.985-1.016×), 8 a row lost up to 17 % where
+# its grid passes four CTAs an SM; T=1's own 8 a row as a dependent 0.96-1.01×. The rule: a
+# dependent launch where each split is one CTA and a row has more than 64 entries, 4 CTAs a row
+# up to a row CTA an SM (T=1 keeps 8). Call c (`s40c.txt`), the rule (`v0`) against
+# `KDTREE_CUDA_MERGE=plain`, the former default at every point it moves (`v1`), 8k-256k: the
+# former 1.07× at T=1 8k-32k, 1.03-1.08× at T=5 / 9 from 16k-64k, 0.98× at T=13, 8k (the one
+# point where the rule loses: 65 entries, half the SMs free); T=17, unchanged, 0.99-1.01×.
+
+# %%
+if (L35 / "pdl_merge_ab_session40.csv.gz").exists():
+    nb.show_tables(
+        ns.ab_file_tables(
+            L35 / "pdl_merge_ab_session40.csv.gz",
+            {
+                "a": "T 9 / 17: dependent at 2 (v1) and 4 (v2) CTAs a row",
+                "a_t1": "T=1: dependent (v1)",
+                "b": "T 5 / 9 / 13 / 17: dependent at 2 / 4 / 8 CTAs a row (v1-v3)",
+                "b_t1": "T=1: dependent (v1)",
+                "c": "the rule (v0) against stream order (v1)",
+            },
+        )
+    )
+else:
+    nb.note("The session-40 rows are not shipped (data/bench/logs/*session40*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
