@@ -1462,7 +1462,7 @@ else:
 
 # %% [markdown]
 # ### Session 40: the sliced merge as a programmatic dependent where each split is one CTA
-# (shipped for 8q/1kv, T 1-13, batch 1, from 8k)
+# (shipped for 8q/1kv, T 1-16, batch 1, from 8k)
 # Where a split is one CTA (8q/1kv at T <= 17) the merge ran in stream order since session 35:
 # the dependent row-a-CTA merge crowded the SMs. Session 39's call f hinted that the sliced
 # merge (several CTAs a row) does not. Calls a-b (`tools/gpu/stages_s40a.txt`, `s40b.txt`),
@@ -1473,8 +1473,9 @@ else:
 # dependent launch where each split is one CTA and a row has more than 64 entries, 4 CTAs a row
 # up to a row CTA an SM (T=1 keeps 8). Call c (`s40c.txt`), the rule (`v0`) against
 # `KDTREE_CUDA_MERGE=plain`, the former default at every point it moves (`v1`), 8k-256k: the
-# former 1.07× at T=1 8k-32k, 1.03-1.08× at T=5 / 9 from 16k-64k, 0.98× at T=13, 8k (the one
-# point where the rule loses: 65 entries, half the SMs free); T=17, unchanged, 0.99-1.01×.
+# former 1.07× at T=1 8k-32k (calls a-b: 1-3 % there), 0.99-1.01× from 64k; 1.02-1.08× at T 5 /
+# 9 / 13 from 16k to 128k, 0.98× at T=13, 8k (the one point where the rule loses: 65 entries,
+# half the SMs free); T=17, unchanged, 0.99-1.00×.
 
 # %%
 if (L35 / "pdl_merge_ab_session40.csv.gz").exists():
