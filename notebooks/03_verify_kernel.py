@@ -1475,7 +1475,9 @@ else:
 # `KDTREE_CUDA_MERGE=plain`, the former default at every point it moves (`v1`), 8k-256k: the
 # former 1.07× at T=1 8k-32k (calls a-b: 1-3 % there), 0.99-1.01× from 64k; 1.02-1.08× at T 5 /
 # 9 / 13 from 16k to 128k, 0.98× at T=13, 8k (the one point where the rule loses: 65 entries,
-# half the SMs free); T=17, unchanged, 0.99-1.00×.
+# half the SMs free); T=17, unchanged, 0.99-1.00×. Call d (`s40d.txt`): at T 1-4 forced 4 / 8 /
+# 16 CTAs a row against the rule (`v0`) — within the call's spread but for 16 a row at T 3-4 (up
+# to 1.18× slower); the rule stands.
 
 # %%
 if (L35 / "pdl_merge_ab_session40.csv.gz").exists():
@@ -1488,6 +1490,7 @@ if (L35 / "pdl_merge_ab_session40.csv.gz").exists():
                 "b": "T 5 / 9 / 13 / 17: dependent at 2 / 4 / 8 CTAs a row (v1-v3)",
                 "b_t1": "T=1: dependent (v1)",
                 "c": "the rule (v0) against stream order (v1)",
+                "d": "T 1-4: the rule (v0) against 4 / 8 / 16 CTAs a row (v1-v3)",
             },
         )
     )
