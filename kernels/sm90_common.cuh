@@ -1326,9 +1326,9 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
 // How many CTAs share a row of the merge (merge_splits_cols_kernel; 0: none, merge_splits_kernel)
 // for rows neither the row-a-warp nor the wide merge takes, on a device of `sms` SMs, launched
 // as a programmatic dependent or not (`pdl`): where a row has more than 64 entries, 8 where the
-// merge has at most 16 row CTAs (8q/1kv, T=1, batch 1 from 16k: 8 rows of 128-129 entries), 4
-// as a dependent where it has at most `sms` (8q/1kv, T=5 / 9 / 13 at batch 1 from 16k: 40 / 72 /
-// 104 rows; at most 528 CTAs, four an SM, in one residency wave), else none.
+// merge has at most 16 row CTAs (8q/1kv, T 1-2, batch 1 from 8k: 8-16 rows of 65-129 entries), 4
+// as a dependent where it has at most `sms` (8q/1kv, T 3-16 at batch 1 from 8k: 24-128 rows; at
+// most 528 CTAs, four an SM, in one residency wave), else none.
 // Session 39, calls b-c (three rounds each against merge_splits_kernel, 8q/1kv, batch 1): T=1
 // at 8 CTAs a row 0.90 / 0.96 / 0.97 / 0.99 / 0.985x at 16k / 32k / 64k / 128k / 256k (call c),
 // but 1.02x at 4k's 32 entries (one batch of merge_splits_kernel); in stream order the sliced
@@ -1341,7 +1341,8 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
 // 0.93 / 0.96 / 0.99x at T=5, 0.94 / 0.94 / 0.96 / 0.98 / 1.00x at T=9 and 0.95 / 0.97 / 0.97 /
 // 0.98 / 1.005x at T=13 (16k-256k); 2 a row gained at most 1.5 % anywhere and lost up to 7 %,
 // 8 a row lost 4-17 % at T 9-17 (576-1088 CTAs, past one wave) and 10 % at T=5, 16k; T=17's
-// 136 row CTAs at 2 a row 0.985-1.016x (not taken: `sms` bounds the rows).
+// 136 row CTAs at 2 a row 0.985-1.016x (not taken: `sms` bounds the rows). Call c, against
+// stream order at 8k-256k: 1.019x at T=13, 8k (65 entries: half the SMs free), else 0.92-1.01x.
 // KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the count (a measurement knob).
 // kdtree.kernels.cuda_common.merge_cols mirrors it.
 constexpr int MERGE_COLS_MAX_ROW_CTAS = 16, MERGE_COLS_DEFAULT = 8, MERGE_COLS_MIN_ENTRIES = 64;
