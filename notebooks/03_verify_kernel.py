@@ -1477,7 +1477,9 @@ else:
 # 9 / 13 from 16k to 128k, 0.98× at T=13, 8k (the one point where the rule loses: 65 entries,
 # half the SMs free); T=17, unchanged, 0.99-1.00×. Call d (`s40d.txt`): at T 1-4 forced 4 / 8 /
 # 16 CTAs a row against the rule (`v0`) — within the call's spread but for 16 a row at T 3-4 (up
-# to 1.18× slower); the rule stands.
+# to 1.18× slower); the rule stands. Call e (`s40e.txt`): 8q/1kv at batch 2, where the rule reaches
+# at T 1-8 (65 partials a row), against stream order (`v1`): 1-7 % off at 16k-64k, level at
+# 128k, 4.4 % slower at T=5, 8k.
 
 # %%
 if (L35 / "pdl_merge_ab_session40.csv.gz").exists():
@@ -1491,6 +1493,7 @@ if (L35 / "pdl_merge_ab_session40.csv.gz").exists():
                 "b_t1": "T=1: dependent (v1)",
                 "c": "the rule (v0) against stream order (v1)",
                 "d": "T 1-4: the rule (v0) against 4 / 8 / 16 CTAs a row (v1-v3)",
+                "e": "batch 2, T 1-8: the rule (v0) against stream order (v1)",
             },
         )
     )
