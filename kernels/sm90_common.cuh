@@ -1339,8 +1339,8 @@ static inline int launch_merge_cols(const MergeParams& p, int B, cudaStream_t st
 // merge_splits_kernel; data/bench/logs/pdl_merge_ab_session40.csv.gz): as a programmatic
 // dependent, whose CTAs wait on the SMs the split grid frees, 4 CTAs a row took 0.92 / 0.95 /
 // 0.93 / 0.96 / 0.99x at T=5, 0.94 / 0.94 / 0.96 / 0.98 / 1.00x at T=9 and 0.95 / 0.97 / 0.97 /
-// 0.98 / 1.005x at T=13 (16k-256k); 2 a row gained at most 1.5 % anywhere and lost up to 7 %,
-// 8 a row lost 4-17 % at T 9-17 (576-1088 CTAs, past one wave) and 10 % at T=5, 16k; T=17's
+// 0.98 / 1.005x at T=13 (16k-256k); 2 a row gained at most 1.6 % anywhere and lost up to 7 %,
+// 8 a row lost 3-17 % at T 9-17 (576-1088 CTAs, past one wave) and 10 % at T=5, 16k; T=17's
 // 136 row CTAs at 2 a row 0.985-1.016x (not taken: `sms` bounds the rows). Call c, against
 // stream order at 8k-256k: 1.019x at T=13, 8k (65 entries: half the SMs free), else 0.92-1.01x.
 // KDTREE_CUDA_MERGE_COLS=0|2|4|8|16 forces the count (a measurement knob).

@@ -1468,7 +1468,7 @@ else:
 # merge (several CTAs a row) does not. Calls a-b (`tools/gpu/stages_s40a.txt`, `s40b.txt`),
 # alternating rounds against the default (`v0`) at 16k-256k: as a dependent, 4 CTAs a row took
 # 0.92-0.99× at T=5 (40 rows), 0.94-1.00× at T=9 (72) and 0.95-1.005× at T=13 (104); 2 a row
-# gained at most 1.5 % anywhere (T=17's 136 rows: 0.985-1.016×), 8 a row lost up to 17 % where
+# gained at most 1.6 % anywhere (T=17's 136 rows: 0.985-1.016×), 8 a row lost up to 17 % where
 # its grid passes four CTAs an SM; T=1's own 8 a row as a dependent 0.96-1.01×. The rule: a
 # dependent launch where each split is one CTA and a row has more than 64 entries, 4 CTAs a row
 # up to a row CTA an SM (T=1 keeps 8). Call c (`s40c.txt`), the rule (`v0`) against

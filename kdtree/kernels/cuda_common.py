@@ -188,7 +188,7 @@ def resolve_merge(
     faster. The sliced merge does pay there (session 40, calls a-b, alternating rounds against
     this rule's stream order, ``data/bench/logs/pdl_merge_ab_session40.csv.gz``): 8q/1kv, batch 1,
     16k-256k, T=5 / 9 / 13 at 4 CTAs a row 0.92-0.99 / 0.94-1.00 / 0.95-1.005x, T=1 at its 8 a
-    row 0.96-1.01x (five rounds over two calls; 128k the one point above 1). Call c, the rule
+    row 0.96-1.01x (four rounds over two calls; 128k the one point above 1). Call c, the rule
     against ``KDTREE_CUDA_MERGE=plain`` at 8k-256k: 0.92-0.98x at T 5-13 from 16k to 128k, 1.019x
     at T=13, 8k (65 entries, half the SMs free), T=1 0.93x at 8k-32k and 1.00-1.01x from 64k."""
     if merge != MERGE_AUTO:

@@ -83,7 +83,13 @@ def main() -> None:
         entries = splits * (2 if split else 1)  # (the split tail's shadow rows)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         merge_ctas = (
-            cuda_common.merge_ctas(plan.rows, plan.heads, entries, num_sms=sms)
+            cuda_common.merge_ctas(
+                plan.rows,
+                plan.heads,
+                entries,
+                num_sms=sms,
+                pdl=plan.merge == cuda_common.MERGE_PDL,
+            )
             if splits > 1
             else 0
         )
