@@ -315,6 +315,11 @@ struct Params {
                              // warpgroup keeps its softmax under bit 3): bit 0 no KV
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
+  int trigger;               // when a CTA lets the dependent merge be scheduled
+                             // (griddepcontrol.launch_dependents; KDTREE_GQA_TRIGGER, a
+                             // measurement knob): 1 at its start (the default), 2 once its
+                             // producer has issued its last copy, 3 once a consumer warpgroup
+                             // has stored its rows, 0 never (at its exit)
 };
 
 // Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
@@ -1356,7 +1361,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const uint32_t sBar = C::KEY_TAIL ? sKT + KT_BAR : sKV + STAGES * C::SMEM_STAGE;
 
   const int tid = threadIdx.x;
-  griddep_launch_dependents();  // the merge may be scheduled once every CTA has started
+  // the merge may be scheduled once every CTA has started (p.trigger: or later, a measurement)
+  if (p.trigger == 1) griddep_launch_dependents();
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
   const int kvh = blockIdx.z % p.Hkv;
@@ -1475,6 +1481,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       clk.stamp(1);
       GQA_TL_STAMP(4, tile == 0);
     }
+    if (p.trigger == 2 && pt == 0) griddep_launch_dependents();
     cp_async_wait<0>();
     clk.flush(g_gqa_clocks[3], n);
     GQA_TL_EXIT();
@@ -1609,6 +1616,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 1);
   l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, 2);
   store_out<E>(p, o, b, kvh, split, row0, row1, q4, m_run0, m_run1, l_run0, l_run1);
+  if (p.trigger == 3) griddep_launch_dependents();
   GQA_TL_EXIT();
 }
 #undef GQA_TL_EXIT
@@ -1860,6 +1868,8 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.pingpong = env_pingpong == nullptr ? 1 : (env_pingpong[0] == '0' ? 0 : (env_pingpong[0] == '2' ? 2 : 1));
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
+  const char* env_trigger = getenv("KDTREE_GQA_TRIGGER");
+  p.trigger = env_trigger != nullptr && env_trigger[0] != '\0' ? atoi(env_trigger) : 1;
   // Whole prefix tiles go through TMA when a page holds >= 8 slots: a TMA box's key groups of 8
   // (kv_off) must not cross a page, so smaller pages keep the cp.async path. KDTREE_GQA_TMA=0
   // keeps every tile on cp.async; a layout the driver will not map does too, except under

@@ -1067,6 +1067,28 @@ def test_split_kernel_as_programmatic_dependent(split_pdl, merge, splits, t, gen
     monkeypatch.setenv("KDTREE_CUDA_SPLIT_PDL", split_pdl)
     assert cuda_gqa.split_pdl() == (split_pdl == "1")
     monkeypatch.setenv("KDTREE_CUDA_MERGE", merge)
+    _pdl_chain(t, splits, gen)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("trigger", ["0", "2", "3"])
+@pytest.mark.parametrize("cols", ["0", "2"])
+@pytest.mark.parametrize("t", [17, 65])
+def test_late_trigger_keeps_the_dependent_merge_exact(trigger, cols, t, gen, monkeypatch):
+    """KDTREE_GQA_TRIGGER (a measurement knob, session 41): a split CTA that lets the dependent
+    merge be scheduled late (once its producer has issued its last copy, once a consumer
+    warpgroup has stored its rows, or at its exit) changes when the merge's CTAs land, never
+    what they read (the merge waits for the split grid to complete): the back-to-back graph of
+    :func:`test_split_kernel_as_programmatic_dependent` under the dependent merge, a row a CTA
+    or sliced two CTAs a row, at T=17 (one CTA a split) and T=65 (WideTail)."""
+    monkeypatch.setenv("KDTREE_GQA_TRIGGER", trigger)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "pdl")
+    monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", cols)
+    _pdl_chain(t, 50, gen)
+
+
+def _pdl_chain(t: int, splits: int, gen) -> None:
     lens, hq, hkv = [20000, 3000], 8, 1
     dev = [x.cuda() for x in gqa_inputs(lens, t, hq, hkv, 128, 16, torch.bfloat16, gen)]
     q1, rest = dev[0], dev[1:]
