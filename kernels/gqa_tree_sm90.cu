@@ -316,10 +316,10 @@ struct Params {
                              // loads past the first STAGES tiles, bit 3 no softmax (P = S cast),
                              // bit 4 consumers only wait and release (no MMAs, no softmax)
   int trigger;               // when a CTA lets the dependent merge be scheduled
-                             // (griddepcontrol.launch_dependents; KDTREE_GQA_TRIGGER, a
-                             // measurement knob): 1 at its start (the default), 2 once its
-                             // producer has issued its last copy, 3 once a consumer warpgroup
-                             // has stored its rows, 0 never (at its exit)
+                             // (griddepcontrol.launch_dependents; split_trigger_of, or
+                             // KDTREE_GQA_TRIGGER, a measurement knob): 1 at its start, 2 once
+                             // its producer has issued its last copy, 3 once a consumer
+                             // warpgroup has stored its rows, 0 never (at its exit)
 };
 
 // Phase clocks (KDTREE_GQA_CLOCKS=1), summed over CTAs: [w] thread 0 of consumer warpgroup w
@@ -1361,7 +1361,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const uint32_t sBar = C::KEY_TAIL ? sKT + KT_BAR : sKV + STAGES * C::SMEM_STAGE;
 
   const int tid = threadIdx.x;
-  // the merge may be scheduled once every CTA has started (p.trigger: or later, a measurement)
+  // the merge may be scheduled once every CTA has started, or has exited (split_trigger_of)
   if (p.trigger == 1) griddep_launch_dependents();
   const int split = blockIdx.y;
   const int b = blockIdx.z / p.Hkv;
@@ -1631,8 +1631,33 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 // us a call faster at 8q/1kv (3-7 %), 0.9-1.0 at 32q/8kv 16k, 0.3-0.7 slower at 32q/8kv 32k-128k.
 // (split_pdl, launch_kernel: sm90_common.cuh)
 
+// When a split CTA lets the dependent merge be scheduled (Params::trigger; KDTREE_GQA_TRIGGER
+// forces it): at its exit (0) where the merge is a programmatic dependent of a grid of one CTA
+// a split (row_ctas 1) and takes a row a CTA or a row a warp, else at its start (1). Triggered
+// at the start, a grid of one CTA a split leaves the SMs it does not fill free while it runs,
+// and a merge held to an SM by nothing but its threads and registers crowds its CTAs onto them
+// (session 35: the dependent row-a-CTA merge 2.5-3.1 us slower); triggered at the exits it is
+// scheduled as the grid drains, onto all of them. Session 41, call a (alternating rounds,
+// tools/gpu/stages_s41a.txt): 8q/1kv, batch 1, T=17, 16k-256k, the row-a-CTA merge as a
+// dependent at the exit trigger 0.975-0.989x the stream-order merge; the sliced and wide merges
+// (four CTAs an SM) keep the start trigger (T 5-13 at the exit trigger 1.02-1.07x from 16k to
+// 64k; T=65 level).
+template <typename E>
+static inline int split_trigger_of(const Params& p, int B, int row_ctas, int merge) {
+  if (p.trigger >= 0) return p.trigger;
+  if (merge != MERGE_PDL || row_ctas != 1 || p.num_splits == 1) return 1;
+  MergeParams mp = merge_params_of(p, p.Hkv, p.G);
+  mp.ws_rows = p.ws_rows;
+  mp.half_row = p.half_row;
+  int cs = 0;
+  const MergeForm form = merge_form_of<D, E>(mp, B, true, &cs);
+  return form == MERGE_FORM_CTA || form == MERGE_FORM_WARP ? 0 : 1;
+}
+
 template <class C, typename E, int SWAP>
-int launch_swap(const Params& p, int B, int row_ctas, int merge, cudaStream_t stream) {
+int launch_swap(const Params& p_in, int B, int row_ctas, int merge, cudaStream_t stream) {
+  Params p = p_in;
+  p.trigger = split_trigger_of<E>(p_in, B, row_ctas, merge);
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -1869,7 +1894,7 @@ int kdtree_gqa_tree_launch(int dtype, const void* q, const void* k, const void* 
   p.clocks = env_clocks != nullptr && env_clocks[0] == '1';
   p.ablate = env_ablate != nullptr ? atoi(env_ablate) : 0;
   const char* env_trigger = getenv("KDTREE_GQA_TRIGGER");
-  p.trigger = env_trigger != nullptr && env_trigger[0] != '\0' ? atoi(env_trigger) : 1;
+  p.trigger = env_trigger != nullptr && env_trigger[0] != '\0' ? atoi(env_trigger) : -1;
   // Whole prefix tiles go through TMA when a page holds >= 8 slots: a TMA box's key groups of 8
   // (kv_off) must not cross a page, so smaller pages keep the cp.async path. KDTREE_GQA_TMA=0
   // keeps every tile on cp.async; a layout the driver will not map does too, except under

@@ -1409,34 +1409,57 @@ static inline int launch_kernel(void (*kernel)(K...), dim3 grid, dim3 block, siz
   return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
+// Which merge kernel launch_merge_splits takes for `p` (B requests; `pdl`: as a programmatic
+// dependent): a row a warp where its entries fit the warp's registers (D = 128: a float4 column a
+// lane), the wide merge (16-bit partials of at most MERGE_WIDE_ENTRIES entries on grids of at
+// least three CTAs an SM), a row over several CTAs (merge_cols_of; `cols` gets the count), else a
+// row a CTA. The wide and the sliced merge hold four CTAs an SM as dependents (unused dynamic
+// shared memory); a row a CTA or a warp is held by nothing but registers and threads.
+enum MergeForm { MERGE_FORM_WARP, MERGE_FORM_WIDE, MERGE_FORM_COLS, MERGE_FORM_CTA };
+template <int D, typename P>
+static inline MergeForm merge_form_of(const MergeParams& p, int B, bool pdl, int* cols) {
+  const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
+  *cols = 0;
+  if (D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed()) return MERGE_FORM_WARP;
+  if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: the wide or the sliced merge
+    int dev = 0, sms = 0;  // (0 where unknown: neither the wide nor the dependent sliced merge)
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      sms = 0;
+    const int64_t row_ctas = static_cast<int64_t>(p.rows) * B * p.Hkv;
+    if (entries <= MERGE_WIDE_ENTRIES && merge_wide_allowed() && sms > 0 &&
+        row_ctas >= 3 * static_cast<int64_t>(sms))
+      return MERGE_FORM_WIDE;
+    const int cs = merge_cols_of(row_ctas, entries, pdl, sms);
+    if (cs > 0 && entries <= merge_cols_entries(cs)) {
+      *cols = cs;
+      return MERGE_FORM_COLS;
+    }
+  }
+  return MERGE_FORM_CTA;
+}
+
 // Launch the merge on `stream` (grid (rows / 8 rounded up or rows, B * Hkv)); `pdl`: as a
-// programmatic dependent of the kernel before it (the split kernel, which triggers early). 0 or
-// a cudaError_t.
+// programmatic dependent of the kernel before it (the split kernel, which lets it be scheduled
+// at its CTAs' start, or at their exit: gqa_tree_sm90.cu's split_trigger_of). 0 or a
+// cudaError_t.
 template <typename E, int D, typename P = float>
 static inline int launch_merge_splits(const MergeParams& p, int B, cudaStream_t stream, bool pdl) {
   const int entries = (p.half_row >= 0 ? 2 : 1) * p.num_splits;
   if (entries > MERGE_MAX_SPLITS) return static_cast<int>(cudaErrorInvalidValue);
-  // a row a warp where its entries fit the warp's registers (D = 128: a float4 column a lane)
-  const bool by_warp = D == 128 && entries <= MERGE_WARP_ENTRIES && merge_by_warp_allowed();
-  if constexpr (D == 128 && sizeof(P) == 2) {  // 16-bit partials: the wide or the sliced merge
-    int dev = 0, sms = 0;  // (0 where unknown: neither the wide nor the dependent sliced merge)
-    if (!by_warp && (cudaGetDevice(&dev) != cudaSuccess ||
-                     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess))
-      sms = 0;
-    const int64_t row_ctas = static_cast<int64_t>(p.rows) * B * p.Hkv;
-    if (!by_warp && entries <= MERGE_WIDE_ENTRIES && merge_wide_allowed() && sms > 0 &&
-        row_ctas >= 3 * static_cast<int64_t>(sms))
+  int cs = 0;
+  const MergeForm form = merge_form_of<D, P>(p, B, pdl, &cs);
+  if constexpr (D == 128 && sizeof(P) == 2) {
+    if (form == MERGE_FORM_WIDE)
       // (as a programmatic dependent, 42 KB of unused dynamic shared memory hold it to four
       // CTAs an SM, as merge_splits_kernel: its CTAs land on the SMs the split grid frees first,
       // and 16 to an SM crowded a few SMs while the others idled -- call f, session 38)
       return launch_kernel(merge_splits_wide_kernel<E, P>,
                            dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(B * p.Hkv)),
                            dim3(MERGE_WIDE_THREADS), pdl ? MERGE_WIDE_PDL_SMEM : 0, stream, pdl, p);
-    // a row over several CTAs (merge_cols_of)
-    const int cs = by_warp ? 0 : merge_cols_of(row_ctas, entries, pdl, sms);
-    if (cs > 0 && entries <= merge_cols_entries(cs))
-      return launch_merge_cols<E, P>(p, B, stream, pdl, cs);
+    if (form == MERGE_FORM_COLS) return launch_merge_cols<E, P>(p, B, stream, pdl, cs);
   }
+  const bool by_warp = form == MERGE_FORM_WARP;
   constexpr int ROWS_A_CTA = MERGE_THREADS / 32;
   const dim3 grid(static_cast<unsigned>(by_warp ? (p.rows + ROWS_A_CTA - 1) / ROWS_A_CTA : p.rows),
                   static_cast<unsigned>(B * p.Hkv));

@@ -539,7 +539,8 @@ def setup_ours_gqa_graph(wl, ti, opts):
         *_graphed(fn, wl.n_rot, wl.device),
         {"splits": plan.num_splits, "kernel": "gqa_sm90", "warpgroups": plan.wgs,
          "tail_blocks": plan.tail_blocks, "split_tail": plan.split, "q_groups": plan.q_groups,
-         "split_pdl": split_pdl(), "merge": MERGE_NAMES.get(plan.merge, str(plan.merge))},
+         "split_pdl": split_pdl(), "merge": MERGE_NAMES.get(plan.merge, str(plan.merge)),
+         "trigger": plan.trigger},
     )  # fmt: skip
 
 

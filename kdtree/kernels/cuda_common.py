@@ -18,6 +18,7 @@ __all__ = [
     "merge_for",
     "merge_cols",
     "merge_ctas",
+    "merge_form",
     "merge_mode",
     "on_sm90",
     "resolve_merge",
@@ -160,41 +161,37 @@ def merge_for(num_splits: int) -> int:
     return 0 if num_splits > MERGE_MAX_SPLITS else mode
 
 
-def resolve_merge(
-    merge: int, split_ctas: int, num_sms: int, one_cta_a_split: bool = False, sliced: bool = False
-) -> int:
+def resolve_merge(merge: int, split_ctas: int, num_sms: int, one_cta_a_split: bool = False) -> int:
     """The merge launch for ``merge`` (:func:`merge_for`) after a split grid of ``split_ctas``
     CTAs (one an SM): ``merge`` unless it is :data:`MERGE_AUTO`, which takes the programmatic
     dependent launch where every wave of the split grid fills the SMs (``split_ctas`` a
-    multiple of ``num_sms``), so no SM is free when its last CTA starts, and a split's rows take
-    more than one CTA (``one_cta_a_split`` False); or where each split is one CTA and the merge,
-    launched so, slices its rows over several CTAs (``sliced``: :func:`merge_cols` with
-    ``pdl=True`` above 0); else stream order.
+    multiple of ``num_sms``), so no SM is free when its last CTA starts, or where each split is
+    one CTA (``one_cta_a_split``: the split kernel then lets a merge that nothing but its
+    threads holds to an SM be scheduled at its CTAs' exit, :func:`split_trigger`); else stream
+    order.
 
     Why: a dependent launch puts the merge's CTAs on the SMs as the split grid's last CTAs leave
     them, so they wait there for its end instead of being launched after it. Where SMs are free
     once the last split CTA has started (fewer CTAs than SMs, or a last wave that does not fill
-    them), the merge's CTAs first crowd those SMs while the split grid runs (the CTA timeline,
-    session 17: the merge 3.3 -> 5.5-6.3 us). Measured on one-wave grids only (batch 1). Alternating rounds against stream
-    order (session 23 call f, session 25 call a; ``data/bench/logs/gqa_ab_session2{3,5}.csv.gz``):
-    at 8q/1kv, T=65, 16k-64k (132 split CTAs) 0.8-2.5 % less time (64k 37.66 -> 37.28 us in
-    call a); with SMs free 2.3 % more at 8q/1kv, T=17, 16k (64 CTAs, call a), 5.5-12.8 % more at
-    8q/1kv, T=17, 32k-128k (103-129 CTAs, call f) and 0.4-8.8 % at 32q/8kv (120-128 CTAs).
-    Where each split is one CTA (8q/1kv at T <= 17) a full grid does not make the row-a-CTA merge
-    pay: session 35, call e (``tools/gpu/mla_splits.py`` at 132 splits under
-    ``KDTREE_CUDA_MERGE=auto`` and ``plain``, two passes,
-    ``data/bench/logs/merge_pdl_session35_calle.csv.gz``), the dependent merge 2.5-3.1 µs slower
-    at 8q/1kv, batch 1, T 1 / 9 / 17, 16k-64k, while at T=65 (four CTAs a split) it stayed 0.4 µs
-    faster. The sliced merge does pay there (session 40, calls a-b, alternating rounds against
-    this rule's stream order, ``data/bench/logs/pdl_merge_ab_session40.csv.gz``): 8q/1kv, batch 1,
-    16k-256k, T=5 / 9 / 13 at 4 CTAs a row 0.92-0.99 / 0.94-1.00 / 0.95-1.005x, T=1 at its 8 a
-    row 0.96-1.01x (four rounds over two calls; 128k the one point above 1). Call c, the rule
-    against ``KDTREE_CUDA_MERGE=plain`` at 8k-256k: 0.92-0.98x at T 5-13 from 16k to 128k, 1.019x
-    at T=13, 8k (65 entries, half the SMs free), T=1 0.93x at 8k-32k and 1.00-1.01x from 64k."""
+    them), a merge the split CTAs let be scheduled at their start first crowds those SMs while
+    the split grid runs (the CTA timeline, session 17: the merge 3.3 -> 5.5-6.3 us). Measured on
+    one-wave grids only (batch 1). Alternating rounds against stream order (session 23 call f,
+    session 25 call a; ``data/bench/logs/gqa_ab_session2{3,5}.csv.gz``): at 8q/1kv, T=65,
+    16k-64k (132 split CTAs) 0.8-2.5 % less time (64k 37.66 -> 37.28 us in call a); with SMs free
+    2.3 % more at 8q/1kv, T=17, 16k (64 CTAs, call a), 5.5-12.8 % more at 8q/1kv, T=17,
+    32k-128k (103-129 CTAs, call f) and 0.4-8.8 % at 32q/8kv (120-128 CTAs). Session 35, call e
+    (``data/bench/logs/merge_pdl_session35_calle.csv.gz``): where each split is one CTA (8q/1kv
+    at T <= 17) the dependent row-a-CTA merge, scheduled at the split CTAs' start, 2.5-3.1 µs
+    slower at 8q/1kv, batch 1, T 1 / 9 / 17, 16k-64k, even at 132 split CTAs. Two forms pay
+    there: the sliced merge, four CTAs an SM (session 40, ``pdl_merge_ab_session40.csv.gz``:
+    8q/1kv, batch 1, 8k-256k, T 5-13 0.92-1.02x stream order, T=1 at 8 a row 0.93-1.01x), and
+    since session 41 any merge the split CTAs let be scheduled at their exit (call a,
+    ``trigger_ab_session41.csv.gz``: the row-a-CTA merge at 8q/1kv, batch 1, T=17, 16k-256k
+    0.975-0.989x stream order, three rounds)."""
     if merge != MERGE_AUTO:
         return merge
     if one_cta_a_split:
-        return MERGE_PDL if sliced else MERGE_PLAIN
+        return MERGE_PDL
     full = split_ctas > 0 and split_ctas % num_sms == 0
     return MERGE_PDL if full else MERGE_PLAIN
 
@@ -221,6 +218,40 @@ def merge_cols(row_ctas: int, entries: int, pdl: bool = False, num_sms: int | No
     return cs if entries <= MERGE_COLS_ENTRIES.get(cs, 0) else 0
 
 
+def merge_form(
+    rows: int,
+    heads: int,
+    entries: int,
+    head_dim: int = 128,
+    num_sms: int | None = None,
+    pdl: bool = False,
+) -> str:
+    """Which kernel the CUDA merge over ``heads`` (batch x KV heads) of ``rows`` output rows with
+    ``entries`` partials a row takes (``merge_form_of`` in ``kernels/sm90_common.cuh``):
+    ``"warp"`` (a row a warp) where the entries fit (:data:`MERGE_WARP_ENTRIES`, head dim 128,
+    unless ``KDTREE_CUDA_MERGE_WARP=0``); at head dim 128 (the GQA kernel's 16-bit partials)
+    ``"wide"`` (a row a CTA of 128 threads: at most :data:`MERGE_WIDE_ENTRIES` entries and three
+    row CTAs an SM, decided only with ``num_sms``, unless ``KDTREE_CUDA_MERGE_WIDE=0``) or
+    ``"cols"`` (:func:`merge_cols` CTAs a row, launched as a programmatic dependent or not:
+    ``pdl``); else ``"cta"`` (a row a CTA)."""
+    if (
+        head_dim == 128
+        and entries <= MERGE_WARP_ENTRIES
+        and os.environ.get("KDTREE_CUDA_MERGE_WARP", "1")[:1] != "0"
+    ):
+        return "warp"
+    if head_dim != 128:
+        return "cta"
+    if (
+        num_sms is not None
+        and entries <= MERGE_WIDE_ENTRIES
+        and rows * heads >= 3 * num_sms
+        and os.environ.get("KDTREE_CUDA_MERGE_WIDE", "1")[:1] != "0"
+    ):
+        return "wide"
+    return "cols" if merge_cols(rows * heads, entries, pdl, num_sms) > 0 else "cta"
+
+
 def merge_ctas(
     rows: int,
     heads: int,
@@ -230,24 +261,11 @@ def merge_ctas(
     pdl: bool = False,
 ) -> int:
     """CTAs of the CUDA merge over ``heads`` (batch x KV heads) of ``rows`` output rows with
-    ``entries`` partials a row (``launch_merge_splits``): a row a warp, eight a CTA, where the
-    entries fit (:data:`MERGE_WARP_ENTRIES`, head dim 128, unless ``KDTREE_CUDA_MERGE_WARP=0``);
-    at head dim 128 (the GQA kernel's 16-bit partials), unless the wide merge takes the rows (a
-    row a CTA; decided only with ``num_sms``), :func:`merge_cols` CTAs a row (launched as a
-    programmatic dependent or not: ``pdl``); else a row a CTA.
+    ``entries`` partials a row (``launch_merge_splits``, the form :func:`merge_form` names): a
+    row a warp, eight a CTA; :func:`merge_cols` CTAs a row for the sliced form; else a row a CTA.
     The CTA timeline counts its records by it."""
-    by_warp = (
-        head_dim == 128
-        and entries <= MERGE_WARP_ENTRIES
-        and os.environ.get("KDTREE_CUDA_MERGE_WARP", "1")[:1] != "0"
-    )
-    if by_warp:
+    form = merge_form(rows, heads, entries, head_dim, num_sms, pdl)
+    if form == "warp":
         return -(-rows // 8) * heads
-    wide = (
-        num_sms is not None
-        and entries <= MERGE_WIDE_ENTRIES
-        and rows * heads >= 3 * num_sms
-        and os.environ.get("KDTREE_CUDA_MERGE_WIDE", "1")[:1] != "0"
-    )
-    cs = merge_cols(rows * heads, entries, pdl, num_sms) if head_dim == 128 and not wide else 0
+    cs = merge_cols(rows * heads, entries, pdl, num_sms) if form == "cols" else 0
     return rows * heads * max(cs, 1)

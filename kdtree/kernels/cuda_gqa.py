@@ -46,12 +46,13 @@ from kdtree.kernels._common import launch_merge
 from kdtree.kernels.cuda_build import BuildResult, CudaSource, find_nvcc
 from kdtree.kernels.cuda_common import (
     MERGE_MAX_SPLITS,
+    MERGE_PDL,
     aligned16,
     any_sm90,
     is_sm90,
     library_builds,
-    merge_cols,
     merge_for,
+    merge_form,
     on_sm90,
     resolve_merge,
     split_pdl,
@@ -79,6 +80,7 @@ __all__ = [
     "key_tail",
     "split_min_keys",
     "split_pdl",
+    "split_trigger",
     "split_tail",
     "row_ctas",
     "phase_clocks",
@@ -348,7 +350,8 @@ class GqaLaunch:
     """What one call launches (:func:`plan_launch`): ``heads`` launch heads (``num_kv_heads *
     q_groups``) of ``rows = group / q_groups * t`` packed rows each, ``num_splits`` KV splits,
     the row layout ``(wgs, tail_blocks, split)`` of :func:`launch_layout` and the CUDA merge
-    mode; ``workspace_numel`` float32 elements of split workspace."""
+    mode; ``workspace_numel`` float32 elements of split workspace; ``trigger`` when a split CTA
+    lets a dependent merge be scheduled (:func:`split_trigger`)."""
 
     q_groups: int
     heads: int
@@ -359,6 +362,27 @@ class GqaLaunch:
     split: int
     merge: int
     workspace_numel: int
+    trigger: int
+
+
+def split_trigger(merge: int, grid_x: int, num_splits: int, form: str) -> int:
+    """When a split CTA lets the dependent merge be scheduled (``griddepcontrol.launch_dependents``;
+    ``split_trigger_of`` in ``kernels/gqa_tree_sm90.cu``, which this mirrors): 0, at its exit,
+    where the merge is a programmatic dependent (``merge``) of a grid of one CTA a split
+    (``grid_x`` 1, more than one split) in a ``form`` (:func:`~kdtree.kernels.cuda_common.
+    merge_form`) that nothing but its threads holds to an SM (``"cta"``, ``"warp"``); else 1, at
+    its start. ``KDTREE_GQA_TRIGGER=0|1|2|3`` forces it (a measurement knob; 2: once its producer
+    has issued its last copy, 3: once a consumer warpgroup has stored its rows). Session 41, call
+    a (``data/bench/logs/trigger_ab_session41.csv.gz``): at 8q/1kv, batch 1, T=17, 16k-256k the
+    dependent row-a-CTA merge at the exit trigger 0.975-0.989x the stream-order merge (at the
+    start trigger it was 1.07-1.19x, session 39); the sliced merge at T 5-13 1.02-1.07x slower
+    at the exit trigger from 16k to 64k than at the start; 2 level with 1 everywhere."""
+    env = os.environ.get("KDTREE_GQA_TRIGGER", "").strip()
+    if env:
+        return int(env)
+    if merge != MERGE_PDL or grid_x != 1 or num_splits == 1:
+        return 1
+    return 0 if form in ("cta", "warp") else 1
 
 
 def plan_launch(
@@ -394,14 +418,13 @@ def plan_launch(
     wgs, tail_blocks, split = launch_layout(rows, s, merge, max_len)
     # the merge's launch (KDTREE_CUDA_MERGE=auto): from the split grid's CTAs
     grid_x = 2 if split == 2 else row_ctas(rows, wgs, tail_blocks)
+    merge = resolve_merge(merge, batch * heads * grid_x * s, num_sms, one_cta_a_split=grid_x == 1)
     # (one CTA a split: no shared row block, a split's partial an entry)
-    sliced = merge_cols(batch * heads * rows, s, pdl=True, num_sms=num_sms) > 0
-    merge = resolve_merge(
-        merge, batch * heads * grid_x * s, num_sms, one_cta_a_split=grid_x == 1, sliced=sliced
-    )
+    form = merge_form(rows, batch * heads, s, num_sms=num_sms, pdl=merge == MERGE_PDL)
     return GqaLaunch(
-        r, heads, rows, s, wgs, tail_blocks, split, merge, workspace_numel(batch, heads, rows, s)
-    )
+        r, heads, rows, s, wgs, tail_blocks, split, merge, workspace_numel(batch, heads, rows, s),
+        split_trigger(merge, grid_x, s, form),
+    )  # fmt: skip
 
 
 def consumer_warpgroups(rows: int) -> int:

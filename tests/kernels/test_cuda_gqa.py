@@ -1343,16 +1343,11 @@ def test_auto_merge_launch(monkeypatch):
     assert resolve_merge(3, 131, 132) == 1 and resolve_merge(3, 64, 132) == 1
     assert resolve_merge(3, 200, 132) == 1  # a second wave of 68: 64 SMs free at its start
     assert resolve_merge(3, 0, 132) == 1
-    # one CTA a split (session 35, call e: the dependent row-a-CTA merge 2.5-3.1 us slower
-    # there), unless the merge is sliced (session 40, calls a-b)
-    assert resolve_merge(3, 132, 132, one_cta_a_split=True) == 1
-    assert resolve_merge(3, 131, 132, one_cta_a_split=True, sliced=True) == 2
-    assert (
-        resolve_merge(3, 132, 132, sliced=True) == 2
-        and resolve_merge(3, 64, 132, sliced=True) == 1
-    )
-    assert resolve_merge(2, 132, 132, one_cta_a_split=True) == 2  # (forced stays forced)
-    assert resolve_merge(1, 129, 132, one_cta_a_split=True, sliced=True) == 1
+    # one CTA a split: a dependent launch whatever the grid (session 40: the sliced merge;
+    # session 41: any other form, scheduled at the split CTAs' exit, split_trigger)
+    assert resolve_merge(3, 132, 132, one_cta_a_split=True) == 2
+    assert resolve_merge(3, 64, 132, one_cta_a_split=True) == 2
+    assert resolve_merge(1, 129, 132, one_cta_a_split=True) == 1  # (forced stays forced)
     for forced in (0, 1, 2):
         assert resolve_merge(forced, 132, 132) == forced
         assert resolve_merge(forced, 64, 132) == forced
@@ -1365,11 +1360,13 @@ def test_auto_merge_launch(monkeypatch):
     for length in (16384, 32768, 65536):  # 8q/1kv, T=65: 33 splits, 132 CTAs
         assert merge_at(8, 1, 65, length) == 2
     assert merge_at(8, 1, 65, 131072) == 1  # 32 splits: 4 SMs free
-    for length in (16384, 32768, 65536, 131072):  # 8q/1kv, T=17: 52-129 split CTAs
-        assert merge_at(8, 1, 17, length) == 1
-    # 8q/1kv, T 5 / 9 / 13 from 8k (65-129 entries): 40 / 72 / 104 rows sliced as a dependent
+    for length in (16384, 32768, 65536, 131072):  # 8q/1kv, T=17: 52-129 split CTAs, one a split
+        assert merge_at(8, 1, 17, length) == 2
+    # 8q/1kv, T 5 / 9 / 13 from 8k (65-129 entries): 40 / 72 / 104 rows sliced as a dependent;
+    # at 4k (33 entries, a row a CTA) a dependent too, scheduled at the split CTAs' exit
     for t in (5, 9, 13):
-        assert merge_at(8, 1, t, 4096) == 1  # (33 entries: not sliced)
+        assert merge_at(8, 1, t, 4096) == 2
+        assert cuda_gqa.plan_launch(1, t, 8, 1, 4096 + 16 * -(-t // 16), 132).trigger == 0
         for length in (8192, 16384, 262144):
             assert merge_at(8, 1, t, length) == 2, (t, length)
     # 8q/1kv, T=1 at 16768 keys: the split rule's 132 splits of one tile, one CTA each: a
@@ -1377,17 +1374,56 @@ def test_auto_merge_launch(monkeypatch):
     # so against 9.46 in stream order in session 35's call e)
     plan = cuda_gqa.plan_launch(1, 1, 8, 1, 16784, 132)
     assert (plan.num_splits, plan.merge) == (132, 2)
-    monkeypatch.setenv("KDTREE_CUDA_MERGE_COLS", "0")  # (forced unsliced: stream order again)
-    assert cuda_gqa.plan_launch(1, 1, 8, 1, 16784, 132).merge == 1
-    assert merge_at(8, 1, 9, 16384) == 1
-    monkeypatch.delenv("KDTREE_CUDA_MERGE_COLS")
-    for t in (17, 65):
-        for length in (16384, 65536, 131072):
-            assert merge_at(32, 8, t, length) == 1
+    for length in (16384, 65536, 131072):
+        assert merge_at(32, 8, 17, length) == 2  # (68 rows: one CTA a split)
+        assert merge_at(32, 8, 65, length) == 1  # (two CTAs a split, 4 SMs free or more)
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
     assert merge_at(8, 1, 65, 65536) == 1
     monkeypatch.setenv("KDTREE_CUDA_MERGE", "pdl")
     assert merge_at(32, 8, 65, 65536) == 2
+
+
+def test_split_trigger(monkeypatch):
+    """When a split CTA lets the dependent merge be scheduled (split_trigger, mirroring
+    split_trigger_of in gqa_tree_sm90.cu): at its exit where the merge is a dependent of a grid
+    of one CTA a split that takes a row a CTA or a warp; at its start elsewhere (the sliced and
+    the wide merge, four CTAs an SM; grids of several CTAs a split; stream order). Session 41,
+    call a: the row-a-CTA merge at 8q/1kv, T=17 0.975-0.989x stream order at the exit trigger."""
+    from kdtree.kernels.cuda_common import MERGE_PDL, MERGE_PLAIN, merge_form
+
+    monkeypatch.delenv("KDTREE_GQA_TRIGGER", raising=False)
+    monkeypatch.delenv("KDTREE_CUDA_MERGE", raising=False)
+    src = (Path(__file__).parents[2] / "kernels" / "gqa_tree_sm90.cu").read_text()
+    assert "if (merge != MERGE_PDL || row_ctas != 1 || p.num_splits == 1) return 1;" in src
+    assert "return form == MERGE_FORM_CTA || form == MERGE_FORM_WARP ? 0 : 1;" in src
+    assert cuda_gqa.split_trigger(MERGE_PDL, 1, 129, "cta") == 0
+    assert cuda_gqa.split_trigger(MERGE_PDL, 1, 16, "warp") == 0
+    for form in ("cols", "wide"):
+        assert cuda_gqa.split_trigger(MERGE_PDL, 1, 129, form) == 1
+    assert cuda_gqa.split_trigger(MERGE_PDL, 2, 33, "cta") == 1  # (several CTAs a split)
+    assert cuda_gqa.split_trigger(MERGE_PLAIN, 1, 129, "cta") == 1
+    assert cuda_gqa.split_trigger(MERGE_PDL, 1, 1, "cta") == 1  # (one split: no merge)
+    assert merge_form(136, 1, 129, num_sms=132, pdl=True) == "cta"
+    assert merge_form(72, 1, 129, num_sms=132, pdl=True) == "cols"
+    assert merge_form(528, 1, 33, num_sms=132, pdl=True) == "wide"
+    assert merge_form(68, 8, 16, num_sms=132, pdl=True) == "warp"
+    assert merge_form(8, 1, 4, head_dim=512) == "cta"
+
+    def plan(hq, hkv, t, length, batch=1):
+        pages = -(-(length + t) // 16)
+        return cuda_gqa.plan_launch(batch, t, hq, hkv, pages * 16, 132)
+
+    for length in (16384, 131072, 262144):
+        assert plan(8, 1, 17, length).trigger == 0  # (the row-a-CTA merge, dependent)
+        assert plan(32, 8, 17, length).trigger == 0  # (a row a warp, dependent)
+        for t in (5, 9, 13):  # (sliced, dependent)
+            assert plan(8, 1, t, length).trigger == 1
+        assert plan(8, 1, 65, length).trigger == 1  # (two CTAs a split)
+    assert plan(8, 1, 1, 16384).trigger == 1  # (T=1: sliced 8 a row)
+    monkeypatch.setenv("KDTREE_CUDA_MERGE", "plain")
+    assert plan(8, 1, 17, 131072).trigger == 1
+    monkeypatch.setenv("KDTREE_GQA_TRIGGER", "2")
+    assert plan(8, 1, 17, 131072).trigger == 2
 
 
 def test_ablation_setting_warns(monkeypatch):

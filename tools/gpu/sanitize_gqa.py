@@ -9,8 +9,8 @@ with splits), also for a KV head's query heads launched as several heads (cuda_g
 torch reference (fp32 math on the fp64 inputs) with the tests' pass rule (error <= 2x the bf16
 reference's + 2e-3). argv[1] keeps only N cases (racecheck is slow), from case argv[2]
 (default 0; the tail warpgroup's are cases 10-12: `sanitize_gqa.py 3 10`; the sliced merge's
-the last two: `sanitize_gqa.py 2 14`). Exits 1 on a
-mismatch."""
+cases 14-15: `sanitize_gqa.py 2 14`; the dependent row-a-CTA merge scheduled at the split
+CTAs' exit, case 16: `sanitize_gqa.py 1 16`). Exits 1 on a mismatch."""
 
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ CASES = [  # prefix lengths, T, Hq, Hkv, page size, splits
     # 40), 8 CTAs a row at T=1's 8 rows, 4 at T=9's 72
     ([9000], 1, 8, 1, 16, 128),
     ([16000], 9, 8, 1, 16, 129),
+    # one CTA a split, a row a CTA: the merge a dependent that the split CTAs let be scheduled
+    # at their exit (session 41, split_trigger)
+    ([16000], 17, 8, 1, 16, 129),
 ]
 
 
