@@ -1501,6 +1501,47 @@ else:
     nb.note("The session-40 rows are not shipped (data/bench/logs/*session40*).")
 
 # %% [markdown]
+# ### Session 41: when a split CTA lets the dependent merge be scheduled (a rule for T=17), and
+# the targets at one commit beside their peers
+# Since session 12 every split CTA executed `griddepcontrol.launch_dependents` at its start, so a
+# merge launched as a programmatic dependent was scheduled onto whatever SMs the split grid left
+# free while it ran — three at 129 one-CTA splits. That was the crowding sessions 17 and 35 saw
+# (the dependent row-a-CTA merge 2.5-3.1 µs slower at T=17), not the dependent launch itself.
+# Call a (`tools/gpu/stages_s41a.txt`, measurement knob `KDTREE_GQA_TRIGGER`: 1 at the start, 2
+# once the producer has issued its last copy, 0 at the exit), alternating rounds at 8q/1kv,
+# batch 1: at T=17 (`a17`; `v0` the stream-order default) the row-a-CTA merge as a dependent
+# triggered at the exit (`v4`) 0.975-0.989× of stream order at 16k-256k, the sliced two-a-row
+# one 0.977-0.995× (`v2`) and 0.980-1.003× at the start trigger (`v1`). At T 5-13 (`a`; the
+# sliced merge, four CTAs an SM) the exit trigger (`v1`) loses 2-7 % at 16k-64k and the
+# producer's (`v2`) is level; T=65 (the wide merge) level either way. The rule (`split_trigger`,
+# `split_trigger_of` in the kernel): where each split is one CTA the merge is a dependent whatever
+# its form, triggered at the exit where that form is a row a CTA or a row a warp. Call b
+# (`stages_s41b.txt`): every batch-1 target point, GQA and MLA, in one run with its peers
+# (FlashInfer's custom mask and cascade, its MLA path), on the kernels before the rule.
+
+# %%
+t41 = ns.ab_file_tables(
+    L35 / "trigger_ab_session41.csv.gz",
+    {
+        "a17": "call a, T=17: dependent sliced merge, start / exit / producer trigger (v1-v3), "
+        "row a CTA at the exit (v4)",
+        "a": "call a, T 1-13 / 65: exit (v1) and producer (v2) trigger",
+    },
+)
+b41 = [L35 / f"verify_targets_session41_callb_{k}.csv.gz" for k in ("gqa", "mla")]
+if t41 and all(p.exists() for p in b41):
+    rows41 = pd.concat(
+        [ns.verify_rows(pd.read_csv(p, dtype=str, keep_default_na=False)) for p in b41],
+        ignore_index=True,
+    )
+    targets41 = ns.issue_targets(rows41)
+    t41["call b: issue 4's batch-1 targets at one commit, the peers in the same run"] = targets41
+    nb.show_tables(t41)
+    nb.markdown("".join(f"- {line}\n" for line in ns.target_findings(targets41)))
+else:
+    nb.note("The session-41 rows are not shipped (data/bench/logs/*session41*).")
+
+# %% [markdown]
 # On an sm_90 GPU, the CUDA GQA kernel against the fp64 truth beside the Triton kernel (bf16,
 # head dim 128, both at 32q/8kv and 8q/1kv with T=65).
 
