@@ -1517,7 +1517,12 @@ else:
 # `split_trigger_of` in the kernel): where each split is one CTA the merge is a dependent whatever
 # its form, triggered at the exit where that form is a row a CTA or a row a warp. Call b
 # (`stages_s41b.txt`): every batch-1 target point, GQA and MLA, in one run with its peers
-# (FlashInfer's custom mask and cascade, its MLA path), on the kernels before the rule.
+# (FlashInfer's custom mask and cascade, its MLA path), on the kernels before the rule. Call c
+# (`stages_s41c.txt`), the rule (`v0`) against stream order (`v1`, the former default wherever
+# it moves), three rounds: 2-13 % off at 1k-4k (T 1-17), 1-2.4 % at 8q/1kv, T=17 from 16k to
+# 128k, level at 256k and at 32q/8kv (a row a warp, 0.998-1.026); call e repeats batch 8. Calls
+# d and e: 8q/1kv's target points on the final kernels (T=17, 128k: 29.0 µs against the 26.5 its
+# 60 % allows).
 
 # %%
 t41 = ns.ab_file_tables(
@@ -1526,8 +1531,19 @@ t41 = ns.ab_file_tables(
         "a17": "call a, T=17: dependent sliced merge, start / exit / producer trigger (v1-v3), "
         "row a CTA at the exit (v4)",
         "a": "call a, T 1-13 / 65: exit (v1) and producer (v2) trigger",
+        "c_short": "call c, 8q/1kv, 1k-4k: the rule (v0) against stream order (v1)",
+        "c_long": "call c, 16k-256k: the rule (v0) against stream order (v1)",
+        "c_b8": "call c, batch 8: the rule (v0) against stream order (v1)",
+        "e_b8": "call e, 8q/1kv, batch 8, T=17: the rule (v0) against stream order (v1)",
     },
 )
+de41 = L35 / "verify_8q1kv_session41_calls_de.csv.gz"
+if de41.exists():
+    d41 = ns.verify_rows(pd.read_csv(de41, dtype=str, keep_default_na=False))
+    d41 = d41[d41["provider"] == "ours_gqa_graph"]
+    t41["calls d / e: 8q/1kv, batch 1 on the final kernels, % of the floor (mean of the two)"] = (
+        d41.pivot_table(index=["T"], columns="L", values="frac_of_floor") * 100
+    )
 b41 = [L35 / f"verify_targets_session41_callb_{k}.csv.gz" for k in ("gqa", "mla")]
 if t41 and all(p.exists() for p in b41):
     rows41 = pd.concat(
