@@ -741,7 +741,8 @@ __device__ __forceinline__ unsigned long long tl_block_id() {
 // cudaLaunchAttributeProgrammaticStreamSerialization (the merge) is scheduled onto the SMs the
 // split frees, instead of after the grid has drained and the launch has gone through the front
 // end. (The GQA split kernel may instead let it be scheduled only at its CTAs' exit, where free
-// SMs would crowd with the merge's CTAs: split_trigger_of in gqa_tree_sm90.cu, session 41.) griddep_wait() blocks until the preceding grid has completed and its writes are visible;
+// SMs would crowd with the merge's CTAs: split_trigger_of in gqa_tree_sm90.cu, session 41.)
+// griddep_wait() blocks until the preceding grid has completed and its writes are visible;
 // without the attribute both are no-ops. The merges trigger too, at their start: the GQA split
 // kernel of the next call (a programmatic dependent unless KDTREE_CUDA_SPLIT_PDL=0) then takes
 // each SM a merge CTA leaves, and prefetches its prefix KV before it waits.
